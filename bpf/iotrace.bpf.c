@@ -1,0 +1,429 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * iotrace.bpf.c - per-process, per-device block I/O latency histograms.
+ *
+ * Portability rule: these programs read nothing but tracepoint fields
+ * (args->...) and BPF helpers.  No kprobes, no kernel struct layouts: every
+ * field offset comes from the running kernel's tracepoint format, so the
+ * program means the same whichever kernel header tree bcc compiles it
+ * against.  Keep it that way.
+ *
+ * A request's life:
+ *   block_io_start    submitter's context: claim an in-flight slot, note
+ *                     tgid, tid, comm, cgroup and the op
+ *   block_rq_issue    handed to the driver: note the time and final size
+ *   block_rq_complete account queue / device / total latency into the
+ *                     per-CPU histograms of the current generation
+ * User space flips the generation, waits out programs still running on
+ * the old one, then drains it: intervals are exact and nothing races a
+ * delete.  Keys, values and codes live in iotrace.h.
+ *
+ * IOTRACE_START_CATEGORY / IOTRACE_START_EVENT name the start tracepoint
+ * (block_io_start, or block_rq_insert on kernels before 6.5); tracer/probe.py
+ * substitutes them before compiling.
+ */
+#include "iotrace.h"
+
+/* [0] -> struct iotrace_config, written by user space */
+BPF_ARRAY(config, struct iotrace_config, 1);
+/* slot index -> struct iotrace_slot: requests between start and completion */
+BPF_ARRAY(inflight, struct iotrace_slot, IOTRACE_INFLIGHT_SLOTS);
+/* struct iotrace_hist_key -> u64 count, per CPU, generation 0 / 1 */
+BPF_PERCPU_HASH(hist0, struct iotrace_hist_key, u64, IOTRACE_HIST_ENTRIES);
+BPF_PERCPU_HASH(hist1, struct iotrace_hist_key, u64, IOTRACE_HIST_ENTRIES);
+/* struct iotrace_series_key -> struct iotrace_series_val, per CPU, generation 0 / 1 */
+BPF_PERCPU_HASH(series0, struct iotrace_series_key, struct iotrace_series_val, IOTRACE_SERIES_ENTRIES);
+BPF_PERCPU_HASH(series1, struct iotrace_series_key, struct iotrace_series_val, IOTRACE_SERIES_ENTRIES);
+/* enum iotrace_reason -> u64 events, per CPU, never reset */
+BPF_PERCPU_ARRAY(reasons, u64, IOTRACE_REASON_COUNT);
+/* tgid (or forked tid) -> 1: the processes traced when filter_pids is set */
+BPF_HASH(pids, u32, u8, IOTRACE_PID_ENTRIES);
+/* dev_t -> 1: the devices traced when filter_devs is set */
+BPF_HASH(devs, u32, u8, IOTRACE_DEV_ENTRIES);
+
+static __always_inline void count_reason(u32 reason)
+{
+	u64 *n = reasons.lookup(&reason);
+
+	/* another program may interrupt this one on the same CPU */
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
+static __always_inline struct iotrace_config *get_config(void)
+{
+	u32 zero = 0;
+
+	return config.lookup(&zero);
+}
+
+/* rwbs as blk_fill_rwbs() writes it: [F]op[F][A][S][M] */
+static __always_inline u32 rwbs_op(const char *rwbs, u32 bytes)
+{
+	char c = rwbs[0];
+
+	if (c == 'F') {
+		/* a preflush: with no data it is a flush, else look at the op */
+		if (bytes == 0)
+			return IOTRACE_OP_FLUSH;
+		c = rwbs[1];
+	}
+	switch (c) {
+	case 'R':
+		return IOTRACE_OP_READ;
+	case 'W':
+		return IOTRACE_OP_WRITE;
+	case 'D':
+		return IOTRACE_OP_DISCARD;
+	case 'F':
+		return IOTRACE_OP_FLUSH;
+	}
+	return IOTRACE_OP_OTHER;
+}
+
+/* ---- the in-flight table ------------------------------------------------ */
+
+static __always_inline u32 slot_hash(u32 dev, u64 sector)
+{
+	return ((sector ^ ((u64)dev << 40)) * IOTRACE_SLOT_HASH_MUL) >> 32;
+}
+
+/* A free slot near hash(dev, sector), owned by the caller, or NULL. */
+static __always_inline struct iotrace_slot *slot_claim(u32 dev, u64 sector)
+{
+	u32 h = slot_hash(dev, sector);
+
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
+		u32 idx = (h + i) & (IOTRACE_INFLIGHT_SLOTS - 1);
+		struct iotrace_slot *s = inflight.lookup(&idx);
+
+		if (!s)
+			return NULL;
+		if (s->state != IOTRACE_SLOT_FREE)
+			continue;
+		/* two CPUs may race for the same free slot: one wins */
+		if (__sync_val_compare_and_swap(&s->state, IOTRACE_SLOT_FREE,
+						IOTRACE_SLOT_BUSY) == IOTRACE_SLOT_FREE) {
+			s->dev = dev;
+			s->sector = sector;
+			return s;
+		}
+	}
+	return NULL;
+}
+
+/*
+ * The slot of the request at (dev, sector).  Empty flushes all sit at
+ * sector 0 with no data; zero-byte completions only match slots with
+ * nothing left to complete, so a flush never steals a data request's slot
+ * and vice versa.
+ */
+static __always_inline struct iotrace_slot *slot_find(u32 dev, u64 sector, bool zero_bytes)
+{
+	u32 h = slot_hash(dev, sector);
+
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
+		u32 idx = (h + i) & (IOTRACE_INFLIGHT_SLOTS - 1);
+		struct iotrace_slot *s = inflight.lookup(&idx);
+
+		if (!s)
+			return NULL;
+		if (s->state == IOTRACE_SLOT_BUSY && s->dev == dev && s->sector == sector &&
+		    (s->remaining == 0) == zero_bytes)
+			return s;
+	}
+	return NULL;
+}
+
+static __always_inline void slot_release(struct iotrace_slot *s)
+{
+	/* order: the fields are dead once the state says free */
+	__sync_lock_test_and_set(&s->state, IOTRACE_SLOT_FREE);
+}
+
+/*
+ * Re-key a request whose start sector moved (front merge, partial
+ * completion).  Returns 0 on success; on failure the request is lost and
+ * counted, since its next event could not be matched anyway.
+ */
+static __always_inline int slot_move(struct iotrace_slot *s, u64 sector)
+{
+	struct iotrace_slot *to = slot_claim(s->dev, sector);
+
+	if (!to) {
+		slot_release(s);
+		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
+		return -1;
+	}
+	to->op = s->op;
+	to->start_ns = s->start_ns;
+	to->issue_ns = s->issue_ns;
+	to->cgroup = s->cgroup;
+	to->tgid = s->tgid;
+	to->tid = s->tid;
+	to->remaining = s->remaining;
+	to->done = s->done;
+	__builtin_memcpy(to->comm, s->comm, sizeof(to->comm));
+	slot_release(s);
+	return 0;
+}
+
+/* ---- histograms --------------------------------------------------------- */
+
+static __always_inline u32 log2_u64(u64 v)
+{
+	u32 r = 0, shift;
+
+	shift = (v > 0xFFFFFFFFULL) << 5; v >>= shift; r |= shift;
+	shift = (v > 0xFFFF) << 4; v >>= shift; r |= shift;
+	shift = (v > 0xFF) << 3; v >>= shift; r |= shift;
+	shift = (v > 0xF) << 2; v >>= shift; r |= shift;
+	shift = (v > 0x3) << 1; v >>= shift; r |= shift;
+	return r | (v >> 1);
+}
+
+/* The bucket scheme of iotrace.h, which is HdrHistogram's counts index. */
+static __always_inline u16 bucket_of(u64 ns)
+{
+	const u64 top = (1ULL << (IOTRACE_HIST_MAX_MSB + 1)) - 1;
+	u32 msb;
+
+	if (ns < (1ULL << IOTRACE_HIST_SUB_BITS))
+		return ns;
+	if (ns > top) {
+		count_reason(IOTRACE_DROP_CLAMPED);
+		ns = top;
+	}
+	msb = log2_u64(ns);
+	return ((msb - IOTRACE_HIST_SUB_BITS + 1) << IOTRACE_HIST_SUB_BITS) |
+	       ((ns >> (msb - IOTRACE_HIST_SUB_BITS)) & ((1U << IOTRACE_HIST_SUB_BITS) - 1));
+}
+
+static __always_inline void hist_add(u32 gen, struct iotrace_hist_key *k)
+{
+	u64 one = 1, *n;
+
+	n = gen ? hist1.lookup(k) : hist0.lookup(k);
+	if (n) {
+		/* per-CPU value, and this program does not nest on a CPU */
+		(*n)++;
+		return;
+	}
+	if ((gen ? hist1.insert(k, &one) : hist0.insert(k, &one)) == 0)
+		return;
+	/* lost the race to create it, or the map is full */
+	n = gen ? hist1.lookup(k) : hist0.lookup(k);
+	if (n)
+		(*n)++;
+	else
+		count_reason(IOTRACE_DROP_HIST_FULL);
+}
+
+static __always_inline struct iotrace_series_val *series_get(u32 gen, struct iotrace_series_key *k)
+{
+	struct iotrace_series_val zero = {}, *v;
+
+	v = gen ? series1.lookup(k) : series0.lookup(k);
+	if (v)
+		return v;
+	if (gen)
+		series1.insert(k, &zero);
+	else
+		series0.insert(k, &zero);
+	return gen ? series1.lookup(k) : series0.lookup(k);
+}
+
+static __always_inline void phase_add(u32 gen, struct iotrace_series_val *v,
+				      struct iotrace_hist_key *hk, u32 phase, u64 ns)
+{
+	if (phase >= IOTRACE_PHASE_COUNT)
+		return;
+	v->sum_ns[phase] += ns;
+	v->phase_count[phase]++;
+	if (v->min_ns[phase] == 0 || ns < v->min_ns[phase])
+		v->min_ns[phase] = ns ? ns : 1;
+	if (ns > v->max_ns[phase])
+		v->max_ns[phase] = ns;
+	hk->phase = phase;
+	hk->bucket = bucket_of(ns);
+	hist_add(gen, hk);
+}
+
+/* Account a finished request; the caller releases the slot. */
+static __always_inline void record(struct iotrace_slot *s, u64 now)
+{
+	struct iotrace_config *cfg = get_config();
+	struct iotrace_series_key sk = {};
+	struct iotrace_hist_key hk = {};
+	struct iotrace_series_val *v;
+	u32 gen;
+
+	if (!cfg)
+		return;
+	gen = cfg->gen;
+	sk.pid = cfg->per_thread ? s->tid : s->tgid;
+	sk.dev = s->dev;
+	sk.op = s->op;
+	v = series_get(gen, &sk);
+	if (!v) {
+		count_reason(IOTRACE_DROP_SERIES_FULL);
+		return;
+	}
+	if (v->count == 0)
+		__builtin_memcpy(v->comm, s->comm, sizeof(v->comm));
+	v->count++;
+	v->bytes += s->done;
+	v->cgroup = s->cgroup;
+	v->tgid = s->tgid;
+
+	hk.pid = sk.pid;
+	hk.dev = sk.dev;
+	hk.op = sk.op;
+	/* a request the flush machinery finished was never issued itself */
+	if (s->issue_ns) {
+		phase_add(gen, v, &hk, IOTRACE_PHASE_QUEUE, s->issue_ns - s->start_ns);
+		phase_add(gen, v, &hk, IOTRACE_PHASE_DEVICE, now - s->issue_ns);
+	}
+	phase_add(gen, v, &hk, IOTRACE_PHASE_TOTAL, now - s->start_ns);
+}
+
+/* ---- tracepoints -------------------------------------------------------- */
+
+TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
+{
+	struct iotrace_config *cfg = get_config();
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tgid = id >> 32, dev = args->dev;
+	struct iotrace_slot *s;
+
+	if (!cfg)
+		return 0;
+	if (cfg->filter_pids && !pids.lookup(&tgid))
+		return 0;
+	if (cfg->filter_devs && !devs.lookup(&dev))
+		return 0;
+	s = slot_claim(dev, args->sector);
+	if (!s) {
+		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
+		return 0;
+	}
+	s->op = rwbs_op(args->rwbs, args->bytes);
+	s->start_ns = bpf_ktime_get_ns();
+	s->issue_ns = 0;
+	s->cgroup = bpf_get_current_cgroup_id();
+	s->tgid = tgid;
+	s->tid = (u32)id;
+	s->remaining = args->bytes;
+	s->done = 0;
+	bpf_get_current_comm(s->comm, sizeof(s->comm));
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_rq_issue)
+{
+	struct iotrace_slot *s = slot_find(args->dev, args->sector, args->bytes == 0);
+
+	if (!s) {
+		/* REQ_OP_FLUSH ("FF"): the kernel's own flush on behalf of queued flushes */
+		if (args->rwbs[0] == 'F' && args->rwbs[1] == 'F')
+			count_reason(IOTRACE_NOTE_INTERNAL_FLUSH);
+		return 0;
+	}
+	s->issue_ns = bpf_ktime_get_ns();
+	/* back merges grow a request between its start and its issue */
+	s->remaining = args->bytes;
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_rq_complete)
+{
+	u32 bytes = args->nr_sector * IOTRACE_SECTOR_SIZE;
+	struct iotrace_config *cfg;
+	struct iotrace_slot *s;
+	u64 now;
+
+	if (args->rwbs[0] == 'F' && args->rwbs[1] == 'F')
+		return 0;	/* counted at its issue */
+	s = slot_find(args->dev, args->sector, bytes == 0);
+	if (!s) {
+		cfg = get_config();
+		if (bytes == 0)
+			count_reason(IOTRACE_NOTE_FLUSH_TAIL);
+		else if (cfg && (cfg->filter_pids || cfg->filter_devs))
+			count_reason(IOTRACE_NOTE_UNTRACKED);
+		else
+			count_reason(IOTRACE_DROP_NO_START);
+		return 0;
+	}
+	now = bpf_ktime_get_ns();
+	s->done += bytes;
+	if (bytes && bytes < s->remaining) {
+		/* partial completion: the rest continues from the next sector */
+		s->remaining -= bytes;
+		count_reason(IOTRACE_NOTE_PARTIAL);
+		slot_move(s, args->sector + args->nr_sector);
+		return 0;
+	}
+	record(s, now);
+	slot_release(s);
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_bio_frontmerge)
+{
+	/* the request that began right after this bio now begins at it */
+	struct iotrace_slot *s = slot_find(args->dev, args->sector + args->nr_sector, false);
+
+	if (!s)
+		return 0;
+	count_reason(IOTRACE_NOTE_FRONT_MERGE);
+	slot_move(s, args->sector);
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_rq_merge)
+{
+	/* this request was folded into another and will never complete */
+	struct iotrace_slot *s = slot_find(args->dev, args->sector, args->bytes == 0);
+
+	if (!s)
+		return 0;
+	count_reason(IOTRACE_NOTE_MERGED);
+	slot_release(s);
+	return 0;
+}
+
+TRACEPOINT_PROBE(block, block_rq_requeue)
+{
+	count_reason(IOTRACE_NOTE_REQUEUE);
+	return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_fork)
+{
+	struct iotrace_config *cfg = get_config();
+	/* the forking thread's process, not its thread id (args->parent_pid) */
+	u32 parent = bpf_get_current_pid_tgid() >> 32, child = args->child_pid;
+	u8 one = 1;
+
+	if (!cfg || !cfg->filter_pids || !cfg->follow_children)
+		return 0;
+	if (!pids.lookup(&parent))
+		return 0;
+	if (pids.update(&child, &one))
+		count_reason(IOTRACE_DROP_PID_FULL);
+	return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+	struct iotrace_config *cfg = get_config();
+	u32 tid = (u32)bpf_get_current_pid_tgid();
+
+	/* keeps the filter bounded, and a reused pid from being traced */
+	if (cfg && cfg->filter_pids && cfg->follow_children)
+		pids.delete(&tid);
+	return 0;
+}

@@ -1,0 +1,158 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * iotrace.h - the contract between iotrace's BPF programs and its Python side.
+ *
+ * Everything both sides must agree on is defined here once: the bucket
+ * scheme, the op / phase / drop-reason codes, the map sizes and the
+ * key/value layouts of every map.  The Python side (tracer/contract.py)
+ * parses the #defines and enums below, and takes the struct layouts from
+ * bcc, which compiles this very file; no number is typed twice.
+ *
+ * Rules for editing, so that tracer/contract.py keeps parsing it:
+ *   - constants are "#define IOTRACE_NAME <integer or expression of them>";
+ *   - enums list "NAME = <integer>," one per line and end with a *_COUNT.
+ */
+#ifndef IOTRACE_H
+#define IOTRACE_H
+
+/*
+ * Latency buckets: log-linear, in nanoseconds.  Values below 2^SUB_BITS get
+ * a bucket each; above, every power of two is split into 2^SUB_BITS equal
+ * sub-buckets, so a bucket is at most 1/128 of its lower bound wide and a
+ * percentile read at the bucket's midpoint is within 0.4% of the truth.
+ *
+ * The index is exactly HdrHistogram's counts index for lowest value 1,
+ * 2 significant figures (256 sub-buckets, half of them per power of two)
+ * and highest value 2^(MAX_MSB+1) - 1 ns (about 275 s): the kernel's
+ * buckets encode into a standard HdrHistogram without any re-binning.
+ * Latencies beyond the top are counted in the top bucket and in
+ * IOTRACE_DROP_CLAMPED.
+ */
+#define IOTRACE_HIST_SUB_BITS 7
+#define IOTRACE_HIST_MAX_MSB 37
+#define IOTRACE_HIST_BUCKETS ((IOTRACE_HIST_MAX_MSB - IOTRACE_HIST_SUB_BITS + 2) << IOTRACE_HIST_SUB_BITS)
+#define IOTRACE_HDR_SIGFIGS 2
+
+/* Map capacities; tracer/probe.py may override the ones marked (tunable). */
+#ifndef IOTRACE_INFLIGHT_SLOTS
+#define IOTRACE_INFLIGHT_SLOTS 65536	/* (tunable) power of two */
+#endif
+#define IOTRACE_INFLIGHT_PROBES 8	/* open-addressing window */
+#ifndef IOTRACE_HIST_ENTRIES
+#define IOTRACE_HIST_ENTRIES 262144	/* (tunable) populated buckets per interval */
+#endif
+#ifndef IOTRACE_SERIES_ENTRIES
+#define IOTRACE_SERIES_ENTRIES 16384	/* (tunable) (pid, dev, op) per interval */
+#endif
+#define IOTRACE_PID_ENTRIES 65536
+#define IOTRACE_DEV_ENTRIES 256
+#define IOTRACE_COMM_LEN 16
+#define IOTRACE_SECTOR_SIZE 512
+
+/* What a request did, from the rwbs string at its start. */
+enum iotrace_op {
+	IOTRACE_OP_READ = 0,
+	IOTRACE_OP_WRITE = 1,
+	IOTRACE_OP_FLUSH = 2,
+	IOTRACE_OP_DISCARD = 3,
+	IOTRACE_OP_OTHER = 4,
+	IOTRACE_OP_COUNT = 5,
+};
+
+/* The three latencies of a request, named after blktrace's intervals. */
+enum iotrace_phase {
+	IOTRACE_PHASE_QUEUE = 0,	/* start to issue (~Q2D) */
+	IOTRACE_PHASE_DEVICE = 1,	/* issue to completion (D2C) */
+	IOTRACE_PHASE_TOTAL = 2,	/* start to completion (~Q2C) */
+	IOTRACE_PHASE_COUNT = 3,
+};
+
+/*
+ * Events that could not be recorded, or were deliberately set aside, each
+ * counted.  The Python side reports any non-zero IOTRACE_DROP_* as lost; the
+ * IOTRACE_NOTE_* ones are bookkeeping that loses nothing.
+ */
+enum iotrace_reason {
+	IOTRACE_DROP_INFLIGHT_FULL = 0,	/* no free slot for a starting request */
+	IOTRACE_DROP_NO_START = 1,	/* completion of a request never seen starting */
+	IOTRACE_DROP_HIST_FULL = 2,	/* histogram map full: a latency sample lost */
+	IOTRACE_DROP_SERIES_FULL = 3,	/* series map full: a whole completion lost */
+	IOTRACE_DROP_PID_FULL = 4,	/* a forked child could not join the filter */
+	IOTRACE_DROP_CLAMPED = 5,	/* latency beyond the top bucket (kept there) */
+	IOTRACE_NOTE_INTERNAL_FLUSH = 6,	/* the flush machinery's own request */
+	IOTRACE_NOTE_FLUSH_TAIL = 7,	/* zero-byte end of a flush sequence */
+	IOTRACE_NOTE_MERGED = 8,	/* request merged into another before issue */
+	IOTRACE_NOTE_FRONT_MERGE = 9,	/* request start moved by a front merge */
+	IOTRACE_NOTE_PARTIAL = 10,	/* partial completion, request goes on */
+	IOTRACE_NOTE_REQUEUE = 11,	/* request requeued by the driver */
+	IOTRACE_NOTE_UNTRACKED = 12,	/* completion of a request a filter left out */
+	IOTRACE_REASON_COUNT = 13,
+};
+
+/* Slot states of the in-flight table. */
+#define IOTRACE_SLOT_FREE 0
+#define IOTRACE_SLOT_BUSY 1
+#define IOTRACE_SLOT_HASH_MUL 0x9E3779B97F4A7C15ULL	/* Fibonacci hashing */
+
+/*
+ * One request between its start and its completion.  The in-flight table
+ * is an array of these, indexed by a hash of (dev, sector) with a short
+ * linear probe; a slot is claimed with a compare-and-swap on `state`, so
+ * the hot path takes no lock and allocates nothing.
+ */
+struct iotrace_slot {
+	u64 state;		/* IOTRACE_SLOT_*; 64 bits because BPF's cmpxchg is */
+	u32 dev;		/* kernel dev_t as the tracepoint gives it */
+	u32 op;			/* enum iotrace_op */
+	u64 sector;		/* current start sector (moves on front merge / partial) */
+	u64 start_ns;		/* block_io_start */
+	u64 issue_ns;		/* last block_rq_issue, 0 if never issued */
+	u64 cgroup;		/* submitter's cgroup v2 id */
+	u32 tgid;		/* submitter's process */
+	u32 tid;		/* submitter's thread */
+	u32 remaining;		/* bytes not yet completed */
+	u32 done;		/* bytes completed so far */
+	char comm[IOTRACE_COMM_LEN];	/* submitter's comm */
+};
+
+/* Global switches, written by user space: array map of one entry. */
+struct iotrace_config {
+	u32 gen;		/* histogram generation being written: 0 or 1 */
+	u32 filter_pids;	/* 1: only tgids in the pids map are traced */
+	u32 follow_children;	/* 1: forks of traced tgids join the pids map */
+	u32 per_thread;		/* 1: series keyed by thread id, not tgid */
+	u32 filter_devs;	/* 1: only devices in the devs map are traced */
+	u32 pad;
+};
+
+/* Histogram map key -> u64 count (per CPU, one map per generation). */
+struct iotrace_hist_key {
+	u32 pid;		/* tgid, or tid with per_thread */
+	u32 dev;
+	u16 bucket;		/* 0 .. IOTRACE_HIST_BUCKETS-1 */
+	u8 op;			/* enum iotrace_op */
+	u8 phase;		/* enum iotrace_phase */
+};
+
+/* Series map key: one row of the report. */
+struct iotrace_series_key {
+	u32 pid;
+	u32 dev;
+	u32 op;
+};
+
+/* Series map value (per CPU, one map per generation). */
+struct iotrace_series_val {
+	u64 count;		/* completed requests */
+	u64 bytes;		/* bytes completed */
+	u64 sum_ns[IOTRACE_PHASE_COUNT];
+	u64 min_ns[IOTRACE_PHASE_COUNT];	/* 0 when this CPU saw none */
+	u64 max_ns[IOTRACE_PHASE_COUNT];
+	u64 phase_count[IOTRACE_PHASE_COUNT];	/* flushes have no queue/device split */
+	u64 cgroup;		/* cgroup id of the last submitter */
+	u32 tgid;		/* process of the last submitter */
+	u32 pad;
+	char comm[IOTRACE_COMM_LEN];	/* comm of the last submitter */
+};
+
+#endif /* IOTRACE_H */

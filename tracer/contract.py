@@ -1,0 +1,109 @@
+"""The kernel/user contract, read from bpf/iotrace.h.
+
+bpf/iotrace.h is the single source of truth for the bucket scheme, the op,
+phase and drop-reason codes and the map sizes.  This module parses its
+``#define IOTRACE_*`` constants and ``enum iotrace_*`` members so that no
+number is typed twice; struct layouts come from bcc, which compiles the
+header.  Pure Python: importable without root, bcc or numpy.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+_DEFINE = re.compile(r"^\s*#define\s+(IOTRACE_\w+)\s+(.+?)\s*(?:/\*.*)?$", re.M)
+_ENUM = re.compile(r"enum\s+(iotrace_\w+)\s*\{(.*?)\};", re.S)
+_MEMBER = re.compile(r"^\s*(IOTRACE_\w+)\s*=\s*(\d+)\s*,", re.M)
+
+
+def bpf_dir() -> Path:
+    """Where the BPF sources live: $IOTRACE_BPF_DIR, else the checkout's bpf/."""
+    env = os.environ.get("IOTRACE_BPF_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "bpf"
+
+
+def _eval_int(expr: str, known: dict[str, int]) -> int:
+    """Evaluate a C integer expression made of literals, known names and + - << >> * ( )."""
+    text = re.sub(r"\b(IOTRACE_\w+)\b", lambda m: str(known[m.group(1)]), expr)
+    text = re.sub(r"\b(0[xX][0-9a-fA-F]+|\d+)[uUlL]+\b", r"\1", text)
+    tree = ast.parse(text, mode="eval")
+    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub,
+               ast.Mult, ast.LShift, ast.RShift, ast.USub, ast.FloorDiv)
+    for node in ast.walk(tree):
+        if not isinstance(node, allowed):
+            raise ValueError(f"unsupported expression in iotrace.h: {expr!r}")
+    return int(eval(compile(tree, "<iotrace.h>", "eval")))  # noqa: S307 - vetted AST above
+
+
+@dataclass(frozen=True)
+class Contract:
+    """Constants and code tables shared with the BPF programs."""
+
+    defines: dict[str, int]
+    enums: dict[str, dict[str, int]]
+
+    def const(self, name: str) -> int:
+        return self.defines["IOTRACE_" + name]
+
+    def names(self, enum: str, prefix: str) -> list[str]:
+        """Enum member names, lower-case without prefix, in code order (the *_COUNT excluded)."""
+        members = self.enums["iotrace_" + enum]
+        out = [""] * len(members)
+        for full, code in members.items():
+            if full.endswith("_COUNT"):
+                continue
+            out[code] = full[len(prefix):].lower()
+        return [n for n in out if n]
+
+    @property
+    def ops(self) -> list[str]:
+        return self.names("op", "IOTRACE_OP_")
+
+    @property
+    def phases(self) -> list[str]:
+        return self.names("phase", "IOTRACE_PHASE_")
+
+    @property
+    def reasons(self) -> list[str]:
+        """Drop and note reasons, e.g. 'drop_no_start', 'note_merged'."""
+        return self.names("reason", "IOTRACE_")
+
+    @property
+    def sub_bits(self) -> int:
+        return self.const("HIST_SUB_BITS")
+
+    @property
+    def max_msb(self) -> int:
+        return self.const("HIST_MAX_MSB")
+
+    @property
+    def buckets(self) -> int:
+        return self.const("HIST_BUCKETS")
+
+
+def parse(text: str) -> Contract:
+    defines: dict[str, int] = {}
+    for name, expr in _DEFINE.findall(text):
+        try:
+            defines[name] = _eval_int(expr, defines)
+        except (KeyError, SyntaxError, ValueError):
+            continue  # not an integer constant (e.g. the include guard)
+    enums = {name: {m: int(v) for m, v in _MEMBER.findall(body)} for name, body in _ENUM.findall(text)}
+    for name, members in enums.items():
+        count = [v for m, v in members.items() if m.endswith("_COUNT")]
+        if not count or sorted(v for m, v in members.items() if not m.endswith("_COUNT")) != list(range(count[0])):
+            raise ValueError(f"enum {name} in iotrace.h must number its members 0..N-1 and end with *_COUNT = N")
+    return Contract(defines, enums)
+
+
+@lru_cache(maxsize=1)
+def load() -> Contract:
+    """The contract of the installed BPF sources."""
+    return parse((bpf_dir() / "iotrace.h").read_text())

@@ -1,0 +1,281 @@
+"""The collector: finds kernel headers, loads and attaches the BPF programs
+with bcc, and drains their maps into plain numpy arrays.
+
+It knows nothing about percentiles, tables or files: `Probe.drain()` hands
+over the raw series and bucket counts of one interval (`RawInterval`), and
+the aggregator (tracer.aggregate) takes it from there.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import contract
+from .errors import UserError
+
+# Programs that began on the old generation finish within microseconds
+# (BPF programs do not sleep); this margin is generous.
+GENERATION_GRACE_S = 0.005
+
+# The start tracepoint: block_io_start fires in the submitter's context
+# (Linux 6.5+); block_rq_insert is the closest older equivalent.
+START_EVENTS = ("block_io_start", "block_rq_insert")
+REQUIRED_FIELDS = {
+    "block_rq_issue": ("dev", "sector", "bytes", "rwbs"),
+    "block_rq_complete": ("dev", "sector", "nr_sector", "rwbs"),
+    "block_bio_frontmerge": ("dev", "sector", "nr_sector"),
+    "block_rq_merge": ("dev", "sector", "bytes"),
+    "block_rq_requeue": ("dev",),
+}
+START_FIELDS = ("dev", "sector", "bytes", "rwbs")
+TRACEFS_DIRS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
+
+
+@dataclass
+class ProbeOptions:
+    pids: list[int] = field(default_factory=list)   # empty: every process
+    follow_children: bool = True
+    per_thread: bool = False
+    devs: list[int] = field(default_factory=list)   # kernel dev_t; empty: every device
+    inflight_slots: int | None = None
+    hist_entries: int | None = None
+    series_entries: int | None = None
+
+
+@dataclass
+class RawInterval:
+    """One drained generation: what the kernel recorded between two drains."""
+
+    start_ns: int            # CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns
+    end_ns: int
+    series_keys: np.ndarray  # structured: pid, dev, op
+    series_vals: np.ndarray  # structured, per-CPU values already folded
+    hist_keys: np.ndarray    # structured: pid, dev, bucket, op, phase
+    hist_counts: np.ndarray  # uint64, per-CPU summed
+    reasons: dict[str, int]  # events per reason during the interval
+
+
+def tracefs() -> Path:
+    for d in TRACEFS_DIRS:
+        if (d / "events").is_dir():
+            return d
+    raise UserError("tracefs is not mounted: run 'mount -t tracefs nodev /sys/kernel/tracing' as root")
+
+
+def tracepoint_fields(event: str, category: str = "block") -> set[str] | None:
+    """The field names of a tracepoint in the running kernel, or None if absent."""
+    fmt = tracefs() / "events" / category / event / "format"
+    try:
+        text = fmt.read_text()
+    except OSError:
+        return None
+    names = set()
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("field:"):
+            decl = line.split(";", 1)[0][len("field:"):]
+            names.add(decl.split()[-1].split("[")[0])
+    return names
+
+
+def choose_start_event() -> str:
+    for ev in START_EVENTS:
+        fields = tracepoint_fields(ev)
+        if fields is not None and all(f in fields for f in START_FIELDS):
+            return ev
+    raise UserError("this kernel has neither block:block_io_start nor block:block_rq_insert "
+                    "with fields dev, sector, bytes, rwbs; iotrace needs Linux 5.0 or later")
+
+
+def check_tracepoints() -> None:
+    for ev, needed in REQUIRED_FIELDS.items():
+        fields = tracepoint_fields(ev)
+        if fields is None:
+            raise UserError(f"tracepoint block:{ev} is missing from this kernel "
+                            f"(see {tracefs()}/events/block); iotrace needs it")
+        missing = [f for f in needed if f not in fields]
+        if missing:
+            raise UserError(f"tracepoint block:{ev} lacks field(s) {', '.join(missing)} on this kernel")
+
+
+def kernel_headers() -> Path:
+    """The header tree bcc will compile against, or a UserError saying how to get one.
+
+    bcc looks in /lib/modules/$(uname -r)/build (and source).  Where the
+    distribution has no headers for this kernel, `make setup` links its
+    generic header package there; that is sound only because the BPF code
+    reads tracepoint fields alone, never kernel structs.
+    """
+    override = os.environ.get("BCC_KERNEL_SOURCE")
+    release = platform.release()
+    tried = [Path(override)] if override else []
+    tried.append(Path("/lib/modules") / release / "build")
+    for p in tried:
+        if (p / "include").is_dir() or (p / "Makefile").is_file():
+            return p
+    raise UserError(f"no kernel headers for {release} (tried {', '.join(map(str, tried))}); "
+                    f"run 'make setup', or 'apt-get install linux-headers-{release}'")
+
+
+def import_bcc():
+    try:
+        import bcc  # noqa: PLC0415 - optional until tracing actually starts
+    except ImportError:
+        raise UserError("bcc is not installed for this Python: run 'apt-get install python3-bpfcc' "
+                        "and use a venv made with '/usr/bin/python3 -m venv --system-site-packages'") from None
+    return bcc
+
+
+def check_privileges() -> None:
+    if os.geteuid() == 0:
+        return
+    raise UserError("tracing needs root (or CAP_BPF and CAP_PERFMON): run it with sudo")
+
+
+def _batch_drain(table, key_dtype: np.dtype, val_dtype: np.dtype, ncpu: int, lib) -> tuple[np.ndarray, np.ndarray]:
+    """Look up and delete every element of a per-CPU hash in a few syscalls."""
+    cap = table.max_entries
+    keys = np.zeros(cap, dtype=key_dtype)
+    vals = np.zeros((cap, ncpu), dtype=val_dtype)
+    count = ct.c_uint32(0)
+    token = ct.c_uint32(0)
+    total = 0
+    while total < cap:
+        count.value = cap - total
+        res = lib.bpf_lookup_and_delete_batch(
+            table.map_fd,
+            ct.byref(token) if total else None,
+            ct.byref(token),
+            ct.c_void_p(keys.ctypes.data + total * key_dtype.itemsize),
+            ct.c_void_p(vals.ctypes.data + total * ncpu * val_dtype.itemsize),
+            ct.byref(count),
+        )
+        err = ct.get_errno()
+        total += count.value
+        if res != 0:
+            if err == errno.ENOENT:
+                break   # walked the whole map
+            raise OSError(err, f"draining BPF map {table.name!r}: {os.strerror(err)}")
+        if count.value == 0:
+            break
+    return keys[:total], vals[:total]
+
+
+def _fold_series(vals: np.ndarray) -> np.ndarray:
+    """Fold per-CPU series values (n, ncpu) into one value per series."""
+    out = np.zeros(len(vals), dtype=vals.dtype)
+    if not len(vals):
+        return out
+    for name in ("count", "bytes", "sum_ns", "phase_count"):
+        out[name] = vals[name].sum(axis=1)
+    out["max_ns"] = vals["max_ns"].max(axis=1)
+    mins = vals["min_ns"].astype(np.float64)
+    mins[mins == 0] = np.inf   # 0 means "this CPU saw none"
+    folded = mins.min(axis=1)
+    folded[np.isinf(folded)] = 0
+    out["min_ns"] = folded.astype(np.uint64)
+    # identity of the submitter: from a CPU that saw this series
+    seen = np.argmax(vals["count"] > 0, axis=1)
+    rows = np.arange(len(vals))
+    for name in ("cgroup", "tgid", "comm"):
+        out[name] = vals[name][rows, seen]
+    return out
+
+
+class Probe:
+    """The BPF side of iotrace, loaded and attached; `close()` detaches."""
+
+    def __init__(self, opts: ProbeOptions):
+        check_privileges()
+        bcc = import_bcc()
+        kernel_headers()
+        check_tracepoints()
+        self.contract = contract.load()
+        self.start_event = choose_start_event()
+        src_dir = contract.bpf_dir()
+        text = (src_dir / "iotrace.bpf.c").read_text()
+        text = text.replace("IOTRACE_START_CATEGORY", "block").replace("IOTRACE_START_EVENT", self.start_event)
+        cflags = [f"-I{src_dir}"]
+        for name, value in (("INFLIGHT_SLOTS", opts.inflight_slots), ("HIST_ENTRIES", opts.hist_entries),
+                            ("SERIES_ENTRIES", opts.series_entries)):
+            if value:
+                cflags.append(f"-DIOTRACE_{name}={int(value)}")
+        if opts.inflight_slots and opts.inflight_slots & (opts.inflight_slots - 1):
+            raise UserError(f"--inflight-slots must be a power of two, not {opts.inflight_slots}")
+        try:
+            self.bpf = bcc.BPF(text=text, cflags=cflags)
+        except Exception as exc:  # bcc raises bare Exception for compile/load errors
+            raise UserError(f"could not load the BPF programs: {str(exc).strip().splitlines()[-1]}") from None
+        self._lib = bcc.libbcc.lib
+        self.ncpu = len(bcc.utils.get_possible_cpus())
+        self.gen = 0
+        self._reasons_seen = np.zeros(len(self.contract.reasons), dtype=np.uint64)
+        hist = self.bpf["hist0"]
+        series = self.bpf["series0"]
+        self._hist_key = np.dtype(hist.Key)
+        self._series_key = np.dtype(series.Key)
+        self._series_val = np.dtype(series.sLeaf)
+        self._config = self.bpf["config"]
+        self._write_config(opts)
+        for pid in opts.pids:
+            self.add_pid(pid)
+        devs = self.bpf["devs"]
+        for d in opts.devs:
+            devs[devs.Key(d)] = ct.c_uint8(1)
+        self._interval_start = time.monotonic_ns()
+
+    def _write_config(self, opts: ProbeOptions) -> None:
+        cfg = self._config.Leaf()
+        cfg.gen = self.gen
+        cfg.filter_pids = 1 if opts.pids else 0
+        cfg.follow_children = 1 if opts.follow_children else 0
+        cfg.per_thread = 1 if opts.per_thread else 0
+        cfg.filter_devs = 1 if opts.devs else 0
+        self._config[ct.c_int(0)] = cfg
+        self._opts = opts
+
+    def add_pid(self, pid: int) -> None:
+        pids = self.bpf["pids"]
+        pids[pids.Key(pid)] = ct.c_uint8(1)
+
+    def traced_pids(self) -> set[int]:
+        return {k.value for k in self.bpf["pids"].keys()}
+
+    def reason_totals(self) -> np.ndarray:
+        """Events per reason since load (per-CPU counters summed)."""
+        table = self.bpf["reasons"]
+        return np.array([sum(table[ct.c_int(i)]) for i in range(len(self._reasons_seen))], dtype=np.uint64)
+
+    def drain(self) -> RawInterval:
+        """Close the current interval and return everything recorded in it."""
+        old = self.gen
+        self.gen ^= 1
+        cfg = self._config[ct.c_int(0)]
+        cfg.gen = self.gen
+        self._config[ct.c_int(0)] = cfg
+        end = time.monotonic_ns()
+        time.sleep(GENERATION_GRACE_S)
+        skeys, svals = _batch_drain(self.bpf[f"series{old}"], self._series_key, self._series_val, self.ncpu, self._lib)
+        hkeys, hvals = _batch_drain(self.bpf[f"hist{old}"], self._hist_key, np.dtype(np.uint64), self.ncpu, self._lib)
+        totals = self.reason_totals()
+        delta = totals - self._reasons_seen
+        self._reasons_seen = totals
+        raw = RawInterval(
+            start_ns=self._interval_start, end_ns=end,
+            series_keys=skeys, series_vals=_fold_series(svals),
+            hist_keys=hkeys, hist_counts=hvals.sum(axis=1),
+            reasons={name: int(n) for name, n in zip(self.contract.reasons, delta)},
+        )
+        self._interval_start = end
+        return raw
+
+    def close(self) -> None:
+        self.bpf.cleanup()
