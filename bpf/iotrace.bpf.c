@@ -271,8 +271,8 @@ static __always_inline void record(struct iotrace_slot *s, u64 now)
 		count_reason(IOTRACE_DROP_SERIES_FULL);
 		return;
 	}
-	if (v->count == 0)
-		__builtin_memcpy(v->comm, s->comm, sizeof(v->comm));
+	/* the latest name wins: a process's first I/O may predate its exec */
+	__builtin_memcpy(v->comm, s->comm, sizeof(v->comm));
 	v->count++;
 	v->bytes += s->done;
 	v->cgroup = s->cgroup;

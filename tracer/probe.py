@@ -116,8 +116,8 @@ def kernel_headers() -> Path:
     """
     override = os.environ.get("BCC_KERNEL_SOURCE")
     release = platform.release()
-    tried = [Path(override)] if override else []
-    tried.append(Path("/lib/modules") / release / "build")
+    # bcc itself uses BCC_KERNEL_SOURCE alone when it is set
+    tried = [Path(override)] if override else [Path("/lib/modules") / release / "build"]
     for p in tried:
         if (p / "include").is_dir() or (p / "Makefile").is_file():
             return p

@@ -1,0 +1,376 @@
+"""The iotrace command line: arguments, command mode, signals, exit codes.
+
+    sudo iotrace [options] [-- COMMAND [ARGS...]]     trace, report, dump
+    iotrace report FILE.jsonl...                      render saved dumps
+
+Every problem the user can fix is one line on stderr and a non-zero exit
+(tracer.errors.UserError); whatever was collected is still printed and
+written on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import select
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from .errors import UserError
+
+EPILOG = """\
+examples:
+  sudo iotrace                                  every process, every device, until Ctrl-C
+  sudo iotrace --pid "$(pgrep -f train.py)" -i 10
+                                                one process and its children, a report every 10 s
+  sudo iotrace -o run.jsonl -- python train.py  run a command traced from its first I/O
+  sudo iotrace --dev nvme0n1 -d 30 --hist       one device for 30 s, with latency bars
+  iotrace report run.jsonl                      render saved dumps again (no root needed)
+
+latency phases (blktrace's names in brackets):
+  queue   request start to issue to the driver    (~Q2D)
+  device  issue to completion                      (D2C)
+  total   start to completion                      (~Q2C)
+The table shows total latency percentiles, and p50/p99 of queue (Q:) and device (D:).
+"""
+
+SUBCOMMANDS = ("report",)
+
+
+@dataclass
+class TraceArgs:
+    pids: list[int] = field(default_factory=list)
+    no_children: bool = False
+    threads: bool = False
+    devs: list[str] = field(default_factory=list)
+    interval: float | None = None
+    duration: float | None = None
+    output: str | None = None
+    hist: bool = False
+    inflight_slots: int | None = None
+    command: list[str] = field(default_factory=list)
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
+    return v
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises UserError (one line, exit 2) instead of printing usage."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see '{self.prog} --help')")
+
+
+def trace_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="iotrace", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+                usage="sudo iotrace [options] [-- COMMAND [ARGS...]]\n       iotrace report FILE.jsonl...",
+                description="Block I/O latency per process and device, from in-kernel BPF histograms: "
+                            "p50/p90/p99/p99.9 of each process's reads, writes, flushes and discards.")
+    p.add_argument("--pid", type=int, action="append", default=[], metavar="PID", dest="pids",
+                   help="trace this process (and the children it forks from now on); repeatable. "
+                        "Default: every process")
+    p.add_argument("--no-children", action="store_true", help="with --pid or COMMAND: do not follow forks")
+    p.add_argument("--threads", action="store_true", help="one row per thread instead of per process")
+    p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
+                   help="trace only this disk (loop0, /dev/nvme0n1, 7:0); repeatable. Default: every device")
+    p.add_argument("-i", "--interval", type=_positive, metavar="SECONDS",
+                   help="print (and dump) a report every SECONDS, histograms reset each time")
+    p.add_argument("-d", "--duration", type=_positive, metavar="SECONDS", help="stop after SECONDS")
+    p.add_argument("-o", "--output", metavar="FILE.jsonl", help="append one JSON line per report to FILE")
+    p.add_argument("--hist", action="store_true", help="add a log2 latency bar chart per row")
+    p.add_argument("--inflight-slots", type=int, metavar="N",
+                   help="size of the in-kernel in-flight request table (power of two, default 65536)")
+    return p
+
+
+def parse_trace_args(argv: list[str]) -> TraceArgs:
+    command: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1:]
+        if not command:
+            raise UserError("nothing after '--': give the command to trace, e.g. 'iotrace -- fio job.fio'")
+    ns = trace_parser().parse_args(argv)
+    if command and ns.pids:
+        raise UserError("give either --pid or a COMMAND after '--', not both")
+    return TraceArgs(pids=ns.pids, no_children=ns.no_children, threads=ns.threads, devs=ns.devs,
+                     interval=ns.interval, duration=ns.duration, output=ns.output, hist=ns.hist,
+                     inflight_slots=ns.inflight_slots, command=command)
+
+
+# ---- command mode ------------------------------------------------------------
+
+def _invoking_user() -> pwd.struct_passwd | None:
+    """The user behind sudo, when we are root because of sudo."""
+    uid = os.environ.get("SUDO_UID")
+    if os.geteuid() != 0 or not uid:
+        return None
+    try:
+        return pwd.getpwuid(int(uid))
+    except (KeyError, ValueError):
+        return None
+
+
+def _spawn_held(command: list[str]) -> tuple[int, int]:
+    """Fork the command, held before exec until release() writes to the returned fd.
+
+    Holding it lets the tracer put the child's pid in the in-kernel filter
+    before the command runs, so its very first I/O is traced.
+    """
+    if shutil.which(command[0]) is None:
+        raise UserError(f"command not found: {command[0]}")
+    user = _invoking_user()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(r)
+        return pid, w
+    # the child: no Python-level cleanup may run here, only exec or _exit
+    try:
+        os.close(w)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_DFL)
+        if os.read(r, 1) != b"g":
+            os._exit(125)   # the tracer gave up before releasing us
+        os.close(r)
+        if user:
+            os.setgroups(os.getgrouplist(user.pw_name, user.pw_gid))
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            os.environ.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
+        os.execvp(command[0], command)
+    except BaseException as exc:  # noqa: BLE001 - must never return into the tracer's code
+        try:
+            os.write(2, f"iotrace: cannot run {command[0]}: {exc}\n".encode())
+        finally:
+            os._exit(127)
+
+
+def _exit_status(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+# ---- the trace loop ----------------------------------------------------------
+
+class _Signals:
+    """Signals turned into a readable fd, so one select() waits for everything."""
+
+    HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self.w, False)
+        self.pending: list[int] = []
+        self._old_fd = signal.set_wakeup_fd(self.w, warn_on_full_buffer=False)
+        self._old = {s: signal.signal(s, self._on_signal) for s in self.HANDLED}
+
+    def _on_signal(self, signum, frame) -> None:
+        self.pending.append(signum)
+
+    def take(self) -> list[int]:
+        try:
+            while os.read(self.r, 512):
+                pass
+        except BlockingIOError:
+            pass
+        out, self.pending = self.pending, []
+        return out
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        signal.set_wakeup_fd(self._old_fd)
+
+
+def _open_output(path: str) -> TextIO:
+    try:
+        f = open(path, "a")  # noqa: SIM115 - lives as long as the trace
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+    user = _invoking_user()
+    if user:
+        try:
+            os.chown(path, user.pw_uid, user.pw_gid)
+        except OSError:
+            pass
+    return f
+
+
+def _check_pids(pids: list[int]) -> list[int]:
+    fds = []
+    for pid in pids:
+        try:
+            fds.append(os.pidfd_open(pid))
+        except ProcessLookupError:
+            raise UserError(f"--pid {pid}: no such process") from None
+    return fds
+
+
+class Session:
+    """One tracing run: owns the probe, the output file and the report stream."""
+
+    def __init__(self, args: TraceArgs, out: TextIO):
+        self.args = args
+        self.out = out
+        self.file: TextIO | None = None
+        self.emitted: list = []     # every dump so far, for the whole-run summary
+
+    def emit(self, dump) -> None:
+        from . import dump as dumpmod
+        from .report import render_table
+
+        if self.file:
+            dumpmod.write(self.file, dump)
+        render_table(dump, self.out, hist=self.args.hist)
+        self.out.flush()
+        self.emitted.append(dump)
+
+
+def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
+    from . import devices
+
+    devs = [devices.resolve(d) for d in args.devs]
+    pidfds = _check_pids(args.pids)
+    file = _open_output(args.output) if args.output else None
+    child, release = _spawn_held(args.command) if args.command else (None, None)
+    probe = None
+    try:
+        from .aggregate import Clock, build_dump
+        from .dump import merge_dumps
+        from .probe import Probe, ProbeOptions
+        from .report import render_table
+
+        opts = ProbeOptions(pids=list(args.pids) + ([child] if child else []), follow_children=not args.no_children,
+                            per_thread=args.threads, devs=devs, inflight_slots=args.inflight_slots)
+        probe = Probe(opts)
+        clock = Clock()
+        session = Session(args, out)
+        session.file = file
+        if child:
+            pidfds.append(os.pidfd_open(child))
+            os.write(release, b"g")
+            os.close(release)
+            release = None
+        what = (f"command {' '.join(args.command)!r} (pid {child})" if child else
+                f"pid {', '.join(map(str, args.pids))}" if args.pids else "all processes")
+        print(f"iotrace: tracing block I/O of {what}"
+              f"{' on ' + ', '.join(args.devs) if args.devs else ''}; Ctrl-C to end", file=sys.stderr)
+        status = _loop(args, probe, clock, session, pidfds, child)
+        raw = probe.drain()
+        session.emit(build_dump(raw, clock, "final"))
+        if len(session.emitted) > 1:
+            render_table(merge_dumps(session.emitted), out, title="whole run")
+        return status
+    finally:
+        if release is not None and child:
+            os.close(release)       # unblocks the held child: it exits 125
+            os.waitpid(child, 0)
+        if probe:
+            probe.close()
+        if file:
+            file.close()
+
+
+def _loop(args: TraceArgs, probe, clock, session: Session, pidfds: list[int], child: int | None) -> int:
+    from .aggregate import build_dump
+
+    sig = _Signals()
+    start = time.monotonic()
+    deadline = start + args.duration if args.duration else None
+    next_tick = start + args.interval if args.interval else None
+    alive = set(pidfds)
+    status = 0
+    stopping = False
+    try:
+        while True:
+            now = time.monotonic()
+            wake = [t for t in (next_tick, deadline) if t is not None]
+            timeout = max(0.0, min(wake) - now) if wake else None
+            ready, _, _ = select.select([sig.r, *alive], [], [], timeout)
+            for fd in ready:
+                if fd in alive:
+                    alive.discard(fd)
+            if child is not None:
+                done, st = os.waitpid(child, os.WNOHANG)
+                if done:
+                    status = _exit_status(st)
+                    return status
+            for s in sig.take():
+                if s == signal.SIGUSR1:   # dump now, as an interval
+                    session.emit(build_dump(probe.drain(), clock, "interval"))
+                    continue
+                if child is None or stopping:
+                    return status
+                # the command decides when we end: let it finish, a second signal ends us
+                stopping = True
+                if s == signal.SIGTERM:
+                    os.kill(child, signal.SIGTERM)
+            if pidfds and child is None and not alive:
+                return status       # every --pid target has exited
+            now = time.monotonic()
+            if next_tick is not None and now >= next_tick:
+                session.emit(build_dump(probe.drain(), clock, "interval"))
+                next_tick += args.interval
+                while next_tick <= now:  # fell behind (suspended?): skip, do not burst
+                    next_tick += args.interval
+            if deadline is not None and now >= deadline:
+                if child is not None:
+                    os.kill(child, signal.SIGTERM)
+                    status = _exit_status(os.waitpid(child, 0)[1])
+                return status
+    finally:
+        sig.restore()
+
+
+# ---- iotrace report ----------------------------------------------------------
+
+def run_report(argv: list[str], out: TextIO = sys.stdout) -> int:
+    from . import dump as dumpmod
+    from .report import render_table
+
+    p = _Parser(prog="iotrace report", description="Render saved iotrace dumps as one table, merging every "
+                "dump of every file through their HdrHistograms.")
+    p.add_argument("files", nargs="+", metavar="FILE.jsonl")
+    p.add_argument("--hist", action="store_true", help="add a log2 latency bar chart per row")
+    ns = p.parse_args(argv)
+    dumps = [d for path in ns.files for d in dumpmod.read(path)]
+    if not dumps:
+        raise UserError(f"no dumps in {', '.join(ns.files)}")
+    merged = dumpmod.merge_dumps(dumps)
+    render_table(merged, out, hist=ns.hist, title=f"{len(dumps)} dump(s) from {', '.join(ns.files)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv and argv[0] in SUBCOMMANDS:
+            return run_report(argv[1:])
+        return run_trace(parse_trace_args(argv))
+    except UserError as exc:
+        print(f"iotrace: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:
+        # reader went away (iotrace ... | head): not an error worth a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

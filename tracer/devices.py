@@ -1,0 +1,112 @@
+"""Block devices as users know them: names from sysfs, kernel dev_t numbers,
+and /proc/diskstats counters.  No root needed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+
+SYS_BLOCK = Path("/sys/block")
+SYS_DEV_BLOCK = Path("/sys/dev/block")
+# The kernel's internal dev_t, as block tracepoints report it: 12 bits of
+# major above 20 bits of minor (MINORBITS), unlike the userspace encoding.
+MINOR_BITS = 20
+
+
+def kdev(major: int, minor: int) -> int:
+    return (major << MINOR_BITS) | minor
+
+
+def split_kdev(dev: int) -> tuple[int, int]:
+    return dev >> MINOR_BITS, dev & ((1 << MINOR_BITS) - 1)
+
+
+def devno(dev: int) -> str:
+    """'7:0' for a kernel dev_t."""
+    major, minor = split_kdev(dev)
+    return f"{major}:{minor}"
+
+
+def name_of(dev: int) -> str:
+    """The device's name ('loop0', 'nvme0n1'), or its number if sysfs does not know it."""
+    try:
+        for line in (SYS_DEV_BLOCK / devno(dev) / "uevent").read_text().splitlines():
+            if line.startswith("DEVNAME="):
+                return line.split("=", 1)[1]
+    except OSError:
+        pass
+    return devno(dev)
+
+
+def whole_disks() -> dict[str, int]:
+    """Name -> kernel dev_t of every whole block device (partitions excluded)."""
+    out = {}
+    for entry in sorted(SYS_BLOCK.iterdir()) if SYS_BLOCK.is_dir() else []:
+        try:
+            major, minor = (entry / "dev").read_text().strip().split(":")
+        except (OSError, ValueError):
+            continue
+        out[entry.name] = kdev(int(major), int(minor))
+    return out
+
+
+def resolve(spec: str) -> int:
+    """A --dev argument ('loop0', '/dev/loop0', '7:0') -> kernel dev_t."""
+    disks = whole_disks()
+    name = spec.removeprefix("/dev/")
+    if name in disks:
+        return disks[name]
+    if ":" in spec:
+        try:
+            dev = kdev(*(int(x) for x in spec.split(":", 1)))
+        except ValueError:
+            dev = -1
+        if dev in disks.values():
+            return dev
+    if spec.startswith("/dev/") and os.path.exists(spec):
+        st = os.stat(spec)
+        dev = kdev(os.major(st.st_rdev), os.minor(st.st_rdev))
+        if dev in disks.values():
+            return dev
+        raise UserError(f"--dev {spec}: a partition or not a whole disk; block requests are "
+                        f"reported per disk, give the disk instead ({', '.join(disks)})")
+    raise UserError(f"--dev {spec}: no such block device; known devices: {', '.join(disks) or 'none'}")
+
+
+@dataclass(frozen=True)
+class DiskStats:
+    """One /proc/diskstats line (the fields iotrace uses)."""
+
+    reads: int
+    read_sectors: int
+    read_ms: int
+    writes: int
+    write_sectors: int
+    write_ms: int
+    in_flight: int
+    io_ms: int
+    weighted_ms: int
+    discards: int
+    discard_sectors: int
+    flushes: int
+
+    @property
+    def completions(self) -> int:
+        """Data requests completed (reads, writes, discards): what iotrace counts too."""
+        return self.reads + self.writes + self.discards
+
+
+def read_diskstats(path: str = "/proc/diskstats") -> dict[str, DiskStats]:
+    out = {}
+    with open(path) as f:
+        for line in f:
+            p = line.split()
+            v = [int(x) for x in p[3:]] + [0] * 17
+            out[p[2]] = DiskStats(reads=v[0], read_sectors=v[2], read_ms=v[3], writes=v[4], write_sectors=v[6],
+                                  write_ms=v[7], in_flight=v[8], io_ms=v[9], weighted_ms=v[10],
+                                  discards=v[11], discard_sectors=v[13], flushes=v[15])
+    return out

@@ -1,0 +1,213 @@
+"""The dump: iotrace's unit of output, its records and its JSONL schema.
+
+A dump covers one window of time (an interval, a labelled epoch, or the
+final stretch of a run); dumps of one run cover disjoint windows, so
+merging all of a file's dumps gives the whole run.  Each line of an
+iotrace .jsonl file is one dump:
+
+    {"schema": 1, "kind": "interval" | "final" | "marker", "label": null,
+     "start": ISO 8601, "end": ISO 8601, "duration_s": float,
+     "host": str, "kernel": str, "dropped": {reason: n}, "events": {note: n},
+     "series": [{"pid", "tgid", "comm", "device", "devno", "op", "cgroup_id",
+                 "count", "bytes",
+                 "latency_us": {phase: {"count", "min", "mean", "p50", "p90",
+                                        "p99", "p99.9", "max"}},
+                 "hdr": {phase: HdrHistogram compressed base64, values in ns}}]}
+
+Latencies in the JSON are microseconds; the hdr histograms count
+nanoseconds.  min, max and mean are exact (kept by the kernel), the
+percentiles are read from the histograms (within 0.4%).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from .errors import UserError
+from .histogram import Histogram
+
+SCHEMA = 1
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+PCT_KEYS = ("p50", "p90", "p99", "p99.9")
+KINDS = ("interval", "final", "marker")
+
+
+@dataclass
+class PhaseStats:
+    """One latency phase of a series: the histogram plus exact totals (ns)."""
+
+    hist: Histogram
+    sum_ns: float = 0.0
+    min_ns: int = 0
+    max_ns: int = 0
+
+    @property
+    def count(self) -> int:
+        return self.hist.total
+
+    def merge(self, other: PhaseStats) -> PhaseStats:
+        if not other.count:
+            return self
+        if not self.count:
+            return other
+        return PhaseStats(self.hist.merge(other.hist), self.sum_ns + other.sum_ns,
+                          min(self.min_ns, other.min_ns), max(self.max_ns, other.max_ns))
+
+    def summary_us(self) -> dict[str, float]:
+        """min / mean / percentiles / max in microseconds; percentiles held within [min, max]."""
+        n = self.count
+        if not n:
+            return {"count": 0}
+        pct = self.hist.percentiles(PERCENTILES)
+        lo, hi = self.min_ns, self.max_ns
+        out = {"count": n, "min": lo / 1e3, "mean": self.sum_ns / n / 1e3}
+        for key, v in zip(PCT_KEYS, pct):
+            out[key] = min(max(float(v), lo), hi) / 1e3
+        out["max"] = hi / 1e3
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+@dataclass
+class Series:
+    """One row: a process's requests of one op on one device."""
+
+    pid: int
+    comm: str
+    device: str
+    devno: str
+    op: str
+    count: int
+    bytes: int
+    phases: dict[str, PhaseStats]
+    tgid: int = 0
+    cgroup_id: int = 0
+
+    @property
+    def key(self) -> tuple[int, str, str]:
+        return (self.pid, self.devno, self.op)
+
+    def merge(self, other: Series) -> Series:
+        phases = dict(self.phases)
+        for name, st in other.phases.items():
+            phases[name] = phases[name].merge(st) if name in phases else st
+        return Series(self.pid, other.comm or self.comm, other.device, self.devno, self.op,
+                      self.count + other.count, self.bytes + other.bytes, phases,
+                      other.tgid or self.tgid, other.cgroup_id or self.cgroup_id)
+
+
+@dataclass
+class Dump:
+    kind: str
+    start: datetime
+    end: datetime
+    host: str
+    kernel: str
+    series: list[Series]
+    dropped: dict[str, int] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)
+    label: str | None = None
+    extra: dict = field(default_factory=dict)   # sections added by later features (coverage, ...)
+
+    @property
+    def duration_s(self) -> float:
+        return max((self.end - self.start).total_seconds(), 0.0)
+
+    @property
+    def lost(self) -> int:
+        return sum(self.dropped.values())
+
+
+def merge_series(series: Iterable[Series]) -> list[Series]:
+    """Merge rows with the same (pid, device, op), keeping first-seen order."""
+    out: dict[tuple, Series] = {}
+    for s in series:
+        out[s.key] = out[s.key].merge(s) if s.key in out else s
+    return list(out.values())
+
+
+def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None) -> Dump:
+    """One dump covering all of `dumps` (which should be disjoint windows)."""
+    if not dumps:
+        raise ValueError("nothing to merge")
+    dropped: dict[str, int] = {}
+    events: dict[str, int] = {}
+    for d in dumps:
+        for k, v in d.dropped.items():
+            dropped[k] = dropped.get(k, 0) + v
+        for k, v in d.events.items():
+            events[k] = events.get(k, 0) + v
+    merged = Dump(kind=kind, label=label, start=min(d.start for d in dumps), end=max(d.end for d in dumps),
+                  host=dumps[-1].host, kernel=dumps[-1].kernel,
+                  series=merge_series(s for d in dumps for s in d.series), dropped=dropped, events=events)
+    # the windows' own lengths, not the span: a file may hold several runs
+    merged.extra["duration_s"] = sum(d.duration_s for d in dumps)
+    return merged
+
+
+def duration_of(d: Dump) -> float:
+    return float(d.extra.get("duration_s", d.duration_s))
+
+
+# ---- JSON --------------------------------------------------------------------
+
+def to_json(d: Dump) -> dict:
+    obj = {
+        "schema": SCHEMA, "kind": d.kind, "label": d.label,
+        "start": d.start.isoformat(), "end": d.end.isoformat(), "duration_s": round(d.duration_s, 6),
+        "host": d.host, "kernel": d.kernel, "dropped": d.dropped, "events": d.events,
+    }
+    obj.update({k: v for k, v in d.extra.items() if k != "duration_s"})
+    obj["series"] = [{
+        "pid": s.pid, "tgid": s.tgid, "comm": s.comm, "device": s.device, "devno": s.devno, "op": s.op,
+        "cgroup_id": s.cgroup_id, "count": s.count, "bytes": s.bytes,
+        "latency_us": {name: st.summary_us() for name, st in s.phases.items()},
+        "hdr": {name: st.hist.to_hdr() for name, st in s.phases.items() if st.count},
+    } for s in d.series]
+    return obj
+
+
+def _phase_from_json(summary: dict, hdr: str | None) -> PhaseStats:
+    hist = Histogram.from_hdr(hdr) if hdr else Histogram.empty()
+    n = hist.total
+    return PhaseStats(hist, float(summary.get("mean", 0.0)) * 1e3 * n,
+                      round(float(summary.get("min", 0.0)) * 1e3), round(float(summary.get("max", 0.0)) * 1e3))
+
+
+def from_json(obj: dict) -> Dump:
+    if not isinstance(obj, dict) or obj.get("schema") != SCHEMA or obj.get("kind") not in KINDS:
+        raise ValueError(f"not an iotrace dump (want an object with schema {SCHEMA} and a kind)")
+    series = []
+    for s in obj["series"]:
+        hdr = s.get("hdr", {})
+        phases = {name: _phase_from_json(summary, hdr.get(name)) for name, summary in s["latency_us"].items()}
+        series.append(Series(int(s["pid"]), s["comm"], s["device"], s["devno"], s["op"], int(s["count"]),
+                             int(s["bytes"]), phases, int(s.get("tgid", 0)), int(s.get("cgroup_id", 0))))
+    known = {"schema", "kind", "label", "start", "end", "duration_s", "host", "kernel", "dropped", "events", "series"}
+    return Dump(kind=obj["kind"], label=obj.get("label"), start=datetime.fromisoformat(obj["start"]),
+                end=datetime.fromisoformat(obj["end"]), host=obj.get("host", ""), kernel=obj.get("kernel", ""),
+                series=series, dropped=dict(obj.get("dropped", {})), events=dict(obj.get("events", {})),
+                extra={k: v for k, v in obj.items() if k not in known})
+
+
+def write(stream, d: Dump) -> None:
+    stream.write(json.dumps(to_json(d), separators=(",", ":")) + "\n")
+    stream.flush()
+
+
+def read(path: str) -> Iterator[Dump]:
+    """Dumps of an iotrace .jsonl file; UserError naming the file and line on bad input."""
+    try:
+        f = open(path)  # noqa: SIM115 - closed below, errors reported per line
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    with f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield from_json(json.loads(line))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise UserError(f"{path}:{n}: not an iotrace dump ({exc})") from None
