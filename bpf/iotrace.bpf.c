@@ -14,13 +14,24 @@
  *   block_rq_issue    handed to the driver: note the time and final size
  *   block_rq_complete account queue / device / total latency into the
  *                     per-CPU histograms of the current generation
+ *   block_io_done     release the slot; or, if the kernel skipped our
+ *                     block_rq_complete program, account the request here
+ *
+ * Why block_io_done: the kernel runs a BPF program at most once per CPU at
+ * a time, and silently skips an event that fires while the same program is
+ * already running there (a completion in softirq interrupting one in task
+ * context).  block_io_done follows block_rq_complete for the same request
+ * through a different program, so a skipped completion is caught there.
+ * What is still lost shows up in the programs' recursion_misses, which
+ * tracer/probe.py reports as dropped.
  * User space flips the generation, waits out programs still running on
  * the old one, then drains it: intervals are exact and nothing races a
  * delete.  Keys, values and codes live in iotrace.h.
  *
  * IOTRACE_START_CATEGORY / IOTRACE_START_EVENT name the start tracepoint
  * (block_io_start, or block_rq_insert on kernels before 6.5); tracer/probe.py
- * substitutes them before compiling.
+ * substitutes them before compiling, and defines IOTRACE_HAVE_IO_DONE where
+ * the kernel has block_io_done (6.5+).
  */
 #include "iotrace.h"
 
@@ -98,13 +109,15 @@ static __always_inline struct iotrace_slot *slot_claim(u32 dev, u64 sector)
 		u32 idx = (h + i) & (IOTRACE_INFLIGHT_SLOTS - 1);
 		struct iotrace_slot *s = inflight.lookup(&idx);
 
+		u64 state;
+
 		if (!s)
 			return NULL;
-		if (s->state != IOTRACE_SLOT_FREE)
+		state = s->state;
+		if (state == IOTRACE_SLOT_BUSY)
 			continue;
 		/* two CPUs may race for the same free slot: one wins */
-		if (__sync_val_compare_and_swap(&s->state, IOTRACE_SLOT_FREE,
-						IOTRACE_SLOT_BUSY) == IOTRACE_SLOT_FREE) {
+		if (__sync_val_compare_and_swap(&s->state, state, IOTRACE_SLOT_BUSY) == state) {
 			s->dev = dev;
 			s->sector = sector;
 			return s;
@@ -137,10 +150,38 @@ static __always_inline struct iotrace_slot *slot_find(u32 dev, u64 sector, bool 
 	return NULL;
 }
 
+static __always_inline void slot_set_state(struct iotrace_slot *s, u64 state)
+{
+	/* a full barrier: the fields are dead once the state says so */
+	__sync_lock_test_and_set(&s->state, state);
+}
+
 static __always_inline void slot_release(struct iotrace_slot *s)
 {
-	/* order: the fields are dead once the state says free */
-	__sync_lock_test_and_set(&s->state, IOTRACE_SLOT_FREE);
+	slot_set_state(s, IOTRACE_SLOT_FREE);
+}
+
+/* A BUSY or DONE slot at (dev, sector), preferring DONE. */
+static __always_inline struct iotrace_slot *slot_find_ending(u32 dev, u64 sector)
+{
+	struct iotrace_slot *busy = NULL;
+	u32 h = slot_hash(dev, sector);
+
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
+		u32 idx = (h + i) & (IOTRACE_INFLIGHT_SLOTS - 1);
+		struct iotrace_slot *s = inflight.lookup(&idx);
+
+		if (!s)
+			return busy;
+		if (s->dev != dev || s->sector != sector)
+			continue;
+		if (s->state == IOTRACE_SLOT_DONE)
+			return s;
+		if (s->state == IOTRACE_SLOT_BUSY && !busy)
+			busy = s;
+	}
+	return busy;
 }
 
 /*
@@ -367,9 +408,32 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 		return 0;
 	}
 	record(s, now);
+#ifdef IOTRACE_HAVE_IO_DONE
+	/* block_io_done frees it; until then a new request may reuse it */
+	slot_set_state(s, IOTRACE_SLOT_DONE);
+#else
+	slot_release(s);
+#endif
+	return 0;
+}
+
+#ifdef IOTRACE_HAVE_IO_DONE
+TRACEPOINT_PROBE(block, block_io_done)
+{
+	struct iotrace_slot *s = slot_find_ending(args->dev, args->sector);
+
+	if (!s)
+		return 0;
+	if (s->state == IOTRACE_SLOT_BUSY) {
+		/* our block_rq_complete program was skipped for this request */
+		count_reason(IOTRACE_NOTE_LATE_COMPLETE);
+		s->done = s->remaining + s->done;
+		record(s, bpf_ktime_get_ns());
+	}
 	slot_release(s);
 	return 0;
 }
+#endif /* IOTRACE_HAVE_IO_DONE */
 
 TRACEPOINT_PROBE(block, block_bio_frontmerge)
 {

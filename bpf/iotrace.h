@@ -86,12 +86,14 @@ enum iotrace_reason {
 	IOTRACE_NOTE_PARTIAL = 10,	/* partial completion, request goes on */
 	IOTRACE_NOTE_REQUEUE = 11,	/* request requeued by the driver */
 	IOTRACE_NOTE_UNTRACKED = 12,	/* completion of a request a filter left out */
-	IOTRACE_REASON_COUNT = 13,
+	IOTRACE_NOTE_LATE_COMPLETE = 13,	/* finished at block_io_done: see iotrace.bpf.c */
+	IOTRACE_REASON_COUNT = 14,
 };
 
 /* Slot states of the in-flight table. */
 #define IOTRACE_SLOT_FREE 0
 #define IOTRACE_SLOT_BUSY 1
+#define IOTRACE_SLOT_DONE 2	/* accounted, waiting for block_io_done; claimable */
 #define IOTRACE_SLOT_HASH_MUL 0x9E3779B97F4A7C15ULL	/* Fibonacci hashing */
 
 /*

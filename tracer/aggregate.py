@@ -7,7 +7,7 @@ from __future__ import annotations
 import platform
 import socket
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 
@@ -23,7 +23,7 @@ class Clock:
         self.offset_ns = time.time_ns() - time.monotonic_ns()
 
     def wall(self, mono_ns: int) -> datetime:
-        return datetime.fromtimestamp((mono_ns + self.offset_ns) / 1e9, tz=timezone.utc).astimezone()
+        return datetime.fromtimestamp((mono_ns + self.offset_ns) / 1e9, tz=UTC).astimezone()
 
 
 def _group_hists(keys: np.ndarray, counts: np.ndarray) -> dict[tuple[int, int, int, int], Histogram]:
@@ -38,7 +38,7 @@ def _group_hists(keys: np.ndarray, counts: np.ndarray) -> dict[tuple[int, int, i
     starts = np.flatnonzero(np.r_[True, np.any(ident[1:] != ident[:-1], axis=1)])
     ends = np.r_[starts[1:], len(k)]
     out = {}
-    for s, e in zip(starts, ends):
+    for s, e in zip(starts, ends, strict=True):
         out[tuple(int(x) for x in ident[s])] = Histogram.from_pairs(k["bucket"][s:e], c[s:e])
     return out
 
@@ -50,7 +50,7 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None) -> Dump:
     hists = _group_hists(raw.hist_keys, raw.hist_counts)
     names: dict[int, str] = {}
     series = []
-    for key, val in zip(raw.series_keys, raw.series_vals):
+    for key, val in zip(raw.series_keys, raw.series_vals, strict=True):
         pid, dev, op = int(key["pid"]), int(key["dev"]), int(key["op"])
         if dev not in names:
             names[dev] = devices.name_of(dev)

@@ -248,6 +248,8 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     file = _open_output(args.output) if args.output else None
     child, release = _spawn_held(args.command) if args.command else (None, None)
     probe = None
+    # from here on, Ctrl-C and SIGTERM end the trace in order instead of raising
+    sig = _Signals()
     try:
         from .aggregate import Clock, build_dump
         from .dump import merge_dumps
@@ -269,13 +271,14 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
                 f"pid {', '.join(map(str, args.pids))}" if args.pids else "all processes")
         print(f"iotrace: tracing block I/O of {what}"
               f"{' on ' + ', '.join(args.devs) if args.devs else ''}; Ctrl-C to end", file=sys.stderr)
-        status = _loop(args, probe, clock, session, pidfds, child)
+        status = _loop(args, probe, clock, session, pidfds, child, sig)
         raw = probe.drain()
         session.emit(build_dump(raw, clock, "final"))
         if len(session.emitted) > 1:
             render_table(merge_dumps(session.emitted), out, title="whole run")
         return status
     finally:
+        sig.restore()
         if release is not None and child:
             os.close(release)       # unblocks the held child: it exits 125
             os.waitpid(child, 0)
@@ -285,55 +288,52 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
             file.close()
 
 
-def _loop(args: TraceArgs, probe, clock, session: Session, pidfds: list[int], child: int | None) -> int:
+def _loop(args: TraceArgs, probe, clock, session: Session, pidfds: list[int], child: int | None,
+          sig: _Signals) -> int:
     from .aggregate import build_dump
 
-    sig = _Signals()
     start = time.monotonic()
     deadline = start + args.duration if args.duration else None
     next_tick = start + args.interval if args.interval else None
     alive = set(pidfds)
     status = 0
     stopping = False
-    try:
-        while True:
-            now = time.monotonic()
-            wake = [t for t in (next_tick, deadline) if t is not None]
-            timeout = max(0.0, min(wake) - now) if wake else None
-            ready, _, _ = select.select([sig.r, *alive], [], [], timeout)
-            for fd in ready:
-                if fd in alive:
-                    alive.discard(fd)
-            if child is not None:
-                done, st = os.waitpid(child, os.WNOHANG)
-                if done:
-                    status = _exit_status(st)
-                    return status
-            for s in sig.take():
-                if s == signal.SIGUSR1:   # dump now, as an interval
-                    session.emit(build_dump(probe.drain(), clock, "interval"))
-                    continue
-                if child is None or stopping:
-                    return status
-                # the command decides when we end: let it finish, a second signal ends us
-                stopping = True
-                if s == signal.SIGTERM:
-                    os.kill(child, signal.SIGTERM)
-            if pidfds and child is None and not alive:
-                return status       # every --pid target has exited
-            now = time.monotonic()
-            if next_tick is not None and now >= next_tick:
-                session.emit(build_dump(probe.drain(), clock, "interval"))
-                next_tick += args.interval
-                while next_tick <= now:  # fell behind (suspended?): skip, do not burst
-                    next_tick += args.interval
-            if deadline is not None and now >= deadline:
-                if child is not None:
-                    os.kill(child, signal.SIGTERM)
-                    status = _exit_status(os.waitpid(child, 0)[1])
+    while True:
+        now = time.monotonic()
+        wake = [t for t in (next_tick, deadline) if t is not None]
+        timeout = max(0.0, min(wake) - now) if wake else None
+        ready, _, _ = select.select([sig.r, *alive], [], [], 0 if sig.pending else timeout)
+        for fd in ready:
+            if fd in alive:
+                alive.discard(fd)
+        if child is not None:
+            done, st = os.waitpid(child, os.WNOHANG)
+            if done:
+                status = _exit_status(st)
                 return status
-    finally:
-        sig.restore()
+        for s in sig.take():
+            if s == signal.SIGUSR1:   # dump now, as an interval
+                session.emit(build_dump(probe.drain(), clock, "interval"))
+                continue
+            if child is None or stopping:
+                return status
+            # the command decides when we end: let it finish, a second signal ends us
+            stopping = True
+            if s == signal.SIGTERM:
+                os.kill(child, signal.SIGTERM)
+        if pidfds and child is None and not alive:
+            return status       # every --pid target has exited
+        now = time.monotonic()
+        if next_tick is not None and now >= next_tick:
+            session.emit(build_dump(probe.drain(), clock, "interval"))
+            next_tick += args.interval
+            while next_tick <= now:  # fell behind (suspended?): skip, do not burst
+                next_tick += args.interval
+        if deadline is not None and now >= deadline:
+            if child is not None:
+                os.kill(child, signal.SIGTERM)
+                status = _exit_status(os.waitpid(child, 0)[1])
+            return status
 
 
 # ---- iotrace report ----------------------------------------------------------

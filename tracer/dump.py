@@ -64,7 +64,7 @@ class PhaseStats:
         pct = self.hist.percentiles(PERCENTILES)
         lo, hi = self.min_ns, self.max_ns
         out = {"count": n, "min": lo / 1e3, "mean": self.sum_ns / n / 1e3}
-        for key, v in zip(PCT_KEYS, pct):
+        for key, v in zip(PCT_KEYS, pct, strict=True):
             out[key] = min(max(float(v), lo), hi) / 1e3
         out["max"] = hi / 1e3
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
@@ -200,7 +200,7 @@ def write(stream, d: Dump) -> None:
 def read(path: str) -> Iterator[Dump]:
     """Dumps of an iotrace .jsonl file; UserError naming the file and line on bad input."""
     try:
-        f = open(path)  # noqa: SIM115 - closed below, errors reported per line
+        f = open(path, "rb")  # noqa: SIM115 - closed below; bytes, so bad encodings fail per line
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
     with f:
@@ -208,6 +208,6 @@ def read(path: str) -> Iterator[Dump]:
             if not line.strip():
                 continue
             try:
-                yield from_json(json.loads(line))
+                yield from_json(json.loads(line.decode()))
             except (ValueError, KeyError, TypeError) as exc:
                 raise UserError(f"{path}:{n}: not an iotrace dump ({exc})") from None

@@ -8,6 +8,7 @@ the aggregator (tracer.aggregate) takes it from there.
 
 from __future__ import annotations
 
+import atexit
 import ctypes as ct
 import errno
 import os
@@ -60,7 +61,53 @@ class RawInterval:
     series_vals: np.ndarray  # structured, per-CPU values already folded
     hist_keys: np.ndarray    # structured: pid, dev, bucket, op, phase
     hist_counts: np.ndarray  # uint64, per-CPU summed
-    reasons: dict[str, int]  # events per reason during the interval
+    reasons: dict[str, int]  # events per reason during the interval, plus drop_recursion
+
+
+# struct bpf_prog_info of the kernel's UAPI (linux/bpf.h), up to the fields
+# iotrace reads; the kernel fills what it knows and the struct only grows.
+class _BpfProgInfo(ct.Structure):
+    _fields_ = [
+        ("type", ct.c_uint32), ("id", ct.c_uint32), ("tag", ct.c_uint8 * 8),
+        ("jited_prog_len", ct.c_uint32), ("xlated_prog_len", ct.c_uint32),
+        ("jited_prog_insns", ct.c_uint64), ("xlated_prog_insns", ct.c_uint64),
+        ("load_time", ct.c_uint64), ("created_by_uid", ct.c_uint32), ("nr_map_ids", ct.c_uint32),
+        ("map_ids", ct.c_uint64), ("name", ct.c_char * 16), ("ifindex", ct.c_uint32),
+        ("gpl_compatible", ct.c_uint32), ("netns_dev", ct.c_uint64), ("netns_ino", ct.c_uint64),
+        ("nr_jited_ksyms", ct.c_uint32), ("nr_jited_func_lens", ct.c_uint32),
+        ("jited_ksyms", ct.c_uint64), ("jited_func_lens", ct.c_uint64),
+        ("btf_id", ct.c_uint32), ("func_info_rec_size", ct.c_uint32), ("func_info", ct.c_uint64),
+        ("nr_func_info", ct.c_uint32), ("nr_line_info", ct.c_uint32), ("line_info", ct.c_uint64),
+        ("jited_line_info", ct.c_uint64), ("nr_jited_line_info", ct.c_uint32),
+        ("line_info_rec_size", ct.c_uint32), ("jited_line_info_rec_size", ct.c_uint32),
+        ("nr_prog_tags", ct.c_uint32), ("prog_tags", ct.c_uint64),
+        ("run_time_ns", ct.c_uint64), ("run_cnt", ct.c_uint64), ("recursion_misses", ct.c_uint64),
+    ]
+
+
+class _BpfInfoAttr(ct.Structure):
+    _fields_ = [("bpf_fd", ct.c_uint32), ("info_len", ct.c_uint32), ("info", ct.c_uint64)]
+
+
+_SYS_BPF = {"x86_64": 321, "aarch64": 280, "riscv64": 280, "ppc64le": 361, "s390x": 351}.get(platform.machine(), 321)
+_BPF_OBJ_GET_INFO_BY_FD = 15
+
+
+@dataclass(frozen=True)
+class ProgStats:
+    run_time_ns: int        # 0 unless kernel.bpf_stats_enabled
+    run_cnt: int
+    recursion_misses: int   # events skipped: the program was already running on that CPU
+
+
+def prog_stats(fd: int) -> ProgStats:
+    info = _BpfProgInfo()
+    attr = _BpfInfoAttr(fd, ct.sizeof(info), ct.addressof(info))
+    libc = ct.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_BPF, _BPF_OBJ_GET_INFO_BY_FD, ct.byref(attr), ct.sizeof(attr)) != 0:
+        err = ct.get_errno()
+        raise OSError(err, f"BPF_OBJ_GET_INFO_BY_FD: {os.strerror(err)}")
+    return ProgStats(info.run_time_ns, info.run_cnt, info.recursion_misses)
 
 
 def tracefs() -> Path:
@@ -204,6 +251,8 @@ class Probe:
         text = (src_dir / "iotrace.bpf.c").read_text()
         text = text.replace("IOTRACE_START_CATEGORY", "block").replace("IOTRACE_START_EVENT", self.start_event)
         cflags = [f"-I{src_dir}"]
+        if tracepoint_fields("block_io_done") is not None:
+            cflags.append("-DIOTRACE_HAVE_IO_DONE")
         for name, value in (("INFLIGHT_SLOTS", opts.inflight_slots), ("HIST_ENTRIES", opts.hist_entries),
                             ("SERIES_ENTRIES", opts.series_entries)):
             if value:
@@ -218,6 +267,7 @@ class Probe:
         self.ncpu = len(bcc.utils.get_possible_cpus())
         self.gen = 0
         self._reasons_seen = np.zeros(len(self.contract.reasons), dtype=np.uint64)
+        self._misses_seen = 0
         hist = self.bpf["hist0"]
         series = self.bpf["series0"]
         self._hist_key = np.dtype(hist.Key)
@@ -268,14 +318,41 @@ class Probe:
         totals = self.reason_totals()
         delta = totals - self._reasons_seen
         self._reasons_seen = totals
+        reasons = {name: int(n) for name, n in zip(self.contract.reasons, delta, strict=True)}
+        misses = self.skipped_completions()
+        reasons["drop_recursion"] = max(0, misses - self._misses_seen - reasons["note_late_complete"])
+        self._misses_seen = misses
         raw = RawInterval(
             start_ns=self._interval_start, end_ns=end,
             series_keys=skeys, series_vals=_fold_series(svals),
             hist_keys=hkeys, hist_counts=hvals.sum(axis=1),
-            reasons={name: int(n) for name, n in zip(self.contract.reasons, delta)},
+            reasons=reasons,
         )
         self._interval_start = end
         return raw
 
+    def prog_stats(self) -> dict[str, ProgStats]:
+        """Per-program kernel statistics, by tracepoint name."""
+        out = {}
+        for name, fn in self.bpf.funcs.items():
+            name = name.decode() if isinstance(name, bytes) else name
+            out[name.rsplit("__", 1)[-1]] = prog_stats(fn.fd)
+        return out
+
+    def skipped_completions(self) -> int:
+        """Completions the kernel never showed us, since load.
+
+        The kernel runs one tracepoint BPF program per CPU at a time and skips
+        (and counts) any event that fires while one of ours is running there,
+        e.g. a completion softirq interrupting our block_io_start program.
+        block_io_done rescues some of these; the rest are lost, and this counts them.
+        """
+        return self.prog_stats()["block_rq_complete"].recursion_misses
+
     def close(self) -> None:
+        if self.bpf is None:
+            return
         self.bpf.cleanup()
+        # bcc registered the same cleanup at exit; running it twice fails loudly
+        atexit.unregister(self.bpf.cleanup)
+        self.bpf = None

@@ -44,7 +44,7 @@ COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<7"), ("COU
 
 
 def _row(cells: list[str]) -> str:
-    return " ".join(f"{c:{spec}}" for c, (_, spec) in zip(cells, COLUMNS)).rstrip()
+    return " ".join(f"{c:{spec}}" for c, (_, spec) in zip(cells, COLUMNS, strict=True)).rstrip()
 
 
 def _pct(s: Series, phase: str, key: str) -> str:

@@ -1,0 +1,112 @@
+"""Shared fixtures: loop devices that are always torn down, fio, and running
+iotrace as a real process.
+
+Tests that need root and BPF are marked `bpf`.  Without root or BPF they
+skip, except under IOTRACE_REQUIRE_BPF=1 (CI), where they fail instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+REQUIRE_BPF = os.environ.get("IOTRACE_REQUIRE_BPF") == "1"
+
+
+def bpf_unavailable() -> str | None:
+    """Why BPF tests cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root"
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        return "bcc is not importable"
+    if not Path("/sys/kernel/tracing/events/block").is_dir():
+        return "tracefs with block events is not mounted"
+    if shutil.which("fio") is None:
+        return "fio is not installed"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = bpf_unavailable()
+    if not reason:
+        return
+    for item in items:
+        if "bpf" in item.keywords:
+            if REQUIRE_BPF:
+                item.add_marker(pytest.mark.usefixtures("_fail_without_bpf"))
+            else:
+                item.add_marker(pytest.mark.skip(reason=f"BPF test: {reason}"))
+
+
+@pytest.fixture
+def _fail_without_bpf():
+    pytest.fail(f"IOTRACE_REQUIRE_BPF=1 but this BPF test cannot run: {bpf_unavailable()}")
+
+
+class LoopDevice:
+    def __init__(self, path: str, backing: Path):
+        self.path = path
+        self.name = os.path.basename(path)
+        self.backing = backing
+
+    def __repr__(self) -> str:
+        return f"LoopDevice({self.path})"
+
+
+@pytest.fixture
+def make_loop(tmp_path):
+    """Factory: make_loop(size_mb=64, backing_dir=None) -> LoopDevice; all detached at teardown."""
+    made: list[LoopDevice] = []
+
+    def make(size_mb: int = 64, backing_dir: Path | None = None) -> LoopDevice:
+        backing = (backing_dir or tmp_path) / f"loop{len(made)}.img"
+        with open(backing, "wb") as f:
+            f.truncate(size_mb << 20)
+        path = subprocess.run(["losetup", "--find", "--show", "--direct-io=off", str(backing)],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        dev = LoopDevice(path, backing)
+        made.append(dev)
+        return dev
+
+    yield make
+    for dev in reversed(made):
+        subprocess.run(["losetup", "-d", dev.path], check=False, capture_output=True)
+
+
+@pytest.fixture
+def loop(make_loop) -> LoopDevice:
+    return make_loop()
+
+
+def run_iotrace(args: list[str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    """Run `python -m tracer.cli ARGS` and capture its output."""
+    return subprocess.run([PYTHON, "-m", "tracer.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def read_dumps(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def fio_cmd(filename: str, name: str = "job", **opts) -> list[str]:
+    """A fio command line with --output-format=json; options as keyword arguments."""
+    base = {"rw": "randread", "bs": "4k", "size": "16M", "direct": 1, "ioengine": "psync"}
+    base.update(opts)
+    return ["fio", f"--name={name}", f"--filename={filename}", "--output-format=json",
+            *(f"--{k}={v}" for k, v in base.items())]
+
+
+def series_of(dump: dict, comm: str | None = None, device: str | None = None, op: str | None = None) -> list[dict]:
+    return [s for s in dump["series"]
+            if (comm is None or s["comm"] == comm) and (device is None or s["device"] == device)
+            and (op is None or s["op"] == op)]

@@ -1,0 +1,211 @@
+"""End-to-end tests of the core: real BPF, real loop devices, real fio."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, ROOT, fio_cmd, read_dumps, run_iotrace, series_of
+
+IOLOAD = str(Path(__file__).with_name("ioload.py"))
+bpf = pytest.mark.bpf
+
+
+def start_tracer(args: list[str]) -> subprocess.Popen:
+    """Start iotrace in the background and return once its programs are attached."""
+    proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    if "tracing block I/O" not in line:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"iotrace did not start: {line}{err}")
+    return proc
+
+
+def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    return out, err
+
+
+@bpf
+def test_command_mode_counts_fio_job_exactly(loop, tmp_path):
+    out = tmp_path / "out.jsonl"
+    r = run_iotrace(["-o", str(out), "--", *fio_cmd(loop.path)])
+    assert r.returncode == 0, r.stderr
+    fio = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])
+    fio_reads = fio["jobs"][0]["read"]
+    dumps = read_dumps(out)
+    assert [d["kind"] for d in dumps] == ["final"]
+    rows = series_of(dumps[0], comm="fio", device=loop.name)
+    assert len(rows) == 1, rows        # only fio's job process did I/O on the loop device
+    row = rows[0]
+    assert row["op"] == "read" and row["devno"].startswith("7:")
+    assert row["count"] == 4096 == fio_reads["total_ios"]
+    assert row["bytes"] == 16 << 20 == fio_reads["io_bytes"]
+    # fio forks its job: the row's pid is a child of the command, which proves children are followed
+    assert row["pid"] != int(r.stderr.split("(pid ")[1].split(")")[0])
+    # the device's share of the latency cannot exceed what fio measured end to end
+    lat = row["latency_us"]
+    assert lat["device"]["p50"] * 1e3 <= fio_reads["clat_ns"]["percentile"]["50.000000"]
+    assert lat["queue"]["count"] == lat["device"]["count"] == lat["total"]["count"] == 4096
+    assert lat["total"]["min"] <= lat["total"]["p50"] <= lat["total"]["p99"] <= lat["total"]["max"]
+    assert set(row["hdr"]) == {"queue", "device", "total"}
+    assert dumps[0]["dropped"] and not any(dumps[0]["dropped"].values())
+    # the terminal table names the device as users know it
+    assert any(line.split()[:4] == [str(row["pid"]), "fio", loop.name, "read"] for line in r.stdout.splitlines())
+
+
+def _reader(device: str, blocks: int, **kw) -> subprocess.Popen:
+    args = [PYTHON, IOLOAD, device, str(blocks)]
+    for k, v in kw.items():
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+
+
+@bpf
+@pytest.mark.parametrize("follow", [True, False], ids=["children", "no-children"])
+def test_pid_filter_excludes_others_and_follows_forks(loop, tmp_path, follow):
+    go = tmp_path / "go"
+    target = _reader(loop.path, 300, child=200, wait=go)
+    out = tmp_path / "out.jsonl"
+    tracer = start_tracer(["--pid", str(target.pid), "-o", str(out), "-d", "60"]
+                          + ([] if follow else ["--no-children"]))
+    other = _reader(loop.path, 100)
+    assert other.wait(30) == 0
+    go.touch()
+    pid, child = map(int, target.communicate(timeout=30)[0].split())
+    finish(tracer)      # ends by itself: its target exited
+    final = read_dumps(out)[-1]
+    by_pid = {s["pid"]: s for s in series_of(final, device=loop.name)}
+    assert by_pid[pid]["count"] == 300 and by_pid[pid]["bytes"] == 300 * 4096
+    assert other.pid not in by_pid
+    if follow:
+        assert by_pid[child]["count"] == 200
+    else:
+        assert child not in by_pid
+    assert set(by_pid) <= {pid, child}
+
+
+@bpf
+def test_interval_dumps(loop, tmp_path):
+    out = tmp_path / "out.jsonl"
+    r = run_iotrace(["-i", "1", "-d", "3.5", "-o", str(out), "--dev", loop.name])
+    assert r.returncode == 0, r.stderr
+    kinds = [d["kind"] for d in read_dumps(out)]
+    assert kinds == ["interval", "interval", "interval", "final"]
+    assert r.stdout.count("interval:") == 3 and "whole run" in r.stdout
+
+
+@bpf
+def test_dev_filter_and_report_merge(make_loop, tmp_path):
+    a, b = make_loop(), make_loop()
+    out = tmp_path / "out.jsonl"
+    tracer = start_tracer(["--dev", a.name, "-i", "0.5", "-o", str(out)])
+    for dev in (a, b, a):
+        assert _reader(dev.path, 64).wait(30) == 0
+        time.sleep(0.3)
+    tracer.send_signal(signal.SIGINT)
+    finish(tracer)
+    dumps = read_dumps(out)
+    assert dumps[-1]["kind"] == "final"
+    devices = {s["device"] for d in dumps for s in d["series"]}
+    assert devices == {a.name}
+    total = sum(s["count"] for d in dumps for s in series_of(d, device=a.name))
+    assert total == 128
+    # `report` merges every dump through the hdr histograms
+    r = run_iotrace(["report", str(out)])
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if f" {a.name} " in f" {line} "]
+    assert sum(int(row[4]) for row in rows) == 128
+
+
+@bpf
+def test_ctrl_c_still_writes_what_was_collected(loop, tmp_path):
+    out = tmp_path / "out.jsonl"
+    tracer = start_tracer(["-o", str(out), "--hist"])
+    assert _reader(loop.path, 50).wait(30) == 0
+    tracer.send_signal(signal.SIGINT)
+    stdout, _ = finish(tracer)
+    final = read_dumps(out)[-1]
+    assert final["kind"] == "final"
+    assert sum(s["count"] for s in series_of(final, device=loop.name)) == 50
+    assert "distribution" in stdout          # --hist bars
+    assert loop.name in stdout
+
+
+@bpf
+def test_command_exit_code_and_user_under_sudo(tmp_path):
+    r = run_iotrace(["--", "sh", "-c", "exit 3"])
+    assert r.returncode == 3, r.stderr
+    env = dict(os.environ, SUDO_UID="65534", SUDO_GID="65534", SUDO_USER="nobody")
+    r = run_iotrace(["--", "id", "-u"], env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].strip() == "65534"
+
+
+# ---- errors: one line, non-zero, no traceback --------------------------------
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> None:
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("iotrace: "), r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_error_bad_arguments():
+    assert_one_line_error(run_iotrace(["-i", "0"]), "more than 0")
+    assert_one_line_error(run_iotrace(["--bogus"]), "--help")
+    assert_one_line_error(run_iotrace(["--"]), "nothing after")
+    assert_one_line_error(run_iotrace(["--pid", "1", "--", "true"]), "not both")
+
+
+def test_error_report_bad_input(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"hello": 1}\n')
+    assert_one_line_error(run_iotrace(["report", str(bad)]), "bad.jsonl:1", "not an iotrace dump")
+    assert_one_line_error(run_iotrace(["report", str(tmp_path / "missing.jsonl")]), "cannot read")
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    assert_one_line_error(run_iotrace(["report", str(binary)]), "not an iotrace dump")
+
+
+@bpf
+def test_error_unknown_pid_and_device():
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert_one_line_error(run_iotrace(["--pid", str(gone.pid)]), f"--pid {gone.pid}", "no such process")
+    r = run_iotrace(["--dev", "nosuchdisk9"])
+    assert_one_line_error(r, "no such block device", "known devices")
+
+
+@bpf
+def test_error_not_root():
+    r = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                        PYTHON, "-m", "tracer.cli", "-d", "1"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert_one_line_error(r, "root", "sudo")
+
+
+@bpf
+def test_error_no_bcc_and_no_headers():
+    code = "import sys; sys.modules['bcc'] = None; from tracer.cli import main; sys.exit(main(['-d', '1']))"
+    r = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert_one_line_error(r, "bcc is not installed", "python3-bpfcc")
+    r = run_iotrace(["-d", "1"], env=dict(os.environ, BCC_KERNEL_SOURCE="/nonexistent/headers"))
+    assert_one_line_error(r, "no kernel headers", "/nonexistent/headers", "make setup")
+
+
+def test_help_teaches():
+    r = run_iotrace(["--help"])
+    assert r.returncode == 0
+    for needle in ("--pid", "-- COMMAND", "Q2D", "D2C", "report", "examples"):
+        assert needle in r.stdout
