@@ -339,7 +339,8 @@ TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
 	u32 tgid = id >> 32, dev = args->dev;
 	struct iotrace_slot *s;
 
-	if (!cfg)
+	/* programs attach before the filters are written: wait for them */
+	if (!cfg || !cfg->enabled)
 		return 0;
 	if (cfg->filter_pids && !pids.lookup(&tgid))
 		return 0;
@@ -390,6 +391,8 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 	s = slot_find(args->dev, args->sector, bytes == 0);
 	if (!s) {
 		cfg = get_config();
+		if (!cfg || !cfg->enabled)
+			return 0;
 		if (bytes == 0)
 			count_reason(IOTRACE_NOTE_FLUSH_TAIL);
 		else if (cfg && (cfg->filter_pids || cfg->filter_devs))

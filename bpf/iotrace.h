@@ -124,7 +124,7 @@ struct iotrace_config {
 	u32 follow_children;	/* 1: forks of traced tgids join the pids map */
 	u32 per_thread;		/* 1: series keyed by thread id, not tgid */
 	u32 filter_devs;	/* 1: only devices in the devs map are traced */
-	u32 pad;
+	u32 enabled;		/* 0 until user space has written the filters */
 };
 
 /* Histogram map key -> u64 count (per CPU, one map per generation). */

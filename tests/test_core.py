@@ -127,6 +127,24 @@ def test_dev_filter_and_report_merge(make_loop, tmp_path):
 
 
 @bpf
+def test_filters_hold_from_the_first_event(make_loop, tmp_path):
+    """The programs attach before the filters are written; nothing may slip in meanwhile."""
+    busy, quiet = make_loop(), make_loop()
+    noise = subprocess.Popen(["sh", "-c", f"while :; do dd if={busy.path} of=/dev/null bs=4k count=256 "
+                              "iflag=direct 2>/dev/null; done"])
+    try:
+        for _ in range(3):
+            out = tmp_path / "out.jsonl"
+            out.unlink(missing_ok=True)
+            r = run_iotrace(["--dev", quiet.name, "-o", str(out), "--", "sleep", "0.2"])
+            assert r.returncode == 0, r.stderr
+            assert read_dumps(out)[-1]["series"] == []
+    finally:
+        noise.kill()
+        noise.wait()
+
+
+@bpf
 def test_ctrl_c_still_writes_what_was_collected(loop, tmp_path):
     out = tmp_path / "out.jsonl"
     tracer = start_tracer(["-o", str(out), "--hist"])

@@ -264,7 +264,10 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         session.file = file
         if child:
             pidfds.append(os.pidfd_open(child))
-            os.write(release, b"g")
+            try:
+                os.write(release, b"g")
+            except BrokenPipeError:
+                pass    # the command died while held (Ctrl-C during start-up): the loop reaps it
             os.close(release)
             release = None
         what = (f"command {' '.join(args.command)!r} (pid {child})" if child else

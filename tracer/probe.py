@@ -274,12 +274,13 @@ class Probe:
         self._series_key = np.dtype(series.Key)
         self._series_val = np.dtype(series.sLeaf)
         self._config = self.bpf["config"]
-        self._write_config(opts)
         for pid in opts.pids:
             self.add_pid(pid)
         devs = self.bpf["devs"]
         for d in opts.devs:
             devs[devs.Key(d)] = ct.c_uint8(1)
+        # last: the programs record nothing until the config says enabled
+        self._write_config(opts)
         self._interval_start = time.monotonic_ns()
 
     def _write_config(self, opts: ProbeOptions) -> None:
@@ -289,6 +290,7 @@ class Probe:
         cfg.follow_children = 1 if opts.follow_children else 0
         cfg.per_thread = 1 if opts.per_thread else 0
         cfg.filter_devs = 1 if opts.devs else 0
+        cfg.enabled = 1
         self._config[ct.c_int(0)] = cfg
         self._opts = opts
 
