@@ -20,7 +20,7 @@ lint:
 
 # Run the demo.
 demo: setup
-	$(PY) scripts/demo.py
+	$(AS_ROOT) $(PY) scripts/demo.py
 
 # Remove the venv and every cache.
 clean:

@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""iotrace demo: trace a stand-in training input pipeline on a throwaway disk.
+
+Run as root (the tracer loads BPF programs):
+
+    sudo .venv/bin/python scripts/demo.py        (or: sudo make demo)
+
+It makes a 512 MiB sparse file in a temp dir, attaches it as a loop device,
+formats it ext4 and mounts it; writes a small data set there with
+scripts/workload.py prepare; syncs and drops the page cache so the first
+epoch reads from disk; then runs
+
+    python -m tracer.cli -i 2 -o TMP/demo.jsonl --dev loopN -- python scripts/workload.py ...
+
+with its output on this terminal, and ends with a guide to reading the
+tables.  Whatever happens (errors, Ctrl-C, SIGTERM) it unmounts, detaches
+the loop device and deletes the temp dir.  Needs mkfs.ext4 and losetup;
+fio is not needed.  Takes well under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOAD = ROOT / "scripts" / "workload.py"
+PY = sys.executable
+DISK_MIB = 512
+INTERVAL_S = 2
+
+
+def say(msg: str) -> None:
+    print(f"demo: {msg}", flush=True)
+
+
+class DemoError(Exception):
+    """One line for the user; the demo exits 1 after tearing down."""
+
+
+# ---- preflight ---------------------------------------------------------------
+
+def preflight() -> None:
+    if os.geteuid() != 0:
+        raise DemoError("must run as root (it loads BPF programs and makes a loop device): "
+                        "sudo .venv/bin/python scripts/demo.py")
+    for tool, package in (("mkfs.ext4", "e2fsprogs"), ("losetup", "util-linux"), ("mount", "mount"),
+                          ("umount", "mount")):
+        if shutil.which(tool) is None:
+            raise DemoError(f"{tool} not found in PATH: install the {package} package")
+    try:
+        import bcc  # noqa: F401
+    except ImportError:
+        raise DemoError(f"bcc is not importable from {PY}: run 'make setup', use .venv/bin/python") from None
+    if not WORKLOAD.is_file():
+        raise DemoError(f"{WORKLOAD} is missing")
+
+
+def run(cmd: list[str], what: str, **kw) -> str:
+    """Run a setup command quietly; a failure becomes one DemoError line."""
+    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if p.returncode != 0:
+        detail = (p.stderr or p.stdout).strip().splitlines()
+        raise DemoError(f"{what} failed: {' '.join(cmd)}: {detail[-1] if detail else f'exit {p.returncode}'}")
+    return p.stdout
+
+
+# ---- the scratch disk: everything made here is undone by teardown() ---------
+
+class ScratchDisk:
+    def __init__(self) -> None:
+        self.tmp: Path | None = None
+        self.loop: str | None = None
+
+    @property
+    def backing(self) -> Path:
+        return self.tmp / "disk.img"
+
+    @property
+    def mnt(self) -> Path:
+        return self.tmp / "mnt"
+
+    def create(self) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="iotrace-demo-"))
+        os.chmod(self.tmp, 0o755)        # the workload may run as the sudo user
+        with open(self.backing, "wb") as f:
+            f.truncate(DISK_MIB << 20)   # sparse
+        self.loop = run(["losetup", "--find", "--show", str(self.backing)], "attaching a loop device").strip()
+        # write the inode tables and journal now, so no ext4lazyinit I/O runs during the trace
+        run(["mkfs.ext4", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.loop], "mkfs.ext4")
+        self.mnt.mkdir()
+        run(["mount", "-t", "ext4", self.loop, str(self.mnt)], "mounting the loop device")
+
+    def mounted(self) -> bool:
+        if self.tmp is None:
+            return False
+        target = str(self.mnt)
+        with open("/proc/self/mountinfo") as f:
+            return any(line.split()[4] == target for line in f)
+
+    def attached(self) -> list[str]:
+        """Every loop device backed by our file (also one losetup attached just as we were interrupted)."""
+        if self.tmp is None:
+            return []
+        p = subprocess.run(["losetup", "-n", "-O", "NAME", "-j", str(self.backing)],
+                           capture_output=True, text=True)
+        devs = set(p.stdout.split())
+        if self.loop:
+            devs.add(self.loop)
+        return sorted(devs)
+
+    def teardown(self) -> list[str]:
+        """Undo create(), as far as it got; returns what could not be undone."""
+        problems = []
+        if self.mounted():
+            for _ in range(10):
+                if subprocess.run(["umount", str(self.mnt)], capture_output=True).returncode == 0:
+                    break
+                time.sleep(0.3)
+            else:
+                subprocess.run(["umount", "-l", str(self.mnt)], capture_output=True)
+            if self.mounted():
+                problems.append(f"{self.mnt} is still mounted")
+        for dev in self.attached():
+            r = subprocess.run(["losetup", "-d", dev], capture_output=True, text=True)
+            if r.returncode != 0 and "No such device" not in r.stderr and "No such device" not in r.stdout:
+                problems.append(f"losetup -d {dev}: {r.stderr.strip()}")
+        if self.tmp is not None and not self.mounted():
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            if self.tmp.exists():
+                problems.append(f"{self.tmp} could not be removed")
+        elif self.tmp is not None:
+            problems.append(f"{self.tmp} left in place (still mounted)")
+        return problems
+
+
+def chown_tree(top: Path, uid: int, gid: int) -> None:
+    os.chown(top, uid, gid)
+    for d, dirs, files in os.walk(top):
+        for name in dirs + files:
+            os.chown(os.path.join(d, name), uid, gid, follow_symlinks=False)
+
+
+def drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+# ---- running the tracer ------------------------------------------------------
+
+def run_traced(cmd: list[str]) -> int:
+    """Run the tracer in its own process group, streaming to this terminal.
+
+    Ctrl-C (or SIGTERM to the demo) is passed on to the whole group, as a
+    terminal would: the workload stops, the tracer prints what it has.  A
+    second Ctrl-C ends the tracer too, a third kills the group.
+    """
+    proc = subprocess.Popen(cmd, cwd=ROOT, process_group=0)
+    pgid = proc.pid
+    interrupts = 0
+    try:
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                interrupts += 1
+                if interrupts == 1:
+                    print(file=sys.stderr)
+                    say("interrupted: stopping the workload; the tracer prints what it collected "
+                        "(Ctrl-C again to stop it now)")
+                _signal_group(pgid, signal.SIGINT if interrupts < 3 else signal.SIGKILL)
+    finally:
+        # nothing of the group may outlive the tracer: it would keep the mount busy
+        if proc.poll() is None:
+            _signal_group(pgid, signal.SIGKILL)
+            proc.wait()
+        if _signal_group(pgid, 0):
+            _signal_group(pgid, signal.SIGTERM)
+            for _ in range(20):
+                if not _signal_group(pgid, 0):
+                    break
+                time.sleep(0.1)
+            else:
+                _signal_group(pgid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+# ---- after the run -----------------------------------------------------------
+
+def timeline(path: Path) -> list[str]:
+    """One line per dump of the JSONL file: when, and how much was read and written."""
+    lines = []
+    try:
+        dumps = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return lines
+    for d in dumps:
+        tot: dict[str, list[int]] = {}
+        for s in d.get("series", []):
+            t = tot.setdefault(s["op"], [0, 0])
+            t[0] += s["count"]
+            t[1] += s["bytes"]
+        ops = ", ".join(f"{op} {n} req {b / 1e6:.1f} MB" for op, (n, b) in sorted(tot.items())) or "no I/O"
+        lines.append(f"  {d['start'][11:19]} +{d['duration_s']:4.1f}s {d['kind']:<8} {ops}")
+    return lines
+
+
+GUIDE = """\
+How to read the tables above
+  * One row per process, device and op. loader-N are the input workers (one process each, like
+    DataLoader workers); trainer is the main process, which writes the checkpoint. A table is
+    printed every {interval} s (counts reset each time), one at the end for the last stretch,
+    and 'whole run' merges them all.
+  * p50 is the typical request; p99 means 1 request in 100 waited longer; p99.9, 1 in 1000.
+    A training step waits for its slowest batch, so the tail (p99, p99.9, max) is what stalls
+    the GPU, not the median.
+  * Each latency is split in two: Q (queue) is the time from the request's start to its issue
+    to the driver (block-layer queueing, plugging, scheduler); D (device) is issue to
+    completion, i.e. the disk itself. Q >> D: too many requests at once for the device to
+    take (more workers will not help). D high: the device is slow.
+  * Epoch 1 is cold: the demo dropped the page cache, so every sample and shard comes from
+    the disk: many small reads from the loaders (AVGSZ ~ a sample, or a readahead window
+    for shards). The data set (~150 MB) fits in RAM, so epochs 2 and 3 are served from the
+    page cache and the loader rows nearly vanish. A data set bigger than RAM makes every
+    epoch look like epoch 1.
+  * The checkpoint appears as write requests of the trainer row, once per epoch, during its
+    fsync (large AVGSZ: sequential writeback), plus flush requests if the device asks for
+    them. Writes from ext4's journal thread (jbd2) and background writeback are not the
+    command's processes, so they are not in the table.
+  * Per-dump totals (from the JSONL file, one line per table above):
+{timeline}
+"""
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="demo.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Trace a stand-in training input pipeline (scripts/workload.py) with iotrace on a "
+        "throwaway 512 MiB ext4 loop disk: cold first epoch, checkpoint writes, per-process p50/p99/p99.9.",
+        epilog="What it does, as root:\n"
+               "  1. temp dir, 512 MiB sparse file, losetup --find --show, mkfs.ext4 -q, mount\n"
+               "  2. workload.py prepare (2000 small samples + 4 x 16 MiB shards), sync,\n"
+               "     echo 3 > /proc/sys/vm/drop_caches (so epoch 1 reads from disk)\n"
+               f"  3. python -m tracer.cli -i {INTERVAL_S} -o TMP/demo.jsonl --dev loopN -- "
+               "python scripts/workload.py ...\n"
+               "  4. a guide to reading the tables\n"
+               "  5. always (also on error or Ctrl-C): umount, losetup -d, remove the temp dir\n"
+               "Needs root, bcc (make setup), mkfs.ext4 and losetup; fio is not needed. Under a minute.")
+    p.add_argument("--epochs", type=int, default=3, help="training epochs (default 3)")
+    p.add_argument("--workers", type=int, default=4, help="loader worker processes (default 4)")
+    p.add_argument("--save", metavar="FILE.jsonl",
+                   help="copy the tracer's dumps here before the temp dir goes, for "
+                        "'python -m tracer.cli report FILE.jsonl'")
+    ns = p.parse_args(argv)
+
+    # SIGTERM takes the same way out as Ctrl-C: through every finally below
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        preflight()
+    except DemoError as exc:
+        say(f"error: {exc}")
+        return 1
+    t0 = time.monotonic()
+    disk = ScratchDisk()
+    status = 0
+    try:
+        disk.create()
+        name = os.path.basename(disk.loop)
+        say(f"{disk.loop}: {DISK_MIB} MiB sparse file, ext4, mounted on {disk.mnt}")
+        data, ckpt = disk.mnt / "data", disk.mnt / "checkpoints"
+        subprocess.run([PY, str(WORKLOAD), "prepare", str(data)], check=True)
+        ckpt.mkdir()
+        if os.environ.get("SUDO_UID"):   # the tracer runs the command as the sudo user
+            chown_tree(disk.mnt, int(os.environ["SUDO_UID"]), int(os.environ.get("SUDO_GID", "0")))
+        drop_caches()
+        say("synced and dropped the page cache: epoch 1 starts cold")
+        dump = disk.tmp / "demo.jsonl"
+        cmd = [PY, "-m", "tracer.cli", "-i", str(INTERVAL_S), "-o", str(dump), "--dev", name, "--",
+               PY, str(WORKLOAD), str(data), "--epochs", str(ns.epochs), "--workers", str(ns.workers),
+               "--checkpoint-dir", str(ckpt)]
+        say("running: " + " ".join(os.path.relpath(c, ROOT) if c.startswith(str(ROOT)) else c for c in cmd))
+        sys.stdout.flush()
+        status = run_traced(cmd)
+        if ns.save and dump.exists() and dump.stat().st_size:
+            shutil.copyfile(dump, ns.save)
+        lines = timeline(dump)
+        if lines:
+            print()
+            print(GUIDE.format(interval=INTERVAL_S, timeline="\n".join(lines)))
+            if ns.save:
+                say(f"dumps saved to {ns.save}: render them again with "
+                    f"'python -m tracer.cli report {ns.save}'")
+        if status != 0:
+            say(f"the tracer exited with status {status}"
+                + ("" if lines else " before writing any report"))
+    except DemoError as exc:
+        say(f"error: {exc}")
+        status = 1
+    except subprocess.CalledProcessError as exc:
+        say(f"error: {' '.join(map(str, exc.cmd))} exited with status {exc.returncode}")
+        status = 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        say("interrupted")
+        status = 130
+    finally:
+        # a second Ctrl-C must not cut the teardown short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        problems = disk.teardown()
+        for prob in problems:
+            say(f"teardown: {prob}")
+        if disk.tmp is not None and not problems:
+            say(f"cleaned up: unmounted, detached {disk.loop or 'no loop device'}, removed {disk.tmp}")
+        say(f"took {time.monotonic() - t0:.1f} s")
+    return status or (1 if problems else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
