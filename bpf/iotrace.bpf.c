@@ -334,6 +334,8 @@ static __always_inline void record(struct iotrace_slot *s, u64 now)
 
 TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
 {
+	/* first: every lookup below would otherwise show up as latency */
+	u64 now = bpf_ktime_get_ns();
 	struct iotrace_config *cfg = get_config();
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tgid = id >> 32, dev = args->dev;
@@ -352,7 +354,7 @@ TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
 		return 0;
 	}
 	s->op = rwbs_op(args->rwbs, args->bytes);
-	s->start_ns = bpf_ktime_get_ns();
+	s->start_ns = now;
 	s->issue_ns = 0;
 	s->cgroup = bpf_get_current_cgroup_id();
 	s->tgid = tgid;
@@ -363,17 +365,51 @@ TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
 	return 0;
 }
 
+/* Like slot_find, but a request not issued yet wins over one being re-issued. */
+static __always_inline struct iotrace_slot *slot_find_issue(u32 dev, u64 sector, bool zero_bytes)
+{
+	struct iotrace_slot *issued = NULL;
+	u32 h = slot_hash(dev, sector);
+
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
+		u32 idx = (h + i) & (IOTRACE_INFLIGHT_SLOTS - 1);
+		struct iotrace_slot *s = inflight.lookup(&idx);
+
+		if (!s)
+			return issued;
+		if (s->state != IOTRACE_SLOT_BUSY || s->dev != dev || s->sector != sector ||
+		    (s->remaining == 0) != zero_bytes)
+			continue;
+		if (s->issue_ns == 0)
+			return s;
+		if (!issued)
+			issued = s;
+	}
+	return issued;
+}
+
+/* REQ_OP_FLUSH ("FF"): the kernel's own flush on behalf of queued flushes */
+static __always_inline bool internal_flush(const char *rwbs)
+{
+	return rwbs[0] == 'F' && rwbs[1] == 'F';
+}
+
 TRACEPOINT_PROBE(block, block_rq_issue)
 {
-	struct iotrace_slot *s = slot_find(args->dev, args->sector, args->bytes == 0);
+	u64 now = bpf_ktime_get_ns();
+	struct iotrace_slot *s;
 
-	if (!s) {
-		/* REQ_OP_FLUSH ("FF"): the kernel's own flush on behalf of queued flushes */
-		if (args->rwbs[0] == 'F' && args->rwbs[1] == 'F')
-			count_reason(IOTRACE_NOTE_INTERNAL_FLUSH);
+	/* it sits at sector 0 with no data, like the flushes it serves: never match it */
+	if (internal_flush(args->rwbs)) {
+		count_reason(IOTRACE_NOTE_INTERNAL_FLUSH);
 		return 0;
 	}
-	s->issue_ns = bpf_ktime_get_ns();
+	/* two requests may be in flight at one sector: the unissued one is issued */
+	s = slot_find_issue(args->dev, args->sector, args->bytes == 0);
+	if (!s)
+		return 0;
+	s->issue_ns = now;
 	/* back merges grow a request between its start and its issue */
 	s->remaining = args->bytes;
 	return 0;
@@ -381,12 +417,12 @@ TRACEPOINT_PROBE(block, block_rq_issue)
 
 TRACEPOINT_PROBE(block, block_rq_complete)
 {
+	u64 now = bpf_ktime_get_ns();
 	u32 bytes = args->nr_sector * IOTRACE_SECTOR_SIZE;
 	struct iotrace_config *cfg;
 	struct iotrace_slot *s;
-	u64 now;
 
-	if (args->rwbs[0] == 'F' && args->rwbs[1] == 'F')
+	if (internal_flush(args->rwbs))
 		return 0;	/* counted at its issue */
 	s = slot_find(args->dev, args->sector, bytes == 0);
 	if (!s) {
@@ -401,7 +437,6 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 			count_reason(IOTRACE_DROP_NO_START);
 		return 0;
 	}
-	now = bpf_ktime_get_ns();
 	s->done += bytes;
 	if (bytes && bytes < s->remaining) {
 		/* partial completion: the rest continues from the next sector */
@@ -423,15 +458,19 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 #ifdef IOTRACE_HAVE_IO_DONE
 TRACEPOINT_PROBE(block, block_io_done)
 {
-	struct iotrace_slot *s = slot_find_ending(args->dev, args->sector);
+	u64 now = bpf_ktime_get_ns();
+	struct iotrace_slot *s;
 
+	if (internal_flush(args->rwbs))
+		return 0;
+	s = slot_find_ending(args->dev, args->sector);
 	if (!s)
 		return 0;
 	if (s->state == IOTRACE_SLOT_BUSY) {
 		/* our block_rq_complete program was skipped for this request */
 		count_reason(IOTRACE_NOTE_LATE_COMPLETE);
 		s->done = s->remaining + s->done;
-		record(s, bpf_ktime_get_ns());
+		record(s, now);
 	}
 	slot_release(s);
 	return 0;
