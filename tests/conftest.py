@@ -110,3 +110,14 @@ def series_of(dump: dict, comm: str | None = None, device: str | None = None, op
     return [s for s in dump["series"]
             if (comm is None or s["comm"] == comm) and (device is None or s["device"] == device)
             and (op is None or s["op"] == op)]
+
+
+def skipped_by_kernel(dumps: list[dict]) -> int:
+    """Completions the kernel skipped (see probe.skipped_completions), summed over dumps."""
+    return sum(d["dropped"].get("recursion", 0) for d in dumps)
+
+
+def assert_count(got: int, want: int, dumps: list[dict]) -> None:
+    """`got` is exact, short only by completions the kernel itself skipped and counted."""
+    skipped = skipped_by_kernel(dumps)
+    assert want - skipped <= got <= want, f"count {got}, expected {want} (kernel skipped {skipped})"

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, ROOT, fio_cmd, read_dumps, run_iotrace, series_of
+from conftest import PYTHON, ROOT, assert_count, fio_cmd, read_dumps, run_iotrace, series_of
 
 IOLOAD = str(Path(__file__).with_name("ioload.py"))
 bpf = pytest.mark.bpf
@@ -47,17 +47,25 @@ def test_command_mode_counts_fio_job_exactly(loop, tmp_path):
     assert len(rows) == 1, rows        # only fio's job process did I/O on the loop device
     row = rows[0]
     assert row["op"] == "read" and row["devno"].startswith("7:")
-    assert row["count"] == 4096 == fio_reads["total_ios"]
-    assert row["bytes"] == 16 << 20 == fio_reads["io_bytes"]
+    assert fio_reads["total_ios"] == 4096 and fio_reads["io_bytes"] == 16 << 20
+    # Exact, except for completions the kernel refused to show any BPF program (it runs one
+    # tracepoint program per CPU at a time); those are counted, and they are all we may miss.
+    skipped = dumps[0]["dropped"]["recursion"]
+    assert 4096 - skipped <= row["count"] <= 4096, (row["count"], dumps[0]["dropped"])
+    assert row["bytes"] == row["count"] * 4096
+    if not skipped:
+        assert row["count"] == 4096
     # fio forks its job: the row's pid is a child of the command, which proves children are followed
     assert row["pid"] != int(r.stderr.split("(pid ")[1].split(")")[0])
     # the device's share of the latency cannot exceed what fio measured end to end
     lat = row["latency_us"]
     assert lat["device"]["p50"] * 1e3 <= fio_reads["clat_ns"]["percentile"]["50.000000"]
-    assert lat["queue"]["count"] == lat["device"]["count"] == lat["total"]["count"] == 4096
+    assert lat["queue"]["count"] == lat["device"]["count"] == lat["total"]["count"] == row["count"]
     assert lat["total"]["min"] <= lat["total"]["p50"] <= lat["total"]["p99"] <= lat["total"]["max"]
     assert set(row["hdr"]) == {"queue", "device", "total"}
-    assert dumps[0]["dropped"] and not any(dumps[0]["dropped"].values())
+    assert not any(n for reason, n in dumps[0]["dropped"].items() if reason != "recursion"), dumps[0]["dropped"]
+    if skipped:
+        assert "events not recorded" in r.stdout + r.stderr   # the user is told
     # the terminal table names the device as users know it
     assert any(line.split()[:4] == [str(row["pid"]), "fio", loop.name, "read"] for line in r.stdout.splitlines())
 
@@ -84,10 +92,12 @@ def test_pid_filter_excludes_others_and_follows_forks(loop, tmp_path, follow):
     finish(tracer)      # ends by itself: its target exited
     final = read_dumps(out)[-1]
     by_pid = {s["pid"]: s for s in series_of(final, device=loop.name)}
-    assert by_pid[pid]["count"] == 300 and by_pid[pid]["bytes"] == 300 * 4096
+    dumps = read_dumps(out)
+    assert_count(by_pid[pid]["count"], 300, dumps)
+    assert by_pid[pid]["bytes"] == by_pid[pid]["count"] * 4096
     assert other.pid not in by_pid
     if follow:
-        assert by_pid[child]["count"] == 200
+        assert_count(by_pid[child]["count"], 200, dumps)
     else:
         assert child not in by_pid
     assert set(by_pid) <= {pid, child}
@@ -118,12 +128,12 @@ def test_dev_filter_and_report_merge(make_loop, tmp_path):
     devices = {s["device"] for d in dumps for s in d["series"]}
     assert devices == {a.name}
     total = sum(s["count"] for d in dumps for s in series_of(d, device=a.name))
-    assert total == 128
+    assert_count(total, 128, dumps)
     # `report` merges every dump through the hdr histograms
     r = run_iotrace(["report", str(out)])
     assert r.returncode == 0, r.stderr
     rows = [line.split() for line in r.stdout.splitlines() if f" {a.name} " in f" {line} "]
-    assert sum(int(row[4]) for row in rows) == 128
+    assert sum(int(row[4]) for row in rows) == total
 
 
 @bpf
@@ -153,7 +163,7 @@ def test_ctrl_c_still_writes_what_was_collected(loop, tmp_path):
     stdout, _ = finish(tracer)
     final = read_dumps(out)[-1]
     assert final["kind"] == "final"
-    assert sum(s["count"] for s in series_of(final, device=loop.name)) == 50
+    assert_count(sum(s["count"] for s in series_of(final, device=loop.name)), 50, [final])
     assert "distribution" in stdout          # --hist bars
     assert loop.name in stdout
 
