@@ -39,7 +39,11 @@ latency phases (blktrace's names in brackets):
 The table shows total latency percentiles, and p50/p99 of queue (Q:) and device (D:).
 """
 
-SUBCOMMANDS = ("report",)
+# subcommand -> "module:function"; each takes (argv, out) and returns the exit code.
+# Imported only when used, so `iotrace mark` never pays for numpy or bcc.
+SUBCOMMANDS = {
+    "report": "tracer.cli:run_report",
+}
 
 
 @dataclass
@@ -358,11 +362,18 @@ def run_report(argv: list[str], out: TextIO = sys.stdout) -> int:
     return 0
 
 
+def _subcommand(name: str):
+    import importlib
+
+    module, func = SUBCOMMANDS[name].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv and argv[0] in SUBCOMMANDS:
-            return run_report(argv[1:])
+            return _subcommand(argv[0])(argv[1:], sys.stdout)
         return run_trace(parse_trace_args(argv))
     except UserError as exc:
         print(f"iotrace: {exc}", file=sys.stderr)
