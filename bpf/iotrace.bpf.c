@@ -13,25 +13,23 @@
  *                     tgid, tid, comm, cgroup and the op
  *   block_rq_issue    handed to the driver: note the time and final size
  *   block_rq_complete account queue / device / total latency into the
- *                     per-CPU histograms of the current generation
- *   block_io_done     release the slot; or, if the kernel skipped our
- *                     block_rq_complete program, account the request here
+ *                     per-CPU histograms of the current generation, and
+ *                     free the slot
  *
- * Why block_io_done: the kernel runs a BPF program at most once per CPU at
- * a time, and silently skips an event that fires while the same program is
- * already running there (a completion in softirq interrupting one in task
- * context).  block_io_done follows block_rq_complete for the same request
- * through a different program, so a skipped completion is caught there.
- * What is still lost shows up in the programs' recursion_misses, which
- * tracer/probe.py reports as dropped.
+ * The kernel runs one tracepoint BPF program per CPU at a time and skips
+ * (and counts, in the program's recursion_misses) an event that fires while
+ * any is running there, e.g. a completion softirq interrupting our
+ * block_io_start.  tracer/probe.py reports those skipped completions as
+ * dropped; their slots are reused once stale (IOTRACE_STALE_NS).  Every
+ * program here is kept short partly for that reason: the shorter they run,
+ * the fewer events land on top of them.
  * User space flips the generation, waits out programs still running on
  * the old one, then drains it: intervals are exact and nothing races a
  * delete.  Keys, values and codes live in iotrace.h.
  *
  * IOTRACE_START_CATEGORY / IOTRACE_START_EVENT name the start tracepoint
  * (block_io_start, or block_rq_insert on kernels before 6.5); tracer/probe.py
- * substitutes them before compiling, and defines IOTRACE_HAVE_IO_DONE where
- * the kernel has block_io_done (6.5+).
+ * substitutes them before compiling.
  */
 #include "iotrace.h"
 
@@ -39,7 +37,10 @@
 BPF_ARRAY(config, struct iotrace_config, 1);
 /* slot index -> struct iotrace_slot: requests between start and completion */
 BPF_ARRAY(inflight, struct iotrace_slot, IOTRACE_INFLIGHT_SLOTS);
-/* struct iotrace_hist_key -> u64 count, per CPU, generation 0 / 1 */
+/* cell index -> struct iotrace_hist_cell, per CPU, generation 0 / 1: the fast path */
+BPF_PERCPU_ARRAY(cells0, struct iotrace_hist_cell, IOTRACE_HIST_CELLS);
+BPF_PERCPU_ARRAY(cells1, struct iotrace_hist_cell, IOTRACE_HIST_CELLS);
+/* struct iotrace_hist_key -> u64 count, per CPU, generation 0 / 1: keys with no cell */
 BPF_PERCPU_HASH(hist0, struct iotrace_hist_key, u64, IOTRACE_HIST_ENTRIES);
 BPF_PERCPU_HASH(hist1, struct iotrace_hist_key, u64, IOTRACE_HIST_ENTRIES);
 /* struct iotrace_series_key -> struct iotrace_series_val, per CPU, generation 0 / 1 */
@@ -96,11 +97,15 @@ static __always_inline u32 rwbs_op(const char *rwbs, u32 bytes)
 
 static __always_inline u32 slot_hash(u32 dev, u64 sector)
 {
-	return ((sector ^ ((u64)dev << 40)) * IOTRACE_SLOT_HASH_MUL) >> 32;
+	return ((sector ^ ((u64)dev << 40)) * IOTRACE_HASH_MUL) >> 32;
 }
 
-/* A free slot near hash(dev, sector), owned by the caller, or NULL. */
-static __always_inline struct iotrace_slot *slot_claim(u32 dev, u64 sector)
+/*
+ * A free slot near hash(dev, sector), owned by the caller, or NULL.  A busy
+ * slot older than IOTRACE_STALE_NS is taken too: its completion was skipped
+ * by the kernel (and counted as such), or will never be matched.
+ */
+static __always_inline struct iotrace_slot *slot_claim(u32 dev, u64 sector, u64 now)
 {
 	u32 h = slot_hash(dev, sector);
 
@@ -108,16 +113,19 @@ static __always_inline struct iotrace_slot *slot_claim(u32 dev, u64 sector)
 	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
 		u32 idx = (h + i) & (IOTRACE_INFLIGHT_SLOTS - 1);
 		struct iotrace_slot *s = inflight.lookup(&idx);
-
+		bool stale;
 		u64 state;
 
 		if (!s)
 			return NULL;
 		state = s->state;
-		if (state == IOTRACE_SLOT_BUSY)
+		stale = state == IOTRACE_SLOT_BUSY && now - s->start_ns > IOTRACE_STALE_NS;
+		if (state == IOTRACE_SLOT_BUSY && !stale)
 			continue;
-		/* two CPUs may race for the same free slot: one wins */
+		/* two CPUs may race for the same slot: one wins */
 		if (__sync_val_compare_and_swap(&s->state, state, IOTRACE_SLOT_BUSY) == state) {
+			if (stale)
+				count_reason(IOTRACE_NOTE_RECLAIMED);
 			s->dev = dev;
 			s->sector = sector;
 			return s;
@@ -150,38 +158,10 @@ static __always_inline struct iotrace_slot *slot_find(u32 dev, u64 sector, bool 
 	return NULL;
 }
 
-static __always_inline void slot_set_state(struct iotrace_slot *s, u64 state)
-{
-	/* a full barrier: the fields are dead once the state says so */
-	__sync_lock_test_and_set(&s->state, state);
-}
-
 static __always_inline void slot_release(struct iotrace_slot *s)
 {
-	slot_set_state(s, IOTRACE_SLOT_FREE);
-}
-
-/* A BUSY or DONE slot at (dev, sector), preferring DONE. */
-static __always_inline struct iotrace_slot *slot_find_ending(u32 dev, u64 sector)
-{
-	struct iotrace_slot *busy = NULL;
-	u32 h = slot_hash(dev, sector);
-
-#pragma unroll
-	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
-		u32 idx = (h + i) & (IOTRACE_INFLIGHT_SLOTS - 1);
-		struct iotrace_slot *s = inflight.lookup(&idx);
-
-		if (!s)
-			return busy;
-		if (s->dev != dev || s->sector != sector)
-			continue;
-		if (s->state == IOTRACE_SLOT_DONE)
-			return s;
-		if (s->state == IOTRACE_SLOT_BUSY && !busy)
-			busy = s;
-	}
-	return busy;
+	/* a full barrier: the fields are dead once the state says so */
+	__sync_lock_test_and_set(&s->state, IOTRACE_SLOT_FREE);
 }
 
 /*
@@ -191,7 +171,7 @@ static __always_inline struct iotrace_slot *slot_find_ending(u32 dev, u64 sector
  */
 static __always_inline int slot_move(struct iotrace_slot *s, u64 sector)
 {
-	struct iotrace_slot *to = slot_claim(s->dev, sector);
+	struct iotrace_slot *to = slot_claim(s->dev, sector, s->start_ns);
 
 	if (!to) {
 		slot_release(s);
@@ -242,13 +222,59 @@ static __always_inline u16 bucket_of(u64 ns)
 	       ((ns >> (msb - IOTRACE_HIST_SUB_BITS)) & ((1U << IOTRACE_HIST_SUB_BITS) - 1));
 }
 
+static __always_inline u32 cell_hash(const struct iotrace_hist_key *k)
+{
+	u64 a = ((u64)k->pid << 32) | k->dev;
+	u64 b = ((u64)k->bucket << 16) | ((u64)k->op << 8) | k->phase;
+
+	u64 x = a ^ (b * IOTRACE_HASH_MUL);
+
+	/* fold the high half down so every key bit reaches the index bits */
+	return ((x ^ (x >> 32)) * IOTRACE_HASH_MUL) >> 32;
+}
+
+static __always_inline bool same_key(const struct iotrace_hist_key *a, const struct iotrace_hist_key *b)
+{
+	return a->pid == b->pid && a->dev == b->dev && a->bucket == b->bucket &&
+	       a->op == b->op && a->phase == b->phase;
+}
+
+/* Count one sample in its cell; false if no cell could take it. */
+static __always_inline bool cell_add(u32 gen, const struct iotrace_hist_key *k)
+{
+	u32 h = cell_hash(k);
+
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_HIST_CELL_PROBES; i++) {
+		u32 idx = (h + i) & (IOTRACE_HIST_CELLS - 1);
+		struct iotrace_hist_cell *c = gen ? cells1.lookup(&idx) : cells0.lookup(&idx);
+
+		if (!c)
+			return false;
+		if (c->count == 0) {
+			c->key = *k;
+			c->count = 1;
+			return true;
+		}
+		/* a saturated cell spills into the hash map; user space adds both */
+		if (same_key(&c->key, k) && c->count != 0xFFFFFFFF) {
+			c->count++;
+			return true;
+		}
+	}
+	return false;
+}
+
 static __always_inline void hist_add(u32 gen, struct iotrace_hist_key *k)
 {
 	u64 one = 1, *n;
 
+	if (cell_add(gen, k))
+		return;
+	count_reason(IOTRACE_NOTE_HIST_OVERFLOW);
 	n = gen ? hist1.lookup(k) : hist0.lookup(k);
 	if (n) {
-		/* per-CPU value, and this program does not nest on a CPU */
+		/* per-CPU value, and programs do not nest on a CPU */
 		(*n)++;
 		return;
 	}
@@ -348,7 +374,7 @@ TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
 		return 0;
 	if (cfg->filter_devs && !devs.lookup(&dev))
 		return 0;
-	s = slot_claim(dev, args->sector);
+	s = slot_claim(dev, args->sector, now);
 	if (!s) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		return 0;
@@ -415,6 +441,36 @@ TRACEPOINT_PROBE(block, block_rq_issue)
 	return 0;
 }
 
+/*
+ * The completing request's slot.  Should two requests at one sector be in
+ * flight, the latest issued wins: that is right for the common case, where
+ * the other one is a request whose completion the kernel skipped, and
+ * merely swaps two similar latencies for two live requests.
+ */
+static __always_inline struct iotrace_slot *slot_find_complete(u32 dev, u64 sector, bool zero_bytes)
+{
+	struct iotrace_slot *best = NULL;
+	u64 best_issue = 0;
+	u32 h = slot_hash(dev, sector);
+
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
+		u32 idx = (h + i) & (IOTRACE_INFLIGHT_SLOTS - 1);
+		struct iotrace_slot *s = inflight.lookup(&idx);
+
+		if (!s)
+			break;
+		if (s->state != IOTRACE_SLOT_BUSY || s->dev != dev || s->sector != sector ||
+		    (s->remaining == 0) != zero_bytes)
+			continue;
+		if (!best || s->issue_ns > best_issue) {
+			best = s;
+			best_issue = s->issue_ns;
+		}
+	}
+	return best;
+}
+
 TRACEPOINT_PROBE(block, block_rq_complete)
 {
 	u64 now = bpf_ktime_get_ns();
@@ -424,7 +480,7 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 
 	if (internal_flush(args->rwbs))
 		return 0;	/* counted at its issue */
-	s = slot_find(args->dev, args->sector, bytes == 0);
+	s = slot_find_complete(args->dev, args->sector, bytes == 0);
 	if (!s) {
 		cfg = get_config();
 		if (!cfg || !cfg->enabled)
@@ -446,36 +502,9 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 		return 0;
 	}
 	record(s, now);
-#ifdef IOTRACE_HAVE_IO_DONE
-	/* block_io_done frees it; until then a new request may reuse it */
-	slot_set_state(s, IOTRACE_SLOT_DONE);
-#else
-	slot_release(s);
-#endif
-	return 0;
-}
-
-#ifdef IOTRACE_HAVE_IO_DONE
-TRACEPOINT_PROBE(block, block_io_done)
-{
-	u64 now = bpf_ktime_get_ns();
-	struct iotrace_slot *s;
-
-	if (internal_flush(args->rwbs))
-		return 0;
-	s = slot_find_ending(args->dev, args->sector);
-	if (!s)
-		return 0;
-	if (s->state == IOTRACE_SLOT_BUSY) {
-		/* our block_rq_complete program was skipped for this request */
-		count_reason(IOTRACE_NOTE_LATE_COMPLETE);
-		s->done = s->remaining + s->done;
-		record(s, now);
-	}
 	slot_release(s);
 	return 0;
 }
-#endif /* IOTRACE_HAVE_IO_DONE */
 
 TRACEPOINT_PROBE(block, block_bio_frontmerge)
 {

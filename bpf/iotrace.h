@@ -38,8 +38,14 @@
 #define IOTRACE_INFLIGHT_SLOTS 65536	/* (tunable) power of two */
 #endif
 #define IOTRACE_INFLIGHT_PROBES 8	/* open-addressing window */
+/* a slot this old whose completion never came (the kernel skipped it) may be reused */
+#define IOTRACE_STALE_NS 60000000000ULL
+#ifndef IOTRACE_HIST_CELLS
+#define IOTRACE_HIST_CELLS 16384	/* (tunable) power of two: per-CPU fast histogram cells */
+#endif
+#define IOTRACE_HIST_CELL_PROBES 4	/* open-addressing window of the cells */
 #ifndef IOTRACE_HIST_ENTRIES
-#define IOTRACE_HIST_ENTRIES 262144	/* (tunable) populated buckets per interval */
+#define IOTRACE_HIST_ENTRIES 262144	/* (tunable) buckets that found no cell, per interval */
 #endif
 #ifndef IOTRACE_SERIES_ENTRIES
 #define IOTRACE_SERIES_ENTRIES 16384	/* (tunable) (pid, dev, op) per interval */
@@ -86,15 +92,15 @@ enum iotrace_reason {
 	IOTRACE_NOTE_PARTIAL = 10,	/* partial completion, request goes on */
 	IOTRACE_NOTE_REQUEUE = 11,	/* request requeued by the driver */
 	IOTRACE_NOTE_UNTRACKED = 12,	/* completion of a request a filter left out */
-	IOTRACE_NOTE_LATE_COMPLETE = 13,	/* finished at block_io_done: see iotrace.bpf.c */
-	IOTRACE_REASON_COUNT = 14,
+	IOTRACE_NOTE_RECLAIMED = 13,	/* a stale in-flight slot reused (see IOTRACE_STALE_NS) */
+	IOTRACE_NOTE_HIST_OVERFLOW = 14,	/* a bucket found no free cell: counted in the hash map */
+	IOTRACE_REASON_COUNT = 15,
 };
 
 /* Slot states of the in-flight table. */
 #define IOTRACE_SLOT_FREE 0
 #define IOTRACE_SLOT_BUSY 1
-#define IOTRACE_SLOT_DONE 2	/* accounted, waiting for block_io_done; claimable */
-#define IOTRACE_SLOT_HASH_MUL 0x9E3779B97F4A7C15ULL	/* Fibonacci hashing */
+#define IOTRACE_HASH_MUL 0x9E3779B97F4A7C15ULL	/* Fibonacci hashing */
 
 /*
  * One request between its start and its completion.  The in-flight table
@@ -134,6 +140,19 @@ struct iotrace_hist_key {
 	u16 bucket;		/* 0 .. IOTRACE_HIST_BUCKETS-1 */
 	u8 op;			/* enum iotrace_op */
 	u8 phase;		/* enum iotrace_phase */
+};
+
+/*
+ * Histogram cell: the fast path for bucket counts.  A per-CPU array of
+ * these, indexed by a hash of the key with a short linear probe, is a hash
+ * table the program can walk without a helper call, a lock or an atomic
+ * (per-CPU, and programs do not nest on a CPU); it stays small enough to
+ * live in cache.  count == 0 marks a free cell; user space zeroes the cells
+ * it drains.  A key that finds no cell goes to the hist hash map instead.
+ */
+struct iotrace_hist_cell {
+	struct iotrace_hist_key key;
+	u32 count;		/* this CPU's samples in this interval */
 };
 
 /* Series map key: one row of the report. */

@@ -57,6 +57,7 @@ class TraceArgs:
     output: str | None = None
     hist: bool = False
     inflight_slots: int | None = None
+    hist_cells: int | None = None
     command: list[str] = field(default_factory=list)
 
 
@@ -96,6 +97,9 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("--hist", action="store_true", help="add a log2 latency bar chart per row")
     p.add_argument("--inflight-slots", type=int, metavar="N",
                    help="size of the in-kernel in-flight request table (power of two, default 65536)")
+    p.add_argument("--hist-cells", type=int, metavar="N",
+                   help="per-CPU fast histogram cells (power of two, default 16384); buckets that find "
+                        "no cell still count, in a slower hash map")
     return p
 
 
@@ -111,7 +115,7 @@ def parse_trace_args(argv: list[str]) -> TraceArgs:
         raise UserError("give either --pid or a COMMAND after '--', not both")
     return TraceArgs(pids=ns.pids, no_children=ns.no_children, threads=ns.threads, devs=ns.devs,
                      interval=ns.interval, duration=ns.duration, output=ns.output, hist=ns.hist,
-                     inflight_slots=ns.inflight_slots, command=command)
+                     inflight_slots=ns.inflight_slots, hist_cells=ns.hist_cells, command=command)
 
 
 # ---- command mode ------------------------------------------------------------
@@ -261,7 +265,8 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         from .report import render_table
 
         opts = ProbeOptions(pids=list(args.pids) + ([child] if child else []), follow_children=not args.no_children,
-                            per_thread=args.threads, devs=devs, inflight_slots=args.inflight_slots)
+                            per_thread=args.threads, devs=devs, inflight_slots=args.inflight_slots,
+                            hist_cells=args.hist_cells)
         probe = Probe(opts)
         clock = Clock()
         session = Session(args, out)

@@ -48,6 +48,7 @@ class ProbeOptions:
     devs: list[int] = field(default_factory=list)   # kernel dev_t; empty: every device
     inflight_slots: int | None = None
     hist_entries: int | None = None
+    hist_cells: int | None = None
     series_entries: int | None = None
 
 
@@ -216,6 +217,36 @@ def _batch_drain(table, key_dtype: np.dtype, val_dtype: np.dtype, ncpu: int, lib
     return keys[:total], vals[:total]
 
 
+def _drain_cells(table, cell_dtype: np.dtype, ncpu: int, lib) -> tuple[np.ndarray, np.ndarray]:
+    """Read every CPU's histogram cells, zero the populated ones, return (keys, counts).
+
+    A key may come back once per CPU; the aggregator sums repeats.
+    """
+    cap = table.max_entries
+    idx = np.zeros(cap, dtype=np.uint32)
+    cells = np.zeros((cap, ncpu), dtype=cell_dtype)
+    count = ct.c_uint32(cap)
+    token = ct.c_uint32(0)
+    res = lib.bpf_lookup_batch(table.map_fd, None, ct.byref(token), ct.c_void_p(idx.ctypes.data),
+                               ct.c_void_p(cells.ctypes.data), ct.byref(count))
+    err = ct.get_errno()
+    if res != 0 and err != errno.ENOENT:
+        raise OSError(err, f"reading BPF map {table.name!r}: {os.strerror(err)}")
+    cells = cells[:count.value]
+    used = cells["count"] > 0
+    rows = np.flatnonzero(used.any(axis=1))
+    if len(rows):
+        zeros = np.zeros((len(rows), ncpu), dtype=cell_dtype)
+        keys = np.ascontiguousarray(idx[rows])
+        n = ct.c_uint32(len(rows))
+        if lib.bpf_update_batch(table.map_fd, ct.c_void_p(keys.ctypes.data), ct.c_void_p(zeros.ctypes.data),
+                                ct.byref(n)) != 0:
+            err = ct.get_errno()
+            raise OSError(err, f"clearing BPF map {table.name!r}: {os.strerror(err)}")
+    picked = cells[used]
+    return picked["key"], picked["count"].astype(np.uint64)
+
+
 def _fold_series(vals: np.ndarray) -> np.ndarray:
     """Fold per-CPU series values (n, ncpu) into one value per series."""
     out = np.zeros(len(vals), dtype=vals.dtype)
@@ -251,14 +282,13 @@ class Probe:
         text = (src_dir / "iotrace.bpf.c").read_text()
         text = text.replace("IOTRACE_START_CATEGORY", "block").replace("IOTRACE_START_EVENT", self.start_event)
         cflags = [f"-I{src_dir}"]
-        if tracepoint_fields("block_io_done") is not None:
-            cflags.append("-DIOTRACE_HAVE_IO_DONE")
         for name, value in (("INFLIGHT_SLOTS", opts.inflight_slots), ("HIST_ENTRIES", opts.hist_entries),
-                            ("SERIES_ENTRIES", opts.series_entries)):
+                            ("SERIES_ENTRIES", opts.series_entries), ("HIST_CELLS", opts.hist_cells)):
             if value:
                 cflags.append(f"-DIOTRACE_{name}={int(value)}")
-        if opts.inflight_slots and opts.inflight_slots & (opts.inflight_slots - 1):
-            raise UserError(f"--inflight-slots must be a power of two, not {opts.inflight_slots}")
+        for flag, value in (("--inflight-slots", opts.inflight_slots), ("--hist-cells", opts.hist_cells)):
+            if value is not None and (value < 1 or value & (value - 1)):
+                raise UserError(f"{flag} must be a power of two, not {value}")
         try:
             self.bpf = bcc.BPF(text=text, cflags=cflags)
         except Exception as exc:  # bcc raises bare Exception for compile/load errors
@@ -271,6 +301,7 @@ class Probe:
         hist = self.bpf["hist0"]
         series = self.bpf["series0"]
         self._hist_key = np.dtype(hist.Key)
+        self._hist_cell = np.dtype(self.bpf["cells0"].Leaf)
         self._series_key = np.dtype(series.Key)
         self._series_val = np.dtype(series.sLeaf)
         self._config = self.bpf["config"]
@@ -316,18 +347,20 @@ class Probe:
         end = time.monotonic_ns()
         time.sleep(GENERATION_GRACE_S)
         skeys, svals = _batch_drain(self.bpf[f"series{old}"], self._series_key, self._series_val, self.ncpu, self._lib)
+        ckeys, ccounts = _drain_cells(self.bpf[f"cells{old}"], self._hist_cell, self.ncpu, self._lib)
         hkeys, hvals = _batch_drain(self.bpf[f"hist{old}"], self._hist_key, np.dtype(np.uint64), self.ncpu, self._lib)
         totals = self.reason_totals()
         delta = totals - self._reasons_seen
         self._reasons_seen = totals
         reasons = {name: int(n) for name, n in zip(self.contract.reasons, delta, strict=True)}
         misses = self.skipped_completions()
-        reasons["drop_recursion"] = max(0, misses - self._misses_seen - reasons["note_late_complete"])
+        reasons["drop_recursion"] = misses - self._misses_seen
         self._misses_seen = misses
         raw = RawInterval(
             start_ns=self._interval_start, end_ns=end,
             series_keys=skeys, series_vals=_fold_series(svals),
-            hist_keys=hkeys, hist_counts=hvals.sum(axis=1),
+            hist_keys=np.concatenate([ckeys.astype(self._hist_key), hkeys]),
+            hist_counts=np.concatenate([ccounts, hvals.sum(axis=1)]),
             reasons=reasons,
         )
         self._interval_start = end
@@ -341,13 +374,17 @@ class Probe:
             out[name.rsplit("__", 1)[-1]] = prog_stats(fn.fd)
         return out
 
+    def program_costs(self) -> dict[str, dict[str, int]]:
+        """Each program's events, time spent (both 0 unless kernel.bpf_stats_enabled) and events skipped."""
+        return {name: {"runs": st.run_cnt, "run_time_ns": st.run_time_ns, "missed": st.recursion_misses}
+                for name, st in self.prog_stats().items()}
+
     def skipped_completions(self) -> int:
         """Completions the kernel never showed us, since load.
 
         The kernel runs one tracepoint BPF program per CPU at a time and skips
         (and counts) any event that fires while one of ours is running there,
         e.g. a completion softirq interrupting our block_io_start program.
-        block_io_done rescues some of these; the rest are lost, and this counts them.
         """
         return self.prog_stats()["block_rq_complete"].recursion_misses
 
