@@ -2,6 +2,7 @@
 
     sudo iotrace [options] [-- COMMAND [ARGS...]]     trace, report, dump
     iotrace report FILE.jsonl...                      render saved dumps
+    iotrace diff A B                                  compare two runs or labels
 
 Every problem the user can fix is one line on stderr and a non-zero exit
 (tracer.errors.UserError); whatever was collected is still printed and
@@ -31,6 +32,8 @@ examples:
   sudo iotrace -o run.jsonl -- python train.py  run a command traced from its first I/O
   sudo iotrace --dev nvme0n1 -d 30 --hist       one device for 30 s, with latency bars
   iotrace report run.jsonl                      render saved dumps again (no root needed)
+  iotrace report run.jsonl --by label           epochs (marker labels) side by side
+  iotrace diff a.jsonl b.jsonl                  two runs (or two labels) compared row by row
 
 latency phases (blktrace's names in brackets):
   queue   request start to issue to the driver    (~Q2D)
@@ -43,6 +46,7 @@ The table shows total latency percentiles, and p50/p99 of queue (Q:) and device 
 # Imported only when used, so `iotrace mark` never pays for numpy or bcc.
 SUBCOMMANDS = {
     "report": "tracer.cli:run_report",
+    "diff": "tracer.diff:main",
 }
 
 
@@ -350,18 +354,46 @@ def _loop(args: TraceArgs, probe, clock, session: Session, pidfds: list[int], ch
 
 # ---- iotrace report ----------------------------------------------------------
 
+REPORT_EPILOG = """\
+examples:
+  iotrace report run.jsonl                  the whole run: every dump merged
+  iotrace report run.jsonl --by label       epochs side by side: count, MB, p50, p99 per label
+
+With --by label, dumps that share a label are merged into one window, shown
+in the order the labels first appear; rows are process name + device + op
+(kworker/* gathers the kernel's writeback workers), so a row lines up across
+windows even when the process behind it was restarted.  Dumps without a label
+(the final stretch after the last marker, interval dumps) are one window,
+"(unlabelled)", shown last, or left out with a note when they saw no I/O.
+"""
+
+
 def run_report(argv: list[str], out: TextIO = sys.stdout) -> int:
     from . import dump as dumpmod
-    from .report import render_table
+    from .report import render_by_label, render_table
 
-    p = _Parser(prog="iotrace report", description="Render saved iotrace dumps as one table, merging every "
-                "dump of every file through their HdrHistograms.")
+    p = _Parser(prog="iotrace report", formatter_class=argparse.RawDescriptionHelpFormatter,
+                description="Render saved iotrace dumps as one table, merging every "
+                "dump of every file through their HdrHistograms.", epilog=REPORT_EPILOG)
     p.add_argument("files", nargs="+", metavar="FILE.jsonl")
     p.add_argument("--hist", action="store_true", help="add a log2 latency bar chart per row")
+    p.add_argument("--by", choices=("none", "label"), default="none",
+                   help="label: one window per dump label (epoch 1, epoch 2, ...), side by side")
+    p.add_argument("--layout", choices=("auto", "wide", "long"), default="auto",
+                   help="with --by label: wide = a column group per label, long = a line per label; "
+                        "auto = wide while it fits in 120 columns")
+    p.add_argument("--per-pid", action="store_true",
+                   help="with --by label: a row per pid instead of per process name")
     ns = p.parse_args(argv)
+    if ns.by == "label" and ns.hist:
+        raise UserError("--hist goes with the merged table, not with --by label")
     dumps = [d for path in ns.files for d in dumpmod.read(path)]
     if not dumps:
         raise UserError(f"no dumps in {', '.join(ns.files)}")
+    if ns.by == "label":
+        render_by_label(dumps, out, layout=ns.layout, per_pid=ns.per_pid,
+                        title=f"by label, from {', '.join(ns.files)}")
+        return 0
     merged = dumpmod.merge_dumps(dumps)
     render_table(merged, out, hist=ns.hist, title=f"{len(dumps)} dump(s) from {', '.join(ns.files)}")
     return 0

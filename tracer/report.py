@@ -1,4 +1,4 @@
-"""Renderers: the terminal table and biolatency-style bars.
+"""Renderers: the terminal table, biolatency-style bars and windows side by side.
 
 They take a Dump (plain data) and a stream, and compute nothing but what
 they show.
@@ -6,9 +6,11 @@ they show.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import TextIO
 
-from .dump import PCT_KEYS, Dump, Series, duration_of
+from .dump import PCT_KEYS, Dump, Series, duration_of, merge_dumps
 
 BAR_WIDTH = 40
 
@@ -93,3 +95,177 @@ def render_bars(s: Series, out: TextIO, phase: str = "total") -> None:
     for lo, hi, c in rows:
         bar = "*" * round(BAR_WIDTH * c / peak)
         out.write(f"{fmt_ns(lo):>9} -> {fmt_ns(hi):<9} : {c:<8} |{bar:<{BAR_WIDTH}}|\n")
+
+
+# ---- windows side by side: iotrace report --by label -------------------------
+
+UNLABELLED = "(unlabelled)"
+LATENCY_KEYS = (*PCT_KEYS, "max")
+STAT_KEYS = ("count", "MB", *LATENCY_KEYS)
+WIDE_MAX = 120      # the auto layout puts windows side by side while that fits in this many columns
+_LABEL_MAX = 30
+
+
+def window_name(label: str | None) -> str:
+    return UNLABELLED if label is None else label
+
+
+def row_comm(comm: str) -> str:
+    """The process name rows are matched on across windows and runs.
+
+    Kernel workers are named by pool and number (kworker/u8:3), and which one
+    does a job changes from moment to moment; their I/O (writeback, mostly) is
+    one row, kworker/*, or it would never line up between two windows.
+    """
+    return "kworker/*" if comm.startswith("kworker/") else comm
+
+
+def rows_of(series: Iterable[Series], per_pid: bool = False) -> dict[tuple, Series]:
+    """Series merged into rows: one per (process name, device, op), or per (pid, device, op).
+
+    By name by default because windows are compared: loader workers started
+    anew each epoch, or any process of another run, have other pids.
+    """
+    out: dict[tuple, Series] = {}
+    for s in series:
+        if not per_pid:
+            s = replace(s, comm=row_comm(s.comm))
+        key = (s.pid if per_pid else s.comm, s.device, s.op)
+        out[key] = out[key].merge(s) if key in out else s
+    return out
+
+
+def row_text(s: Series, per_pid: bool = False) -> str:
+    return f"{f'{s.pid} ' if per_pid else ''}{s.comm}  {s.device}  {s.op}"
+
+
+def row_stats(s: Series | None, phase: str = "total") -> dict[str, float | None]:
+    """count, MB (10^6 bytes) and the phase's p50..max in microseconds (None: no such latency)."""
+    if s is None:
+        return {"count": 0, "MB": 0.0, **dict.fromkeys(LATENCY_KEYS)}
+    st = s.phases.get(phase)
+    summary = st.summary_us() if st and st.count else {}
+    return {"count": s.count, "MB": s.bytes / 1e6, **{k: summary.get(k) for k in LATENCY_KEYS}}
+
+
+def fmt_mb(mb: float) -> str:
+    return f"{mb:.2f}" if mb < 1000 else f"{mb:.0f}"
+
+
+def fmt_stat(key: str, v: float | None) -> str:
+    if key == "count":
+        return str(v)
+    if key == "MB":
+        return fmt_mb(v or 0.0)
+    return fmt_latency(v)
+
+
+@dataclass
+class Window:
+    """The dumps of one label (or of none), merged."""
+
+    label: str | None
+    dumps: list[Dump]
+    merged: Dump
+
+    @property
+    def name(self) -> str:
+        return window_name(self.label)
+
+
+def windows_by_label(dumps: list[Dump]) -> list[Window]:
+    """One window per label in first-seen order; the unlabelled dumps (if any) last, as one."""
+    groups: dict[str | None, list[Dump]] = {}
+    for d in dumps:
+        groups.setdefault(d.label, []).append(d)
+    order = [k for k in groups if k is not None] + ([None] if None in groups else [])
+    return [Window(k, groups[k], merge_dumps(groups[k], kind=groups[k][-1].kind, label=k)) for k in order]
+
+
+def render_by_label(dumps: list[Dump], out: TextIO, layout: str = "auto", per_pid: bool = False,
+                    title: str | None = None) -> None:
+    """Windows (dumps merged by label) side by side, per row: count, MB and total latency.
+
+    layout "wide": one column group per window (p50 p99 COUNT MB), readable
+    for two or three windows; "long": one block per row with one line per
+    window (count, MB, p50..max), readable for any number; "auto": wide while
+    it fits in WIDE_MAX columns.  Unlabelled dumps (the stretch after the last
+    marker, interval dumps) are one window, "(unlabelled)", shown last, and
+    left out with a note when they hold no I/O.
+    """
+    windows = windows_by_label(dumps)
+    empty_rest = [w for w in windows if w.label is None and not w.merged.series]
+    shown = [w for w in windows if w not in empty_rest]
+    out.write(f"\n{title or 'by label'}: {len(dumps)} dump(s) in {len(shown)} window(s)\n"
+              f"rows: {'pid' if per_pid else 'process name'} + device + op; total latency; MB = 10^6 bytes\n")
+    lw = min(max([len("LABEL"), *(len(w.name) for w in windows)]), _LABEL_MAX)
+    out.write(f"  {'LABEL':<{lw}} {'DUMPS':>5} {'SECONDS':>8}  {'FROM':<8}  {'TO':<8} {'ROWS':>5}\n")
+    for w in shown:
+        m = w.merged
+        out.write(f"  {w.name[:lw]:<{lw}} {len(w.dumps):>5} {duration_of(m):>8.1f}  {m.start:%H:%M:%S}  "
+                  f"{m.end:%H:%M:%S} {len(rows_of(m.series, per_pid)):>5}\n")
+    for w in empty_rest:
+        out.write(f"  {UNLABELLED}: {len(w.dumps)} dump(s) with no block I/O, not shown\n")
+    for w in shown:
+        lost = {k: v for k, v in w.merged.dropped.items() if v}
+        if lost:
+            out.write(f"WARNING: {w.name}: events not recorded: " + ", ".join(f"{k}={v}" for k, v in lost.items())
+                      + " (see README, 'Dropped events')\n")
+
+    per_window = [rows_of(w.merged.series, per_pid) for w in shown]
+    keys = list(dict.fromkeys(k for rows in per_window for k in rows))
+    if not keys:
+        out.write("  no block I/O completed\n")
+        return
+    keys.sort(key=lambda k: (-sum(rows[k].count for rows in per_window if k in rows), tuple(map(str, k))))
+    table = [[rows.get(k) for rows in per_window] for k in keys]
+    if layout == "auto":
+        layout = "wide" if _wide_width(len(shown), per_pid) <= WIDE_MAX else "long"
+    if layout == "wide":
+        _render_wide(shown, table, out, per_pid)
+    else:
+        _render_long(shown, table, out, per_pid)
+
+
+_KEY_COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<7"))
+_GROUP_COLUMNS = (("p50", "p50", ">7"), ("p99", "p99", ">7"), ("COUNT", "count", ">7"), ("MB", "MB", ">7"))
+_GROUP_WIDTH = sum(int(spec[1:]) + 1 for _, _, spec in _GROUP_COLUMNS) - 1
+_GROUP_GAP = "  "
+
+
+def _key_columns(per_pid: bool) -> tuple[tuple[str, str], ...]:
+    return _KEY_COLUMNS if per_pid else _KEY_COLUMNS[1:]
+
+
+def _wide_width(n: int, per_pid: bool) -> int:
+    keys = sum(int(spec[1:]) + 1 for _, spec in _key_columns(per_pid)) - 1
+    return keys + n * (len(_GROUP_GAP) + _GROUP_WIDTH)
+
+
+def _render_wide(windows: list[Window], table: list[list[Series | None]], out: TextIO, per_pid: bool) -> None:
+    cols = _key_columns(per_pid)
+    key_width = _wide_width(0, per_pid)
+    out.write(" " * key_width + "".join(f"{_GROUP_GAP}{w.name[:_GROUP_WIDTH]:<{_GROUP_WIDTH}}" for w in windows)
+              .rstrip() + "\n")
+    group_head = " ".join(f"{name:{spec}}" for name, _, spec in _GROUP_COLUMNS)
+    out.write(" ".join(f"{name:{spec}}" for name, spec in cols) + (_GROUP_GAP + group_head) * len(windows) + "\n")
+    for cells in table:
+        first = next(s for s in cells if s is not None)
+        key = [str(first.pid), first.comm[:15], first.device[:9], first.op][-len(cols):]
+        line = " ".join(f"{c:{spec}}" for c, (_, spec) in zip(key, cols, strict=True))
+        for s in cells:
+            stats = row_stats(s)
+            line += _GROUP_GAP + " ".join(f"{fmt_stat(k, stats[k]):{spec}}" for _, k, spec in _GROUP_COLUMNS)
+        out.write(line.rstrip() + "\n")
+
+
+def _render_long(windows: list[Window], table: list[list[Series | None]], out: TextIO, per_pid: bool) -> None:
+    lw = min(max([12, *(len(w.name) for w in windows)]), _LABEL_MAX)
+    head = "".join(f" {k:>8}" for k in ("COUNT", "MB", *LATENCY_KEYS))
+    out.write(f"\n{'ROW / LABEL':<{lw + 2}}{head}\n")
+    for cells in table:
+        first = next(s for s in cells if s is not None)
+        out.write(row_text(first, per_pid) + "\n")
+        for w, s in zip(windows, cells, strict=True):
+            stats = row_stats(s)
+            out.write(f"  {w.name[:lw]:<{lw}}" + "".join(f" {fmt_stat(k, stats[k]):>8}" for k in STAT_KEYS) + "\n")

@@ -1,0 +1,232 @@
+"""iotrace diff: two runs, or two labelled windows, compared row by row.
+
+A side is every dump of a file merged (exactly, through the histograms), or
+the dumps of one label in it merged.  Rows are matched on process name,
+device and op -- not on pid, which differs from one run to the next and
+between loader workers restarted each epoch.  This module owns the side
+syntax, the matching and the rendering of the changes; the numbers of a row
+come from tracer.report, so that they read as in `iotrace report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import TextIO
+
+from . import dump as dumpmod
+from .dump import Dump, Series
+from .errors import UserError
+from .report import (
+    LATENCY_KEYS,
+    STAT_KEYS,
+    UNLABELLED,
+    fmt_latency,
+    fmt_stat,
+    row_stats,
+    row_text,
+    rows_of,
+    window_name,
+)
+
+PHASES = ("total", "queue", "device")
+
+EPILOG = f"""\
+sides:
+  FILE.jsonl          every dump of the file, merged (a whole run)
+  FILE.jsonl:LABEL    the dumps labelled LABEL in the file, merged; quote labels
+                      with spaces. LABEL {UNLABELLED} picks the dumps without one
+  --labels LA LB      shorthand: LA in the first file, LB in the second (or in
+                      the same file, when only one is given)
+
+examples:
+  iotrace diff before.jsonl after.jsonl
+  iotrace diff run.jsonl --labels "epoch 1" "epoch 2"
+  iotrace diff "run.jsonl:epoch 1" "run.jsonl:epoch 2"      (the same)
+  iotrace diff "a.jsonl:epoch 3" "b.jsonl:epoch 3" --phase device
+
+Each row is a process name, a device and an op, on both sides.  Rows are
+matched on the name, not the pid: pids differ between runs, and loader
+workers restarted each epoch get new ones.  Kernel writeback workers
+(kworker/u8:3, ...) are one row, kworker/*.  Per row: A, B, the change B - A,
+and the change in percent of A.  COUNT and MB are the rows' requests,
+whatever the --phase; MB = 10^6 bytes.  Rows seen on one side only are
+listed after the matched ones.
+"""
+
+
+@dataclass
+class Side:
+    """One side of the comparison: what the user named and its dumps merged."""
+
+    tag: str            # "A" or "B"
+    path: str
+    label: str | None   # None: the whole file
+    dumps: list[Dump]
+    merged: Dump
+
+    @property
+    def spec(self) -> str:
+        return self.path if self.label is None else f"{self.path}:{self.label}"
+
+
+@dataclass
+class Comparison:
+    """Rows of A and B matched by (process name, device, op)."""
+
+    matched: list[tuple[Series, Series]]
+    only_a: list[Series]
+    only_b: list[Series]
+
+
+def split_side(text: str) -> tuple[str, str | None]:
+    """FILE or FILE:LABEL -> (path, label or None).
+
+    A name that exists is a file, whatever colons it holds.  Otherwise it is
+    split at the first ':' that has an existing file before it: labels may
+    hold colons ("ckpt:step 5"), and so may paths.
+    """
+    if os.path.exists(text) or ":" not in text:
+        return text, None
+    for i, ch in enumerate(text):
+        if ch == ":" and os.path.isfile(text[:i]):
+            if i == len(text) - 1:
+                raise UserError(f"{text!r}: no label after ':' (write FILE:LABEL, or FILE for the whole file)")
+            return text[:i], text[i + 1:]
+    # no existing file before any ':': reading the likeliest file name reports it missing
+    return text.split(":", 1)[0], None
+
+
+def load_side(tag: str, path: str, label: str | None, cache: dict[str, list[Dump]]) -> Side:
+    if path not in cache:
+        cache[path] = list(dumpmod.read(path))
+    dumps = cache[path]
+    if not dumps:
+        raise UserError(f"no dumps in {path}")
+    if label is not None:
+        seen = dict.fromkeys(d.label for d in dumps)
+        labels = [x for x in seen if x is not None] + ([UNLABELLED] if None in seen else [])
+        dumps = [d for d in dumps if window_name(d.label) == label]
+        if not dumps:
+            raise UserError(f"{path} has no dump labelled {label!r}; its labels: {', '.join(map(repr, labels))}")
+    merged = dumpmod.merge_dumps(dumps, kind=dumps[-1].kind, label=label)
+    return Side(tag, path, label, dumps, merged)
+
+
+def compare(a: Dump, b: Dump) -> Comparison:
+    ra, rb = rows_of(a.series), rows_of(b.series)
+
+    def order(key: tuple, count: int) -> tuple:
+        return (-count, tuple(map(str, key)))
+
+    matched = sorted((k for k in ra if k in rb), key=lambda k: order(k, ra[k].count + rb[k].count))
+    only_a = sorted((k for k in ra if k not in rb), key=lambda k: order(k, ra[k].count))
+    only_b = sorted((k for k in rb if k not in ra), key=lambda k: order(k, rb[k].count))
+    return Comparison([(ra[k], rb[k]) for k in matched], [ra[k] for k in only_a], [rb[k] for k in only_b])
+
+
+def change(a: float | None, b: float | None) -> tuple[float | None, float | None]:
+    """(B - A, percent of A); None where a side has no value, or A is 0 for the percent."""
+    if a is None or b is None:
+        return None, None
+    return b - a, ((b - a) / a * 100 if a else None)
+
+
+def fmt_change(key: str, d: float | None) -> str:
+    if d is None:
+        return "-"
+    if key == "count":
+        return f"{int(d):+d}"
+    if key == "MB":
+        return f"{d:+.2f}"
+    if d == 0:
+        return "0"
+    return ("+" if d > 0 else "-") + fmt_latency(abs(d))
+
+
+def fmt_percent(p: float | None) -> str:
+    return "-" if p is None else f"{p:+.1f}%"
+
+
+_ROW_WIDTH = 36
+_CELL = 9
+
+
+def _line(first: str, cells: list[str]) -> str:
+    return f"{first[:_ROW_WIDTH]:<{_ROW_WIDTH}}" + "".join(f" {c:>{_CELL}}" for c in cells)
+
+
+def render_diff(a: Side, b: Side, out: TextIO, phase: str = "total") -> None:
+    comp = compare(a.merged, b.merged)
+    out.write(f"\ndiff: {phase} latency, B against A; rows matched on process name, device and op\n")
+    for side in (a, b):
+        m = side.merged
+        out.write(f"  {side.tag}  {side.spec}: {len(side.dumps)} dump(s), {dumpmod.duration_of(m):.1f}s, "
+                  f"{m.start:%H:%M:%S} - {m.end:%H:%M:%S}, {len(rows_of(m.series))} row(s)\n")
+        lost = {k: v for k, v in m.dropped.items() if v}
+        if lost:
+            out.write(f"WARNING: {side.tag}: events not recorded: " + ", ".join(f"{k}={v}" for k, v in lost.items())
+                      + " (see README, 'Dropped events')\n")
+    heads = ["COUNT", "MB", *LATENCY_KEYS]
+    if not (comp.matched or comp.only_a or comp.only_b):
+        out.write("  no block I/O on either side\n")
+        return
+    if comp.matched:
+        out.write("\n" + _line("ROW", heads) + "\n")
+    for sa, sb in comp.matched:
+        va, vb = row_stats(sa, phase), row_stats(sb, phase)
+        changes = {k: change(va[k], vb[k]) for k in STAT_KEYS}
+        out.write(row_text(sa) + "\n")
+        out.write(_line("  A", [fmt_stat(k, va[k]) for k in STAT_KEYS]) + "\n")
+        out.write(_line("  B", [fmt_stat(k, vb[k]) for k in STAT_KEYS]) + "\n")
+        out.write(_line("  change", [fmt_change(k, changes[k][0]) for k in STAT_KEYS]) + "\n")
+        out.write(_line("  change %", [fmt_percent(changes[k][1]) for k in STAT_KEYS]) + "\n")
+    for side, rows, other in ((a, comp.only_a, b), (b, comp.only_b, a)):
+        if rows:
+            out.write("\n" + _line(f"only in {side.tag} (none in {other.tag})", heads) + "\n")
+            for s in rows:
+                stats = row_stats(s, phase)
+                out.write(_line(row_text(s), [fmt_stat(k, stats[k]) for k in STAT_KEYS]) + "\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    from .cli import _Parser
+
+    p = _Parser(prog="iotrace diff", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+                usage='iotrace diff A B [--phase PHASE]\n       iotrace diff FILE --labels "LABEL A" "LABEL B"',
+                description="Compare two runs, or two labelled windows (epochs), row by row: each percentile, "
+                            "the count and the MB of A and B, and the change. No root needed.")
+    p.add_argument("sides", nargs="+", metavar="SIDE", help="FILE.jsonl or FILE.jsonl:LABEL (see below)")
+    p.add_argument("--labels", nargs=2, metavar=("LA", "LB"), help="compare label LA with label LB")
+    p.add_argument("--phase", choices=PHASES, default="total",
+                   help="latency phase to compare: total (default), queue (~Q2D) or device (D2C)")
+    return p
+
+
+def parse_sides(sides: list[str], labels: list[str] | None) -> list[tuple[str, str | None]]:
+    """The two (path, label) pairs named by the positional sides and --labels."""
+    if len(sides) > 2:
+        raise UserError(f"give two sides to compare, not {len(sides)} (see 'iotrace diff --help')")
+    if labels is None:
+        if len(sides) == 1:
+            raise UserError("one side given: name two files, or one file and --labels LA LB "
+                            "(see 'iotrace diff --help')")
+        return [split_side(s) for s in sides]
+    if len(sides) == 1:
+        sides = sides * 2
+    pairs = [split_side(s) for s in sides]
+    for s, (_, label) in zip(sides, pairs, strict=True):
+        if label is not None:
+            raise UserError(f"{s!r} names a label and so does --labels: use one or the other")
+    return [(path, label) for (path, _), label in zip(pairs, labels, strict=True)]
+
+
+def main(argv: list[str], out: TextIO) -> int:
+    ns = parser().parse_args(argv)
+    (pa, la), (pb, lb) = parse_sides(ns.sides, ns.labels)
+    cache: dict[str, list[Dump]] = {}
+    a = load_side("A", pa, la, cache)
+    b = load_side("B", pb, lb, cache)
+    render_diff(a, b, out, phase=ns.phase)
+    return 0
