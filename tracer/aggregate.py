@@ -27,19 +27,33 @@ class Clock:
 
 
 def _group_hists(keys: np.ndarray, counts: np.ndarray) -> dict[tuple[int, int, int, int], Histogram]:
-    """(pid, dev, op, phase) -> Histogram, from the flat bucket entries."""
+    """(pid, dev, op, phase) -> Histogram, from the flat bucket entries.
+
+    One key may appear several times (once per CPU, in a cell and in the
+    overflow map): repeats are summed.  Done for all histograms at once,
+    since a dump may hold thousands.
+    """
     if not len(keys):
         return {}
     order = np.lexsort((keys["bucket"], keys["phase"], keys["op"], keys["dev"], keys["pid"]))
     k = keys[order]
-    c = counts[order]
+    c = counts[order].astype(np.uint64)
     ident = np.stack([k["pid"].astype(np.int64), k["dev"].astype(np.int64),
                       k["op"].astype(np.int64), k["phase"].astype(np.int64)], axis=1)
-    starts = np.flatnonzero(np.r_[True, np.any(ident[1:] != ident[:-1], axis=1)])
-    ends = np.r_[starts[1:], len(k)]
+    bucket = k["bucket"].astype(np.int64)
+    new_group = np.r_[True, np.any(ident[1:] != ident[:-1], axis=1)]
+    new_entry = new_group | np.r_[True, bucket[1:] != bucket[:-1]]
+    first = np.flatnonzero(new_entry)
+    sums = np.add.reduceat(c, first)
+    keep = sums > 0
+    first, sums = first[keep], sums[keep]
+    group_of = np.cumsum(new_group)[first]          # which histogram each summed entry belongs to
+    starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]])
+    ends = np.r_[starts[1:], len(first)]
     out = {}
-    for s, e in zip(starts, ends, strict=True):
-        out[tuple(int(x) for x in ident[s])] = Histogram.from_pairs(k["bucket"][s:e], c[s:e])
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        # sorted, unique and non-zero already: no need for from_pairs' dense pass
+        out[tuple(ident[first[s]].tolist())] = Histogram(bucket[first[s:e]], sums[s:e])
     return out
 
 
@@ -50,21 +64,24 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None) -> Dump:
     hists = _group_hists(raw.hist_keys, raw.hist_counts)
     names: dict[int, str] = {}
     series = []
-    for key, val in zip(raw.series_keys, raw.series_vals, strict=True):
-        pid, dev, op = int(key["pid"]), int(key["dev"]), int(key["op"])
+    k, v = raw.series_keys, raw.series_vals
+    # plain lists, column by column: per-element access to numpy records is slow
+    cols = {name: v[name].tolist() for name in ("count", "bytes", "tgid", "cgroup",
+                                                 "phase_count", "sum_ns", "min_ns", "max_ns")}
+    comms = [bytes(c).split(b"\0", 1)[0].decode(errors="replace") for c in v["comm"]]
+    for i, (pid, dev, op) in enumerate(zip(k["pid"].tolist(), k["dev"].tolist(), k["op"].tolist(), strict=True)):
         if dev not in names:
             names[dev] = devices.name_of(dev)
         stats = {}
         for p, pname in enumerate(phases):
-            if not int(val["phase_count"][p]):
+            if not cols["phase_count"][i][p]:
                 continue
-            stats[pname] = PhaseStats(hists.get((pid, dev, op, p), Histogram.empty()),
-                                      float(val["sum_ns"][p]), int(val["min_ns"][p]), int(val["max_ns"][p]))
+            stats[pname] = PhaseStats(hists.get((pid, dev, op, p), Histogram.empty()), float(cols["sum_ns"][i][p]),
+                                      cols["min_ns"][i][p], cols["max_ns"][i][p])
         series.append(Series(
-            pid=pid, comm=bytes(val["comm"]).split(b"\0", 1)[0].decode(errors="replace"),
-            device=names[dev], devno=devices.devno(dev), op=ops[op] if op < len(ops) else str(op),
-            count=int(val["count"]), bytes=int(val["bytes"]), phases=stats,
-            tgid=int(val["tgid"]), cgroup_id=int(val["cgroup"])))
+            pid=pid, comm=comms[i], device=names[dev], devno=devices.devno(dev),
+            op=ops[op] if op < len(ops) else str(op), count=cols["count"][i], bytes=cols["bytes"][i],
+            phases=stats, tgid=cols["tgid"][i], cgroup_id=cols["cgroup"][i]))
     series.sort(key=lambda s: (s.pid, s.device, s.op))
     dropped = {r.removeprefix("drop_"): n for r, n in raw.reasons.items() if r.startswith("drop_")}
     events = {r.removeprefix("note_"): n for r, n in raw.reasons.items() if r.startswith("note_")}

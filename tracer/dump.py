@@ -56,18 +56,22 @@ class PhaseStats:
         return PhaseStats(self.hist.merge(other.hist), self.sum_ns + other.sum_ns,
                           min(self.min_ns, other.min_ns), max(self.max_ns, other.max_ns))
 
-    def summary_us(self) -> dict[str, float]:
-        """min / mean / percentiles / max in microseconds; percentiles held within [min, max]."""
+    def summary_us(self, pct=None) -> dict[str, float]:
+        """min / mean / percentiles / max in microseconds; percentiles held within [min, max].
+
+        `pct`: this histogram's PERCENTILES, when the caller computed many at once.
+        """
         n = self.count
         if not n:
             return {"count": 0}
-        pct = self.hist.percentiles(PERCENTILES)
+        if pct is None:
+            pct = self.hist.percentiles(PERCENTILES)
         lo, hi = self.min_ns, self.max_ns
-        out = {"count": n, "min": lo / 1e3, "mean": self.sum_ns / n / 1e3}
-        for key, v in zip(PCT_KEYS, pct, strict=True):
-            out[key] = min(max(float(v), lo), hi) / 1e3
-        out["max"] = hi / 1e3
-        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
+        out = {"count": n, "min": round(lo / 1e3, 3), "mean": round(self.sum_ns / n / 1e3, 3)}
+        for key, v in zip(PCT_KEYS, pct.tolist(), strict=True):
+            out[key] = round(min(max(v, lo), hi) / 1e3, 3)
+        out["max"] = round(hi / 1e3, 3)
+        return out
 
 
 @dataclass
@@ -128,6 +132,21 @@ def merge_series(series: Iterable[Series]) -> list[Series]:
     return list(out.values())
 
 
+def fold_by_comm(series: Iterable[Series]) -> list[Series]:
+    """One row per (comm, device, op): rows of several pids become pid 0."""
+    out: dict[tuple, Series] = {}
+    for s in series:
+        k = (s.comm, s.devno, s.op)
+        if k not in out:
+            out[k] = s
+            continue
+        merged = out[k].merge(s)
+        if merged.pid != s.pid:
+            merged.pid = 0
+        out[k] = merged
+    return list(out.values())
+
+
 def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None) -> Dump:
     """One dump covering all of `dumps` (which should be disjoint windows)."""
     if not dumps:
@@ -143,7 +162,7 @@ def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None
                   host=dumps[-1].host, kernel=dumps[-1].kernel,
                   series=merge_series(s for d in dumps for s in d.series), dropped=dropped, events=events)
     # the windows' own lengths, not the span: a file may hold several runs
-    merged.extra["duration_s"] = sum(d.duration_s for d in dumps)
+    merged.extra["duration_s"] = sum(duration_of(d) for d in dumps)
     return merged
 
 
@@ -160,12 +179,18 @@ def to_json(d: Dump) -> dict:
         "host": d.host, "kernel": d.kernel, "dropped": d.dropped, "events": d.events,
     }
     obj.update({k: v for k, v in d.extra.items() if k != "duration_s"})
-    obj["series"] = [{
-        "pid": s.pid, "tgid": s.tgid, "comm": s.comm, "device": s.device, "devno": s.devno, "op": s.op,
-        "cgroup_id": s.cgroup_id, "count": s.count, "bytes": s.bytes,
-        "latency_us": {name: st.summary_us() for name, st in s.phases.items()},
-        "hdr": {name: st.hist.to_hdr() for name, st in s.phases.items() if st.count},
-    } for s in d.series]
+    # every histogram of the dump at once: per-histogram numpy calls would dominate
+    phases = [st for s in d.series for st in s.phases.values()]
+    pcts = iter(Histogram.percentiles_many([st.hist for st in phases], PERCENTILES))
+    hdrs = iter(Histogram.to_hdr_many(st.hist for st in phases if st.count))
+    obj["series"] = []
+    for s in d.series:
+        summaries = {name: st.summary_us(next(pcts)) for name, st in s.phases.items()}
+        obj["series"].append({
+            "pid": s.pid, "tgid": s.tgid, "comm": s.comm, "device": s.device, "devno": s.devno, "op": s.op,
+            "cgroup_id": s.cgroup_id, "count": s.count, "bytes": s.bytes, "latency_us": summaries,
+            "hdr": {name: next(hdrs) for name, st in s.phases.items() if st.count},
+        })
     return obj
 
 

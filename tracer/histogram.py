@@ -210,7 +210,7 @@ class Histogram:
     ``from_pairs``, ``from_values``, ``from_hdr`` or ``merge``.
     """
 
-    __slots__ = ("counts", "idx")
+    __slots__ = ("_total", "counts", "idx")
     __hash__ = None  # type: ignore[assignment]  # equality is by content, and arrays are unhashable
 
     idx: NDArray[np.int64]
@@ -220,6 +220,7 @@ class Histogram:
         """Wrap arrays that already satisfy the invariants; use ``from_pairs`` for anything else."""
         self.idx = _frozen(idx)
         self.counts = _frozen(counts)
+        self._total: int | None = None
 
     # ---- constructors
 
@@ -252,7 +253,9 @@ class Histogram:
 
     @property
     def total(self) -> int:
-        return int(self.counts.sum())
+        if self._total is None:     # immutable, so computed once: reports ask often
+            self._total = int(self.counts.sum())
+        return self._total
 
     def merge(self, other: Histogram) -> Histogram:
         """The histogram of both sets of samples (exact)."""
@@ -291,6 +294,34 @@ class Histogram:
         # exact.  Rank 0 (q=0) finds the first bucket, as rank 1 would.
         rank = np.ceil(q * (float(cum[-1]) * (1 - 1e-12) / 100)).astype(_U64)
         return _VALUE_F[self.idx[np.searchsorted(cum, rank)]]
+
+    @staticmethod
+    def percentiles_many(histograms: list[Histogram], qs: ArrayLike) -> NDArray[np.float64]:
+        """``[h.percentiles(qs) for h in histograms]`` as one (n, len(qs)) array, in one set of numpy calls.
+
+        A dump asks for the percentiles of thousands of small histograms; per
+        call, numpy's overhead would dominate.
+        """
+        q = np.atleast_1d(np.asarray(qs, dtype=np.float64))
+        if q.size and not 0 <= q.min() <= q.max() <= 100:
+            raise ValueError("percentiles must be between 0 and 100")
+        out = np.full((len(histograms), q.size), np.nan)
+        sizes = np.array([h.idx.size for h in histograms], dtype=np.intp)
+        rows = np.flatnonzero(sizes)
+        if not rows.size or not q.size:
+            return out
+        idx = np.concatenate([histograms[r].idx for r in rows])
+        cum = np.cumsum(np.concatenate([histograms[r].counts for r in rows]))
+        end = np.cumsum(sizes[rows])                    # one past each histogram's last bucket
+        start = end - sizes[rows]
+        before = np.where(start > 0, cum[start - 1], 0)  # counts of the histograms before it
+        total = cum[end - 1] - before
+        # the same rank rule as percentiles(), offset into the shared cumulative sum
+        rank = np.ceil(q[None, :] * (total.astype(np.float64)[:, None] * (1 - 1e-12) / 100)).astype(_U64)
+        rank = np.maximum(rank, 1) + before[:, None]
+        pos = np.searchsorted(cum, rank)
+        out[rows] = _VALUE_F[idx[pos]]
+        return out
 
     def min_value(self) -> int | None:
         """Lower bound (ns) of the lowest populated bucket; None if empty."""

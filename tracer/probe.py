@@ -217,6 +217,19 @@ def _batch_drain(table, key_dtype: np.dtype, val_dtype: np.dtype, ncpu: int, lib
     return keys[:total], vals[:total]
 
 
+def _return_compiler_heap() -> None:
+    """Give the compiler's freed heap back to the system.
+
+    clang's working memory during the BPF compile is freed but kept by
+    malloc; trimming it takes a long-running tracer from ~145 MB resident
+    to ~125 MB (most of the rest is libbcc's code, shared and file-backed).
+    """
+    try:
+        ct.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass    # not glibc: nothing to trim
+
+
 def _drain_cells(table, cell_dtype: np.dtype, ncpu: int, lib) -> tuple[np.ndarray, np.ndarray]:
     """Read every CPU's histogram cells, zero the populated ones, return (keys, counts).
 
@@ -295,6 +308,7 @@ class Probe:
             raise UserError(f"could not load the BPF programs: {str(exc).strip().splitlines()[-1]}") from None
         self._lib = bcc.libbcc.lib
         self.ncpu = len(bcc.utils.get_possible_cpus())
+        _return_compiler_heap()
         self.gen = 0
         self._reasons_seen = np.zeros(len(self.contract.reasons), dtype=np.uint64)
         self._misses_seen = 0
