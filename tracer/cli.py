@@ -32,6 +32,7 @@ examples:
   sudo iotrace -o run.jsonl -- python train.py  run a command traced from its first I/O
   sudo iotrace --dev nvme0n1 -d 30 --hist       one device for 30 s, with latency bars
   iotrace report run.jsonl                      render saved dumps again (no root needed)
+  iotrace mark 'epoch 3'                        close the running tracer's dump, labelled (no root needed)
   iotrace report run.jsonl --by label           epochs (marker labels) side by side
   iotrace diff a.jsonl b.jsonl                  two runs (or two labels) compared row by row
 
@@ -47,6 +48,7 @@ The table shows total latency percentiles, and p50/p99 of queue (Q:) and device 
 SUBCOMMANDS = {
     "report": "tracer.cli:run_report",
     "diff": "tracer.diff:main",
+    "mark": "tracer.control:run_mark",
 }
 
 
@@ -135,8 +137,8 @@ def _invoking_user() -> pwd.struct_passwd | None:
         return None
 
 
-def _spawn_held(command: list[str]) -> tuple[int, int]:
-    """Fork the command, held before exec until release() writes to the returned fd.
+def _spawn_held(command: list[str], env: dict[str, str] | None = None) -> tuple[int, int]:
+    """Fork the command (with `env` added), held before exec until release() writes to the returned fd.
 
     Holding it lets the tracer put the child's pid in the in-kernel filter
     before the command runs, so its very first I/O is traced.
@@ -162,6 +164,7 @@ def _spawn_held(command: list[str]) -> tuple[int, int]:
             os.setgid(user.pw_gid)
             os.setuid(user.pw_uid)
             os.environ.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
+        os.environ.update(env or {})
         os.execvp(command[0], command)
     except BaseException as exc:  # noqa: BLE001 - must never return into the tracer's code
         try:
@@ -232,6 +235,10 @@ def _check_pids(pids: list[int]) -> list[int]:
     return fds
 
 
+# Rows kept in the whole-run summary before rows of the same command are folded together.
+MAX_RUN_ROWS = 2000
+
+
 class Session:
     """One tracing run: owns the probe, the output file and the report stream."""
 
@@ -239,7 +246,9 @@ class Session:
         self.args = args
         self.out = out
         self.file: TextIO | None = None
-        self.emitted: list = []     # every dump so far, for the whole-run summary
+        self.dumps = 0
+        # the whole run so far, merged as it goes: a long run keeps one dump, not all of them
+        self.total = None
 
     def emit(self, dump) -> None:
         from . import dump as dumpmod
@@ -249,22 +258,33 @@ class Session:
             dumpmod.write(self.file, dump)
         render_table(dump, self.out, hist=self.args.hist)
         self.out.flush()
-        self.emitted.append(dump)
+        self.dumps += 1
+        self.total = dump if self.total is None else dumpmod.merge_dumps([self.total, dump])
+        if len(self.total.series) > MAX_RUN_ROWS:
+            # processes come and go on a long run: keep their sums, not a row per pid
+            self.total.series = dumpmod.fold_by_comm(self.total.series)
 
 
 def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     from . import devices
+    from .marker import ENV_CONTROL
 
     devs = [devices.resolve(d) for d in args.devs]
     pidfds = _check_pids(args.pids)
     file = _open_output(args.output) if args.output else None
-    child, release = _spawn_held(args.command) if args.command else (None, None)
+    control, control_error = _open_control()
+    try:
+        env = {ENV_CONTROL: control.path} if control else None
+        child, release = _spawn_held(args.command, env) if args.command else (None, None)
+    except BaseException:
+        if control:
+            control.close()
+        raise
     probe = None
     # from here on, Ctrl-C and SIGTERM end the trace in order instead of raising
     sig = _Signals()
     try:
         from .aggregate import Clock, build_dump
-        from .dump import merge_dumps
         from .probe import Probe, ProbeOptions
         from .report import render_table
 
@@ -287,11 +307,17 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
                 f"pid {', '.join(map(str, args.pids))}" if args.pids else "all processes")
         print(f"iotrace: tracing block I/O of {what}"
               f"{' on ' + ', '.join(args.devs) if args.devs else ''}; Ctrl-C to end", file=sys.stderr)
-        status = _loop(args, probe, clock, session, pidfds, child, sig)
-        raw = probe.drain()
-        session.emit(build_dump(raw, clock, "final"))
-        if len(session.emitted) > 1:
-            render_table(merge_dumps(session.emitted), out, title="whole run")
+        print(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "
+              f"(control socket {control.path})" if control else
+              f"iotrace: warning: no control socket, markers are off ({control_error})", file=sys.stderr)
+        status = _loop(args, probe, clock, session, pidfds, child, sig, control)
+        if control:     # markers sent just before the command exited are still queued
+            _take_markers(control, probe, clock, session)
+        final = build_dump(probe.drain(), clock, "final")
+        final.extra["bpf_programs"] = probe.program_costs()
+        session.emit(final)
+        if session.dumps > 1:
+            render_table(session.total, out, title="whole run")
         return status
     finally:
         sig.restore()
@@ -302,10 +328,32 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
             probe.close()
         if file:
             file.close()
+        if control:
+            control.close()
+
+
+def _open_control():
+    """The control socket for markers, or (None, why not): tracing goes on without it."""
+    from .control import ControlSocket
+
+    try:
+        return ControlSocket.open(owner=_invoking_user()), None
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+
+
+def _take_markers(control, probe, clock, session: Session) -> None:
+    """Each queued marker closes a dump carrying its label, printed and written at once."""
+    from .aggregate import build_dump
+
+    for m in control.receive():
+        raw = probe.drain()
+        control.ack(m)      # the window is closed: the sender's next I/O falls in the next dump
+        session.emit(build_dump(raw, clock, "marker", label=m.label))
 
 
 def _loop(args: TraceArgs, probe, clock, session: Session, pidfds: list[int], child: int | None,
-          sig: _Signals) -> int:
+          sig: _Signals, control=None) -> int:
     from .aggregate import build_dump
 
     start = time.monotonic()
@@ -318,10 +366,13 @@ def _loop(args: TraceArgs, probe, clock, session: Session, pidfds: list[int], ch
         now = time.monotonic()
         wake = [t for t in (next_tick, deadline) if t is not None]
         timeout = max(0.0, min(wake) - now) if wake else None
-        ready, _, _ = select.select([sig.r, *alive], [], [], 0 if sig.pending else timeout)
+        listen = [sig.r, *alive] + ([control.fileno()] if control else [])
+        ready, _, _ = select.select(listen, [], [], 0 if sig.pending else timeout)
         for fd in ready:
             if fd in alive:
                 alive.discard(fd)
+        if control and control.fileno() in ready:   # before the exit checks: no marker may be left behind
+            _take_markers(control, probe, clock, session)
         if child is not None:
             done, st = os.waitpid(child, os.WNOHANG)
             if done:

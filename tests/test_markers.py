@@ -1,0 +1,483 @@
+"""Markers: tracer.marker (the trainer's side), the control socket, `iotrace mark`, the Keras hook.
+
+The first part needs neither root nor BPF: a ControlSocket bound in a temp
+dir stands in for the tracer.  The tests marked `bpf` run the real tracer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, ROOT, assert_count, read_dumps, run_iotrace, series_of
+
+from tracer import control, marker
+
+TESTS = Path(__file__).resolve().parent
+bpf = pytest.mark.bpf
+SUDO_VARS = ("SUDO_UID", "SUDO_GID", "SUDO_USER", "SUDO_COMMAND")
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """A process with no tracer in sight and no warning given yet."""
+    monkeypatch.delenv(marker.ENV_CONTROL, raising=False)
+    monkeypatch.setenv(marker.ENV_RUN_DIR, str(tmp_path / "run"))
+    monkeypatch.setattr(marker, "_warned", False)
+    return tmp_path
+
+
+@pytest.fixture
+def tracer_end(fresh, monkeypatch):
+    """A ControlSocket standing in for the tracer, exported as $IOTRACE_CONTROL."""
+    ctl = control.ControlSocket.open(directory=str(fresh / "run"))
+    monkeypatch.setenv(marker.ENV_CONTROL, ctl.path)
+    yield ctl
+    ctl.close()
+
+
+def labels(ctl: control.ControlSocket) -> list[str]:
+    return [m.label for m in ctl.receive()]
+
+
+def marker_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, marker.MarkerWarning)]
+
+
+# ---- no tracer: a quiet, quick no-op -----------------------------------------
+
+def _stale_socket(tmp: Path) -> str:
+    path = str(tmp / "stale.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(path)
+    s.close()           # the file stays, nobody listens: like a tracer killed with SIGKILL
+    return path
+
+
+@pytest.mark.parametrize("where", ["unset", "missing", "stale", "unread"])
+def test_no_tracer_one_warning_no_raise_no_block(fresh, monkeypatch, where):
+    unread = None
+    if where == "missing":
+        monkeypatch.setenv(marker.ENV_CONTROL, str(fresh / "nothing-here.sock"))
+    elif where == "stale":
+        monkeypatch.setenv(marker.ENV_CONTROL, _stale_socket(fresh))
+    elif where == "unread":     # a socket whose queue fills up because nobody reads it
+        unread = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        unread.bind(str(fresh / "unread.sock"))
+        monkeypatch.setenv(marker.ENV_CONTROL, str(fresh / "unread.sock"))
+    results, slowest = [], 0.0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(60):     # more than the kernel queues for one socket (net.unix.max_dgram_qlen)
+            t0 = time.perf_counter()
+            results.append(marker.mark(f"epoch {i}"))
+            slowest = max(slowest, time.perf_counter() - t0)
+        with marker.phase("checkpoint"):
+            pass
+        for _ in marker.epochs(2):
+            pass
+    if unread:
+        unread.close()
+    assert len(marker_warnings(caught)) == 1, marker_warnings(caught)
+    assert False in results
+    if where != "unread":
+        assert not any(results)
+    assert slowest < 0.2, f"a marker took {slowest * 1e3:.0f} ms"
+
+
+def test_warning_as_error_still_never_raises(fresh, monkeypatch, capsys):
+    monkeypatch.setenv(marker.ENV_CONTROL, str(fresh / "nothing-here.sock"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert marker.mark("epoch 1") is False
+        assert marker.mark("epoch 2") is False
+    assert capsys.readouterr().err.count("iotrace marker:") == 1   # said on stderr instead, once
+
+
+def test_wait_is_bounded_when_the_tracer_does_not_answer(fresh, monkeypatch):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(str(fresh / "mute.sock"))
+    monkeypatch.setenv(marker.ENV_CONTROL, str(fresh / "mute.sock"))
+    t0 = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert marker.mark("epoch 1", wait=0.2) is False
+    took = time.monotonic() - t0
+    s.close()
+    assert 0.2 <= took < 1.0, took
+    assert "did not confirm" in marker_warnings(caught)[0]
+
+
+# ---- the wire, the tracer's end, acks ----------------------------------------
+
+def test_markers_arrive_in_order_and_bad_messages_are_counted(tracer_end, capsys):
+    ctl = tracer_end
+    assert stat.S_IMODE(os.stat(ctl.path).st_mode) == 0o600
+    assert Path(ctl.path).name == f"{os.getpid()}.sock"
+    bad = [b"not json", b"[1, 2]", json.dumps({"v": 2, "label": "x"}).encode(), json.dumps({"v": 1}).encode(),
+           json.dumps({"v": 1, "label": "\x1b[2Jwipe"}).encode(), json.dumps({"v": 1, "label": "x" * 500}).encode(),
+           b"{" + b" " * (marker.MAX_DATAGRAM + 10) + b"}", b"\xff\xfe"]
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    assert marker.mark("epoch 1")
+    for data in bad[:4]:
+        s.sendto(data, ctl.path)
+    assert marker.mark("épоch 2 ✓")         # any printable text
+    for data in bad[4:]:
+        s.sendto(data, ctl.path)
+    s.sendto(json.dumps({"v": 1, "label": "epoch 3", "later": "fields are ignored"}).encode(), ctl.path)
+    s.close()
+    assert labels(ctl) == ["epoch 1", "épоch 2 ✓", "epoch 3"]
+    assert ctl.bad == len(bad)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == control.BAD_MESSAGES_SHOWN and all(x.startswith("iotrace: ignored") for x in err), err
+    assert labels(ctl) == []                 # nothing left, nothing blocks
+
+
+def test_labels_are_cleaned_not_refused(tracer_end):
+    assert marker.mark("line\nbreak")
+    assert marker.mark("y" * 1000)
+    assert marker.mark(7)
+    got = labels(tracer_end)
+    assert got == ["line?break", "y" * marker.MAX_LABEL, "7"]
+
+
+def _acking(ctl: control.ControlSocket, stop: threading.Event) -> threading.Thread:
+    def serve():
+        while not stop.is_set():
+            for m in ctl.receive():
+                ctl.ack(m)
+            time.sleep(0.002)
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
+def test_wait_returns_once_the_tracer_confirms(tracer_end):
+    stop = threading.Event()
+    t = _acking(tracer_end, stop)
+    try:
+        t0 = time.monotonic()
+        assert marker.mark("epoch 1", wait=5) is True
+        assert time.monotonic() - t0 < 2
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_epochs_marks_after_each_completed_body(tracer_end):
+    seen = []
+    for e in marker.epochs(3):
+        seen.append(e)
+        assert labels(tracer_end) == ([f"epoch {e}"] if e else [])   # the previous epoch, not this one yet
+    assert seen == [0, 1, 2]
+    assert labels(tracer_end) == ["epoch 3"]
+    for e in marker.epochs(5, label="pass {n} of 5"):
+        if e == 2:
+            break       # an epoch left by break is not marked
+    assert labels(tracer_end) == ["pass 1 of 5", "pass 2 of 5"]
+
+
+def test_phase_marks_before_and_after_even_on_error(tracer_end):
+    with marker.phase("checkpoint 1"):
+        assert labels(tracer_end) == ["before checkpoint 1"]
+    assert labels(tracer_end) == ["checkpoint 1"]
+    with pytest.raises(KeyError), marker.phase("eval"):
+        raise KeyError("the phase fails")
+    assert labels(tracer_end) == ["before eval", "eval"]
+
+
+def test_import_is_light():
+    """`import tracer.marker`: under 50 ms, without numpy, bcc or the CLI (best of 5: the box is shared)."""
+    code = "import tracer.marker, sys, json; print(json.dumps(sorted(sys.modules)))"
+    best = None
+    for _ in range(5):
+        r = subprocess.run([PYTHON, "-X", "importtime", "-c", code], capture_output=True, text=True, cwd="/",
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        mods = set(json.loads(r.stdout))
+        assert "tracer.marker" in mods
+        assert not {"numpy", "bcc", "tracer.cli", "tracer.dump", "tracer.control"} & mods
+        # top-level lines after `site`: what importing tracer.marker pulled in
+        lines = r.stderr.splitlines()
+        after_site = lines[next(i for i, x in enumerate(lines) if x.endswith("| site")) + 1:]
+        took = sum(int(x.split("|")[1]) for x in after_site if re.search(r"\| [^ ]", x)) / 1e6
+        best = took if best is None else min(best, took)
+    assert 0 < best < 0.05, f"import tracer.marker took {best * 1e3:.1f} ms"
+
+
+# ---- iotrace mark ------------------------------------------------------------
+
+def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> None:
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("iotrace: "), r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def _env(run_dir: Path, **extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (marker.ENV_CONTROL, *SUDO_VARS)}
+    env.update({marker.ENV_RUN_DIR: str(run_dir)}, **extra)
+    return env
+
+
+def test_mark_cli_errors(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    assert_one_line_error(run_iotrace(["mark", "epoch 1"], env=_env(run)), "no tracer is running", str(run))
+    stale = _stale_socket(tmp_path)
+    assert_one_line_error(run_iotrace(["mark", "x"], env=_env(run, IOTRACE_CONTROL=stale)),
+                          "$IOTRACE_CONTROL", "stale")
+    assert_one_line_error(run_iotrace(["mark", "x", "--control", str(tmp_path / "none.sock")], env=_env(run)),
+                          "--control", "no such socket")
+    assert_one_line_error(run_iotrace(["mark", "a\nb", "--control", stale], env=_env(run)), "bad LABEL", "control")
+    assert_one_line_error(run_iotrace(["mark"], env=_env(run)), "LABEL")
+    # a stale socket in the run dir does not count as a tracer; two live ones must be named
+    Path(stale).rename(run / "99999999.sock")
+    socks = []
+    for pid in (111, 222):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        s.bind(str(run / f"{pid}.sock"))
+        socks.append(s)
+    try:
+        r = run_iotrace(["mark", "x"], env=_env(run))
+        assert_one_line_error(r, "2 tracers are running", "pid 111", "pid 222", "--control")
+        assert "99999999" not in r.stderr
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_mark_cli_finds_the_one_tracer_and_waits_for_it(tmp_path):
+    run = tmp_path / "run"
+    ctl = control.ControlSocket.open(directory=str(run))
+    stop = threading.Event()
+    t = _acking(ctl, stop)
+    code = ("import sys; from tracer.cli import main; rc = main(sys.argv[1:]); "
+            "heavy = {'numpy', 'bcc', 'tracer.dump', 'tracer.aggregate'} & set(sys.modules); "
+            "sys.exit(f'imported {heavy}') if heavy else sys.exit(rc)")
+    try:
+        r = subprocess.run([PYTHON, "-c", code, "mark", "epoch 7"], env=_env(run), capture_output=True,
+                           text=True, cwd=ROOT, timeout=60)
+    finally:
+        stop.set()
+        t.join()
+        ctl.close()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"iotrace: marked 'epoch 7' ({ctl.path})", r.stdout
+    assert r.stderr == ""       # confirmed: no "did not confirm" note
+    assert not Path(ctl.path).exists()      # close() removes the socket
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
+def test_socket_takes_markers_from_root_and_its_owner_only():
+    owner, other = pwd.getpwnam("nobody"), pwd.getpwnam("daemon")
+    run = Path(tempfile.mkdtemp(prefix="iotrace-test-"))    # not under pytest's 0700 tmp: others must reach it
+    os.chmod(run, 0o755)
+    ctl = control.ControlSocket.open(owner=owner, directory=str(run))
+    try:
+        st = os.stat(ctl.path)
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (owner.pw_uid, 0o600)
+
+        def mark_as(user: pwd.struct_passwd) -> subprocess.CompletedProcess:
+            return subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+                                   PYTHON, "-m", "tracer.cli", "mark", f"by {user.pw_name}", "--wait", "0"],
+                                  env=_env(run), capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+        assert mark_as(owner).returncode == 0
+        assert_one_line_error(mark_as(other), "does not take markers from you")
+        assert marker.send("by root", ctl.path)
+        assert labels(ctl) == ["by nobody", "by root"]
+    finally:
+        ctl.close()
+        shutil.rmtree(run)
+
+
+# ---- the Keras callback, against a stand-in keras ----------------------------
+
+def _fake_keras() -> types.ModuleType:
+    keras = types.ModuleType("keras")
+    keras.callbacks = types.ModuleType("keras.callbacks")
+
+    class Callback:
+        def __init__(self):
+            self.model = None
+
+    keras.callbacks.Callback = Callback
+    return keras
+
+
+class _Model:
+    """Records what the tracer had received when each save happened."""
+
+    def __init__(self, ctl):
+        self.ctl, self.saves = ctl, []
+
+    def save(self, path):
+        self.saves.append(("save", path, labels(self.ctl)))
+        Path(path).write_bytes(b"model")
+
+    def save_weights(self, path):
+        self.saves.append(("weights", path, labels(self.ctl)))
+        Path(path).write_bytes(b"weights")
+
+
+def _load_keras_integration():
+    """tracer/integrations/keras.py loaded under a private name, so no other test sees the stand-in."""
+    spec = importlib.util.spec_from_file_location("tracer.integrations._keras_under_test",
+                                                  ROOT / "tracer" / "integrations" / "keras.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_keras_callback_marks_epochs_and_checkpoints(tracer_end, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "keras", _fake_keras())
+    IOTraceCallback = _load_keras_integration().IOTraceCallback
+
+    ctl = tracer_end
+    plain = IOTraceCallback()
+    plain.on_epoch_end(0)
+    plain.on_epoch_end(1, logs={"loss": 1.0})
+    assert labels(ctl) == ["epoch 1", "epoch 2"]
+
+    model = _Model(ctl)
+    cb = IOTraceCallback(checkpoint_path=str(tmp_path / "ckpt" / "model-{epoch}.keras"))
+    cb.model = model
+    cb.on_epoch_end(0)
+    cb.on_epoch_end(1)
+    # each save runs after its epoch's marker and before its own
+    assert model.saves == [("save", str(tmp_path / "ckpt" / "model-1.keras"), ["epoch 1"]),
+                           ("save", str(tmp_path / "ckpt" / "model-2.keras"), ["checkpoint 1", "epoch 2"])]
+    assert labels(ctl) == ["checkpoint 2"]
+    assert (tmp_path / "ckpt" / "model-2.keras").read_bytes() == b"model"
+
+    weights = IOTraceCallback(checkpoint_path=str(tmp_path / "w-{epoch}.weights.h5"))
+    weights.model = model
+    weights.on_epoch_end(4)
+    assert model.saves[-1][:2] == ("weights", str(tmp_path / "w-5.weights.h5"))
+    assert labels(ctl) == ["checkpoint 5"]
+
+
+def test_keras_missing_is_a_clear_import_error():
+    code = ("import sys; sys.modules['keras'] = None; sys.modules['tensorflow'] = None\n"
+            "try:\n    import tracer.integrations.keras\nexcept ImportError as e:\n    print(e)\n")
+    r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "needs Keras" in r.stdout and "pip install 'iotrace[keras]'" in r.stdout, r.stdout
+
+
+# ---- with the real tracer ----------------------------------------------------
+
+EPOCH_SCRIPT = """\
+import sys
+sys.path.insert(0, {tests!r})
+from ioload import read_blocks
+from tracer import marker
+
+dev, at = sys.argv[1], 0
+for i, n in enumerate({blocks}, 1):
+    read_blocks(dev, n, at)
+    at += n
+    if not marker.mark(f"epoch {{i}}", wait=10):      # waited: the next reads go in the next dump
+        sys.exit("epoch marker not confirmed")
+marker.mark("quick 1")                                # not waited: a few ms late, but never lost
+marker.mark("quick 2")
+read_blocks(dev, {tail}, at)
+"""
+
+
+def _control_path(stderr: str) -> str:
+    m = re.search(r"control socket (\S+)\)", stderr)
+    assert m, stderr
+    return m.group(1)
+
+
+@bpf
+def test_command_markers_make_one_dump_per_epoch(loop, tmp_path):
+    blocks, tail = [30, 50, 70], 20
+    script = tmp_path / "epochs.py"
+    script.write_text(EPOCH_SCRIPT.format(tests=str(TESTS), blocks=blocks, tail=tail))
+    out = tmp_path / "out.jsonl"
+    r = run_iotrace(["-o", str(out), "--dev", loop.name, "--", PYTHON, str(script), loop.path],
+                    env=_env(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    dumps = read_dumps(out)
+    assert [(d["kind"], d["label"]) for d in dumps] == [
+        ("marker", "epoch 1"), ("marker", "epoch 2"), ("marker", "epoch 3"),
+        ("marker", "quick 1"), ("marker", "quick 2"), ("final", None)]
+    for d, want in zip(dumps, blocks, strict=False):
+        rows = series_of(d, device=loop.name)
+        assert {s["op"] for s in rows} == {"read"}
+        assert_count(sum(s["count"] for s in rows), want, [d])
+        assert sum(s["bytes"] for s in rows) == 4096 * sum(s["count"] for s in rows)
+    assert_count(sum(s["count"] for d in dumps for s in series_of(d, device=loop.name)), sum(blocks) + tail, dumps)
+    # each marker's table is printed as it comes, before the end of the run
+    assert r.stdout.index("marker 'epoch 1'") < r.stdout.index("marker 'epoch 3'") < r.stdout.index("final")
+    path = _control_path(r.stderr)
+    assert path.startswith(str(tmp_path / "run")) and not os.path.exists(path)     # removed at exit
+
+
+@bpf
+def test_mark_from_a_shell_against_a_running_tracer(loop, tmp_path):
+    env = _env(tmp_path / "run")
+    out = tmp_path / "out.jsonl"
+    tracer = subprocess.Popen([PYTHON, "-m", "tracer.cli", "--dev", loop.name, "-o", str(out)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        started = tracer.stderr.readline() + tracer.stderr.readline()
+        assert "tracing block I/O" in started, started
+        path = _control_path(started)
+        read = [PYTHON, str(TESTS / "ioload.py"), loop.path]
+        subprocess.run([*read, "40"], check=True, capture_output=True, timeout=60)
+        m = run_iotrace(["mark", "load A"], env=env)        # found in the run dir: the only tracer there
+        assert m.returncode == 0 and "marked 'load A'" in m.stdout, m.stderr
+        subprocess.run([*read, "25", "--offset-blocks", "100"], check=True, capture_output=True, timeout=60)
+        m = run_iotrace(["mark", "load B", "--control", path], env=env)
+        assert m.returncode == 0, m.stderr
+        tracer.send_signal(signal.SIGINT)
+        _, err = tracer.communicate(timeout=60)
+    finally:
+        if tracer.poll() is None:
+            tracer.kill()
+            tracer.wait()
+    assert tracer.returncode == 0, err
+    dumps = read_dumps(out)
+    assert [(d["kind"], d["label"]) for d in dumps] == [("marker", "load A"), ("marker", "load B"), ("final", None)]
+    for d, want in zip(dumps, [40, 25, 0], strict=True):
+        assert_count(sum(s["count"] for s in series_of(d, device=loop.name)), want, [d])
+    assert not os.path.exists(path)         # Ctrl-C removes the socket too
+
+
+@bpf
+def test_command_run_as_an_unprivileged_user_can_mark(tmp_path):
+    """Under sudo the command runs as SUDO_UID; the socket is that user's, and only theirs."""
+    nobody = pwd.getpwnam("nobody")
+    code = ("import os; from tracer.marker import mark, ENV_CONTROL; st = os.stat(os.environ[ENV_CONTROL]); "
+            "print(os.getuid(), st.st_uid, oct(st.st_mode & 0o777), mark('as nobody', wait=10))")
+    out = tmp_path / "out.jsonl"
+    env = _env(tmp_path / "run", SUDO_UID=str(nobody.pw_uid), SUDO_GID=str(nobody.pw_gid), SUDO_USER="nobody")
+    env.pop(marker.ENV_RUN_DIR)     # the default run dir: pytest's tmp dirs are closed to nobody
+    r = run_iotrace(["-o", str(out), "--", PYTHON, "-c", code], env=env)
+    assert r.returncode == 0, r.stderr
+    # the command's line and the tracer's tables share stdout, in either order
+    said = re.search(r"^(\d+) (\d+) (0o\d+) (True|False)$", r.stdout, re.M)
+    assert said and said.groups() == (str(nobody.pw_uid), str(nobody.pw_uid), "0o600", "True"), r.stdout
+    assert [(d["kind"], d["label"]) for d in read_dumps(out)] == [("marker", "as nobody"), ("final", None)]
+    assert not os.path.exists(_control_path(r.stderr))

@@ -1,0 +1,223 @@
+"""The tracer's control socket, and `iotrace mark`, which writes to it.
+
+While tracing, iotrace listens on a UNIX datagram socket,
+$IOTRACE_RUN_DIR/PID.sock (default /run/iotrace/PID.sock; a private temp dir
+when that cannot be used), prints its path, and exports it to a traced
+COMMAND as $IOTRACE_CONTROL.  Each datagram is a marker (wire format in
+tracer/marker.py); the trace loop turns each one into a dump of kind
+"marker" carrying its label.
+
+Who may write: the socket is mode 0600, owned by the user who ran sudo
+(SUDO_UID, the user a traced COMMAND runs as), else by the tracer's own
+user; root can always write.  Other users on the box cannot add markers to
+a root tracer (each marker makes a dump, a table and a line in the output
+file, so an open socket would let anyone flood them).  A trainer running as
+yet another user needs the tracer started by sudo from that user's account.
+
+Imports nothing heavy: `iotrace mark` must start fast and without bcc or numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import shutil
+import socket
+import stat
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import TextIO
+
+from . import marker
+from .errors import UserError
+
+BAD_MESSAGES_SHOWN = 3     # then bad messages are only counted
+
+
+@dataclass
+class Marker:
+    """One marker as received: its label, and the sender's address if it waits for an ack."""
+
+    label: str
+    reply_to: bytes | str | None = None
+
+
+def _usable_run_dir(directory: str) -> bool:
+    """Our own (or root's) real directory that nobody else can write to."""
+    try:
+        if not os.path.lexists(directory):
+            os.makedirs(directory, exist_ok=True)
+            os.chmod(directory, 0o755)      # whatever our umask: the sudo user must reach the socket
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid in (0, os.geteuid())
+            and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and os.access(directory, os.W_OK | os.X_OK))
+
+
+class ControlSocket:
+    """The tracer's end: bound, non-blocking, removed by close()."""
+
+    def __init__(self, sock: socket.socket, path: str, private_dir: str | None):
+        self.sock = sock
+        self.path = path
+        self.private_dir = private_dir
+        self.bad = 0            # malformed datagrams, ignored
+        self.received = 0
+
+    @classmethod
+    def open(cls, owner: pwd.struct_passwd | None = None, directory: str | None = None) -> ControlSocket:
+        """Bind PID.sock in the run directory (or a private temp dir), writable by root and `owner` only."""
+        directory = directory or marker.run_dir()
+        private = None
+        if not _usable_run_dir(directory):
+            private = directory = tempfile.mkdtemp(prefix="iotrace-")
+            if owner:
+                os.chmod(directory, 0o711)   # the owner may reach the socket, not list the dir
+        path = os.path.join(directory, f"{os.getpid()}{marker.SOCKET_SUFFIX}")
+        if os.path.lexists(path) and marker.probe_socket(path) is not None:
+            os.unlink(path)     # left by a tracer that was killed and had our pid
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        old = os.umask(0o177)   # the socket file is 0600 from the moment it exists
+        try:
+            sock.bind(path)
+        except OSError:
+            sock.close()
+            if private:
+                shutil.rmtree(private, ignore_errors=True)
+            raise
+        finally:
+            os.umask(old)
+        try:
+            if owner:
+                os.chown(path, owner.pw_uid, owner.pw_gid)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            os.unlink(path)
+            raise
+        return cls(sock, path, private)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def receive(self, limit: int = 256) -> list[Marker]:
+        """Every marker queued now (at most `limit`), in order; bad datagrams are counted and skipped."""
+        out: list[Marker] = []
+        while len(out) < limit:
+            try:
+                data, addr = self.sock.recvfrom(marker.MAX_DATAGRAM + 1)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:      # never let the socket end the trace
+                self._complain(f"cannot read the control socket: {exc.strerror or exc}")
+                break
+            try:
+                out.append(Marker(marker.decode(data), addr or None))
+                self.received += 1
+            except ValueError as exc:
+                self._complain(f"ignored a bad control message ({exc})")
+        return out
+
+    def _complain(self, message: str) -> None:
+        self.bad += 1
+        if self.bad <= BAD_MESSAGES_SHOWN:
+            more = "; further bad messages are ignored silently" if self.bad == BAD_MESSAGES_SHOWN else ""
+            print(f"iotrace: {message}{more}", file=sys.stderr, flush=True)
+
+    def ack(self, m: Marker) -> None:
+        """Tell a waiting sender its dump is closed (best effort, never blocks)."""
+        if not m.reply_to:
+            return
+        try:
+            self.sock.sendto(marker.encode_ack(m.label), m.reply_to)
+        except OSError:
+            pass    # the sender gave up waiting, or its queue is full: it only loses the confirmation
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        if self.private_dir:
+            shutil.rmtree(self.private_dir, ignore_errors=True)
+
+
+# ---- iotrace mark ------------------------------------------------------------
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().split(b"\0")
+    except OSError:
+        return "?"
+    text = " ".join(w.decode(errors="replace") for w in words if w)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def resolve(control: str | None) -> str:
+    """The socket to send to: --control, $IOTRACE_CONTROL, or the one tracer running."""
+    for path, what in ((control, "--control"), (os.environ.get(marker.ENV_CONTROL), f"${marker.ENV_CONTROL}")):
+        if path:
+            why = marker.probe_socket(path)
+            if why:
+                raise UserError(f"{what} {path}: {why}" + ("; is the tracer still running?" if "stale" in why
+                                                            or "no such" in why else ""))
+            return path
+    directory = marker.run_dir()
+    found = marker.scan(directory)
+    live = [(pid, path) for pid, path, why in found if why is None]
+    if len(live) == 1:
+        return live[0][1]
+    if len(live) > 1:
+        names = "; ".join(f"pid {pid} ({_cmdline(pid)}) at {path}" for pid, path in live)
+        raise UserError(f"{len(live)} tracers are running: {names}. Choose one with --control PATH")
+    denied = [(pid, path) for pid, path, why in found if why == "not writable by you"]
+    if denied:
+        pid, path = denied[0]
+        hint = "run 'sudo iotrace mark ...'" if os.geteuid() else "check its permissions"
+        raise UserError(f"the tracer (pid {pid}) at {path} does not take markers from you: {hint}")
+    raise UserError(f"no tracer is running (no control socket in {directory}): start one with "
+                    "'sudo iotrace ...', or give its socket with --control PATH")
+
+
+def run_mark(argv: list[str], out: TextIO = sys.stdout) -> int:
+    from .cli import _Parser
+
+    p = _Parser(prog="iotrace mark", formatter_class=argparse.RawDescriptionHelpFormatter,
+                description="Close a running tracer's current dump, labelled LABEL (kind 'marker' in the "
+                            "JSONL), e.g. at the end of an epoch. No root needed: the tracer's control socket "
+                            "is writable by the user who started it with sudo.",
+                epilog="the tracer is found from --control, else $IOTRACE_CONTROL (set for a command run\n"
+                       "as 'iotrace -- COMMAND'), else the only tracer listening in $IOTRACE_RUN_DIR\n"
+                       f"(default {marker.DEFAULT_RUN_DIR}).\n\n"
+                       "examples:\n"
+                       "  iotrace mark 'epoch 3'\n"
+                       "  iotrace mark --control /run/iotrace/1234.sock 'checkpoint 3'\n\n"
+                       "from Python: tracer.marker.mark('epoch 3'), marker.phase(), marker.epochs();\n"
+                       "Keras: tracer.integrations.keras.IOTraceCallback")
+    p.add_argument("label", metavar="LABEL", help=f"the dump's label (printable, up to {marker.MAX_LABEL} characters)")
+    p.add_argument("--control", metavar="PATH", help="the tracer's control socket (printed when it starts)")
+    p.add_argument("--wait", type=float, default=2.0, metavar="SECONDS",
+                   help="wait this long for the tracer to confirm the dump is closed, so that I/O started "
+                        "afterwards falls in the next dump (default 2; 0: do not wait)")
+    ns = p.parse_args(argv)
+    why = marker.check_label(ns.label)
+    if why:
+        raise UserError(f"bad LABEL: {why}")
+    path = resolve(ns.control)
+    try:
+        confirmed = marker.send(ns.label, path, ns.wait)
+    except BlockingIOError:
+        raise UserError(f"the tracer at {path} is not keeping up (its queue is full): try again") from None
+    except OSError as exc:
+        raise UserError(f"cannot send to {path}: {exc.strerror or exc}") from None
+    if ns.wait > 0 and not confirmed:
+        print(f"iotrace: marker {ns.label!r} sent to {path}, but the tracer did not confirm it within "
+              f"{ns.wait:g} s (busy?); its dump will be closed late", file=sys.stderr)
+    else:
+        print(f"iotrace: marked {ns.label!r} ({path})", file=out)
+    return 0
