@@ -10,10 +10,13 @@ formats it ext4 and mounts it; writes a small data set there with
 scripts/workload.py prepare; syncs and drops the page cache so the first
 epoch reads from disk; then runs
 
-    python -m tracer.cli -i 2 -o TMP/demo.jsonl --dev loopN -- python scripts/workload.py ...
+    python -m tracer.cli -o TMP/demo.jsonl --dev loopN -- python scripts/workload.py --mark ...
 
-with its output on this terminal, and ends with a guide to reading the
-tables.  Whatever happens (errors, Ctrl-C, SIGTERM) it unmounts, detaches
+with its output on this terminal.  The workload marks "epoch N" when an
+epoch's data is read and "checkpoint N" when its checkpoint is synced
+(tracer.marker), so each is one dump and one table.  It ends with a guide
+to reading the tables and the epochs side by side (iotrace report --by
+label).  Whatever happens (errors, Ctrl-C, SIGTERM) it unmounts, detaches
 the loop device and deletes the temp dir.  Needs mkfs.ext4 and losetup;
 fio is not needed.  Takes well under a minute.
 """
@@ -35,7 +38,6 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = ROOT / "scripts" / "workload.py"
 PY = sys.executable
 DISK_MIB = 512
-INTERVAL_S = 2
 
 
 def say(msg: str) -> None:
@@ -210,6 +212,7 @@ def timeline(path: Path) -> list[str]:
         dumps = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     except (OSError, ValueError):
         return lines
+    width = max([len(d.get("label") or d["kind"]) for d in dumps] + [8])
     for d in dumps:
         tot: dict[str, list[int]] = {}
         for s in d.get("series", []):
@@ -217,16 +220,18 @@ def timeline(path: Path) -> list[str]:
             t[0] += s["count"]
             t[1] += s["bytes"]
         ops = ", ".join(f"{op} {n} req {b / 1e6:.1f} MB" for op, (n, b) in sorted(tot.items())) or "no I/O"
-        lines.append(f"  {d['start'][11:19]} +{d['duration_s']:4.1f}s {d['kind']:<8} {ops}")
+        lines.append(f"    {d['start'][11:19]} +{d['duration_s']:4.1f}s {d.get('label') or d['kind']:<{width}} {ops}")
     return lines
 
 
 GUIDE = """\
 How to read the tables above
   * One row per process, device and op. loader-N are the input workers (one process each, like
-    DataLoader workers); trainer is the main process, which writes the checkpoint. A table is
-    printed every {interval} s (counts reset each time), one at the end for the last stretch,
-    and 'whole run' merges them all.
+    DataLoader workers); trainer is the main process, which writes the checkpoint.
+  * One table per marker the workload sent (tracer.marker.mark, one line in the training
+    loop): 'epoch N' once epoch N's data has been read, 'checkpoint N' once its checkpoint is
+    written and synced. Each covers the stretch since the previous marker; 'final' is the
+    rest, and 'whole run' merges them all.
   * p50 is the typical request; p99 means 1 request in 100 waited longer; p99.9, 1 in 1000.
     A training step waits for its slowest batch, so the tail (p99, p99.9, max) is what stalls
     the GPU, not the median.
@@ -239,13 +244,24 @@ How to read the tables above
     for shards). The data set (~150 MB) fits in RAM, so epochs 2 and 3 are served from the
     page cache and the loader rows nearly vanish. A data set bigger than RAM makes every
     epoch look like epoch 1.
-  * The checkpoint appears as write requests of the trainer row, once per epoch, during its
-    fsync (large AVGSZ: sequential writeback), plus flush requests if the device asks for
-    them. Writes from ext4's journal thread (jbd2) and background writeback are not the
-    command's processes, so they are not in the table.
+  * The checkpoint appears in the 'checkpoint N' tables as write requests of the trainer
+    row, during its fsync (large AVGSZ: sequential writeback), plus flush requests if the
+    device asks for them. Writes from ext4's journal thread (jbd2) and background writeback
+    are not the command's processes, so they are not in the tables.
   * Per-dump totals (from the JSONL file, one line per table above):
 {timeline}
+  * Below, the same dumps with the epochs side by side (iotrace report FILE --by label).
 """
+
+
+def by_label(path: Path) -> None:
+    """End with the per-epoch table; say so if the report cannot make one."""
+    p = subprocess.run([PY, "-m", "tracer.cli", "report", "--by", "label", str(path)], cwd=ROOT,
+                       capture_output=True, text=True)
+    if p.returncode == 0:
+        print(p.stdout.rstrip("\n"))
+    else:
+        say(f"no per-epoch table: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
 
 
 def _raise_interrupt(signum, frame):
@@ -261,9 +277,10 @@ def main(argv: list[str] | None = None) -> int:
                "  1. temp dir, 512 MiB sparse file, losetup --find --show, mkfs.ext4 -q, mount\n"
                "  2. workload.py prepare (2000 small samples + 4 x 16 MiB shards), sync,\n"
                "     echo 3 > /proc/sys/vm/drop_caches (so epoch 1 reads from disk)\n"
-               f"  3. python -m tracer.cli -i {INTERVAL_S} -o TMP/demo.jsonl --dev loopN -- "
-               "python scripts/workload.py ...\n"
-               "  4. a guide to reading the tables\n"
+               "  3. python -m tracer.cli -o TMP/demo.jsonl --dev loopN -- "
+               "python scripts/workload.py --mark ...\n"
+               "     (the workload marks 'epoch N' and 'checkpoint N': one dump each)\n"
+               "  4. a guide to reading the tables, then python -m tracer.cli report --by label\n"
                "  5. always (also on error or Ctrl-C): umount, losetup -d, remove the temp dir\n"
                "Needs root, bcc (make setup), mkfs.ext4 and losetup; fio is not needed. Under a minute.")
     p.add_argument("--epochs", type=int, default=3, help="training epochs (default 3)")
@@ -295,9 +312,9 @@ def main(argv: list[str] | None = None) -> int:
         drop_caches()
         say("synced and dropped the page cache: epoch 1 starts cold")
         dump = disk.tmp / "demo.jsonl"
-        cmd = [PY, "-m", "tracer.cli", "-i", str(INTERVAL_S), "-o", str(dump), "--dev", name, "--",
+        cmd = [PY, "-m", "tracer.cli", "-o", str(dump), "--dev", name, "--",
                PY, str(WORKLOAD), str(data), "--epochs", str(ns.epochs), "--workers", str(ns.workers),
-               "--checkpoint-dir", str(ckpt)]
+               "--checkpoint-dir", str(ckpt), "--mark"]
         say("running: " + " ".join(os.path.relpath(c, ROOT) if c.startswith(str(ROOT)) else c for c in cmd))
         sys.stdout.flush()
         status = run_traced(cmd)
@@ -306,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         lines = timeline(dump)
         if lines:
             print()
-            print(GUIDE.format(interval=INTERVAL_S, timeline="\n".join(lines)))
+            print(GUIDE.format(timeline="\n".join(lines)))
+            by_label(dump)
             if ns.save:
                 say(f"dumps saved to {ns.save}: render them again with "
                     f"'python -m tracer.cli report {ns.save}'")

@@ -20,12 +20,16 @@ style).  Run mode then trains for some epochs; each epoch
     renames it into place, as torch.save + a careful trainer would.
 
 One line per epoch reports the wall time, the bytes read and the time the
-training loop waited for data.  The workers
+training loop waited for data.  With --mark, the run sends iotrace markers
+(tracer.marker): "epoch N" once epoch N's data is read, "checkpoint N" once
+its checkpoint is on disk, so a tracer's dumps line up with the epochs and
+the checkpoint writes get dumps of their own.  The workers
 are named loader-0, loader-1, ... and the main process trainer (the comm
 iotrace shows), so the rows of iotrace's table say who did what.
 
-Only the standard library is used.  Import it to drive `run()` yourself:
-its `on_epoch_end` callback is the place for per-epoch hooks.
+Only the standard library is used (and tracer.marker with --mark).  Import
+it to drive `run()` yourself: its `on_data_end` and `on_epoch_end` callbacks
+are the places for per-epoch hooks.
 """
 
 from __future__ import annotations
@@ -188,8 +192,11 @@ def write_checkpoint(ckpt_dir: Path, epoch: int, size: int) -> None:
 def run(data_dir: str | os.PathLike, epochs: int = 3, workers: int = 4,
         checkpoint_dir: str | os.PathLike | None = None, checkpoint_mib: int = 32, step_ms: float = 25,
         seed: int = 0, on_epoch_end: Callable[[EpochStats], None] | None = None,
-        log: Callable[[str], None] = print) -> list[EpochStats]:
+        log: Callable[[str], None] = print,
+        on_data_end: Callable[[int], None] | None = None) -> list[EpochStats]:
     """Train for `epochs` epochs; on_epoch_end(stats) runs after each one's checkpoint.
+
+    on_data_end(epoch) runs between an epoch's reading and its checkpoint.
 
     Each batch the workers hand over is "trained on" for step_ms (a sleep,
     standing in for the GPU), so reading is paced as in a real run.
@@ -221,6 +228,8 @@ def run(data_dir: str | os.PathLike, epochs: int = 3, workers: int = 4,
                 got += n
                 time.sleep(step_ms / 1e3)      # the training step (forward, backward) on this batch
             t1 = time.monotonic()
+            if on_data_end:     # e.g. an iotrace marker: the checkpoint's I/O goes in the next dump
+                on_data_end(epoch)
             write_checkpoint(ckpt_dir, epoch, checkpoint_mib * MiB)
             t2 = time.monotonic()
             stats = EpochStats(epoch, t2 - t0, wait, t2 - t1, got, len(samples), len(shards),
@@ -240,6 +249,21 @@ def run(data_dir: str | os.PathLike, epochs: int = 3, workers: int = 4,
 
 
 # ---- command line ------------------------------------------------------------
+
+# Wait this long at most for the tracer to close each dump: the boundaries are
+# then exact (no read of the next epoch slips into this one's dump), at a cost
+# of a few milliseconds per marker.
+MARK_WAIT_S = 0.5
+
+
+def _marker() -> Callable[..., bool]:
+    try:
+        from tracer.marker import mark
+    except ImportError:     # run from a checkout without the package installed
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from tracer.marker import mark
+    return mark
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -270,10 +294,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=25,
                    help="simulated training step per batch, in ms (default 25; 0: read as fast as possible)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mark", action="store_true",
+                   help="send iotrace markers 'epoch N' (data read) and 'checkpoint N' (checkpoint synced)")
     ns = p.parse_args(argv)
+    data_end = epoch_end = None
+    if ns.mark:
+        mark = _marker()
+
+        def data_end(epoch: int) -> None:
+            mark(f"epoch {epoch}", wait=MARK_WAIT_S)
+
+        def epoch_end(stats: EpochStats) -> None:
+            mark(f"checkpoint {stats.epoch}", wait=MARK_WAIT_S)
     try:
         run(ns.data_dir, ns.epochs, ns.workers, ns.checkpoint_dir, ns.checkpoint_mib, ns.step_ms, ns.seed,
-            log=lambda line: print(line, flush=True))
+            log=lambda line: print(line, flush=True), on_epoch_end=epoch_end, on_data_end=data_end)
     except KeyboardInterrupt:
         print("workload: interrupted", file=sys.stderr)
         return 130
