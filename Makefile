@@ -1,5 +1,5 @@
 # iotrace developer entry points; `make test` and `make demo` set the machine up first.
-.PHONY: setup test lint demo clean
+.PHONY: setup setup-tf test lint demo clean
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
@@ -10,8 +10,12 @@ AS_ROOT := $(if $(filter 0,$(shell id -u)),,sudo -E)
 setup:
 	@bash scripts/setup.sh
 
+# A separate venv with tensorflow-cpu for the end-to-end training test (idempotent).
+setup-tf:
+	@bash scripts/setup_tf.sh
+
 # Run the test suite as root.
-test: setup
+test: setup setup-tf
 	$(AS_ROOT) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Lint with ruff (configured in pyproject.toml).
@@ -24,5 +28,5 @@ demo: setup
 
 # Remove the venv and every cache.
 clean:
-	rm -rf .venv .pytest_cache .hypothesis .ruff_cache *.egg-info build
+	rm -rf .venv .venv-tf .pytest_cache .hypothesis .ruff_cache *.egg-info build
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
