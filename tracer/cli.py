@@ -35,6 +35,8 @@ examples:
   iotrace mark 'epoch 3'                        close the running tracer's dump, labelled (no root needed)
   iotrace report run.jsonl --by label           epochs (marker labels) side by side
   iotrace diff a.jsonl b.jsonl                  two runs (or two labels) compared row by row
+  sudo iotrace bench -o new.json                a versioned fio suite, repeated, to a result file
+  iotrace compare base.json new.json            regression gate: exit 1 beyond threshold and spread
 
 latency phases (blktrace's names in brackets):
   queue   request start to issue to the driver    (~Q2D)
@@ -49,6 +51,8 @@ SUBCOMMANDS = {
     "report": "tracer.cli:run_report",
     "diff": "tracer.diff:main",
     "mark": "tracer.control:run_mark",
+    "bench": "tracer.bench:main",
+    "compare": "tracer.compare:main",
 }
 
 

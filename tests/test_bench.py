@@ -1,0 +1,238 @@
+"""`iotrace bench`: a real run on its scratch loop device (BPF), its teardown on signals and
+errors, its argument checks, and the example CI workflow in docs/ci-bench.yml.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, ROOT, run_iotrace
+
+from tracer import bench, cli
+from tracer import benchresult as br
+
+bpf = pytest.mark.bpf
+TINY = ["fio", "--rw=randread", "--bs=4k", "--size=4M", "--ioengine=psync"]     # 1024 reads, a few 100 ms
+
+
+def loops_over(backing: str) -> list[str]:
+    """Loop devices still attached to `backing` (sysfs shows a deleted file with a suffix)."""
+    out = []
+    for f in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            if f.read_text().strip().removesuffix(" (deleted)") == backing:
+                out.append(f.parent.parent.name)
+        except OSError:
+            pass    # detached meanwhile
+    return out
+
+
+def assert_torn_down(backing: str) -> None:
+    assert backing.startswith(("/dev/shm/iotrace-bench-", "/tmp")), backing
+    assert not os.path.exists(backing), f"backing file {backing} left behind"
+    assert loops_over(backing) == [], f"loop device(s) {loops_over(backing)} still attached to {backing}"
+
+
+@bpf
+def test_bench_custom_workload(tmp_path):
+    out = tmp_path / "r.json"
+    # as under `sudo` by user nobody: fio must still run as root (nobody may not open the loop
+    # device), and the result belongs to the user
+    nobody = {"SUDO_UID": "65534", "SUDO_GID": "65534", "SUDO_USER": "nobody"}
+    r = run_iotrace(["bench", "--repeat", "2", "-o", str(out), "--", *TINY], env={**os.environ, **nobody})
+    assert r.returncode == 0, r.stderr
+    assert out.stat().st_uid == 65534
+    raw = json.loads(out.read_text())
+    res = br.read(str(out))
+    assert (raw["kind"], raw["schema"]) == ("iotrace-bench", 1)
+    assert res.suite == "custom" and res.version.startswith("sha") and res.repeat == 2
+    assert set(raw["env"]) >= {"kernel", "cpu", "nproc", "device", "iotrace", "fio", "date"}
+    assert res.env["kernel"] == os.uname().release and res.env["nproc"] == os.cpu_count()
+    assert res.env["fio"].startswith("fio-") and res.env["device"]["kind"] == "loop"
+    [w] = res.workloads
+    assert w.name == "fio-args" and len(w.reps) == 2
+    for rep in w.reps:
+        assert list(rep.ops) == ["read"], rep.ops      # only fio's reads, only on the scratch device
+        o = rep.ops["read"]
+        # exact, short only by completions the kernel skipped (and counted)
+        skipped = rep.dropped.get("recursion", 0)
+        assert 1024 - skipped <= o.count <= 1024, (o.count, rep.dropped)
+        assert o.mb == pytest.approx(o.count * 4096 / 1e6, abs=1e-3)
+        assert o.iops and o.iops > 0
+        for phase in ("queue", "device", "total"):
+            st = o.latency_us[phase]
+            assert st["count"] == o.count
+            assert 0 < st["min"] <= st["p50"] <= st["p90"] <= st["p99"] <= st["p99.9"] <= st["max"], (phase, st)
+        assert o.latency_us["device"]["p50"] <= o.latency_us["total"]["p50"]
+    # the summary is the reps' median and range
+    p99 = raw["workloads"][0]["summary"]["read"]["latency_us"]["total"]["p99"]
+    values = sorted(rep.ops["read"].latency_us["total"]["p99"] for rep in w.reps)
+    assert p99["n"] == 2 and p99["min"] == values[0] and p99["max"] == values[1]
+    assert p99["median"] == pytest.approx(sum(values) / 2, abs=1e-3)
+    assert "fio-args" in r.stdout and "read" in r.stdout        # the table of medians
+    assert_torn_down(res.env["device"]["backing"])
+
+
+def _start_line(proc: subprocess.Popen) -> tuple[str, str]:
+    line = proc.stderr.readline()
+    m = re.match(r"bench: \S+ on (/dev/loop\d+) \(backing (\S+)\)", line)
+    if not m:
+        proc.kill()
+        pytest.fail(f"bench did not start: {line}{proc.communicate()[1]}")
+    return m.group(1), m.group(2)
+
+
+def _reads(loop: str) -> int:
+    return int((Path("/sys/block") / Path(loop).name / "stat").read_text().split()[0])
+
+
+@bpf
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_bench_interrupted_tears_down(tmp_path, sig):
+    long = ["--rw=randread", "--bs=4k", "--size=16M", "--time_based=1", "--runtime=60"]
+    proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "bench", "--repeat", "3", "-o", str(tmp_path / "r.json"),
+                             "--", *long], cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    loop, backing = _start_line(proc)
+    try:
+        deadline = time.monotonic() + 60
+        while _reads(loop) == 0:        # until fio is running under the tracer
+            assert time.monotonic() < deadline, "fio never read from the scratch device"
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    assert not (tmp_path / "r.json").exists()      # no result from an interrupted run
+    assert_torn_down(backing)
+
+
+@bpf
+def test_bench_failing_workload_is_one_line_and_tears_down(tmp_path):
+    r = run_iotrace(["bench", "--repeat", "2", "-o", str(tmp_path / "r.json"), "--", *TINY, "--rw=sideways"])
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr, r.stderr
+    start, last = r.stderr.splitlines()[0], r.stderr.splitlines()[-1]
+    assert last.startswith("iotrace: workload fio-args, repetition 1, failed") and "sideways" in last, r.stderr
+    assert_torn_down(re.search(r"\(backing (\S+)\)", start).group(1))
+
+
+# ---- no root needed ----------------------------------------------------------
+
+@pytest.fixture
+def not_root(monkeypatch):
+    # also a safety net: should an argument check below regress, bench stops at the root check
+    # instead of running a real suite
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+
+
+def test_bench_needs_root(not_root, capsys):
+    assert cli.main(["bench", "--repeat", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("iotrace: iotrace bench needs root") and "sudo" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(("argv", "expect"), [
+    (["--suite", "nope"], "no such suite; known suites: quick-v1"),
+    (["--suite", "quick", "--", "--rw=read"], "either --suite or your own workload"),
+    (["--fio", "x.fio", "--", "--rw=read"], "either --fio JOBFILE or fio options"),
+    (["--fio", "/nonexistent/job.fio"], "--fio /nonexistent/job.fio: No such file"),
+    (["--dev", "loop0"], "--dev is for your own workload"),
+    (["--repeat", "0"], "must be at least 1"),
+    (["--"], "nothing after '--'"),
+    (["--", "fio"], "nothing after '--'"),
+])
+def test_bench_bad_arguments(not_root, capsys, argv, expect):
+    assert cli.main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith("iotrace: ") and expect in err, err
+
+
+def test_suites_resolve_and_are_well_formed():
+    assert bench.find_suite("quick") is bench.find_suite("quick-v1") is bench.SUITES[bench.DEFAULT_SUITE]
+    for suite in bench.SUITES.values():
+        names = [w.name for w in suite.workloads]
+        assert len(set(names)) == len(names), names
+        for w in suite.workloads:
+            # the bench supplies the device and the output; a suite that set them would escape the scratch device
+            assert not any(a.startswith(("--filename", "--output", "--directory")) for a in w.fio), w
+            assert f"--name={w.name}" in w.fio and "--direct=1" in w.fio
+
+
+def test_custom_suite_version_is_the_workload():
+    a = bench.parse_args(["--", "--rw=read", "--bs=4k"])
+    b = bench.parse_args(["--", "fio", "--rw=read", "--bs=4k"])
+    c = bench.parse_args(["--", "--rw=read", "--bs=8k"])
+    assert a.suite == "custom" and a.version == b.version != c.version
+    assert a.workloads[0].fio[0] == "--name=fio-args"     # fio refuses options without a job
+
+
+# ---- the example CI workflow -------------------------------------------------
+
+WORKFLOW = ROOT / "docs" / "ci-bench.yml"
+
+
+def _workflow() -> dict:
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (Debian: python3-yaml)")
+    return yaml.safe_load(WORKFLOW.read_text())
+
+
+def _run_lines(doc: dict) -> list[str]:
+    steps = doc["jobs"]["bench"]["steps"]
+    return [ln.strip() for s in steps if "run" in s for ln in s["run"].replace("\\\n", " ").splitlines()]
+
+
+def _iotrace_argv(line: str, env: dict[str, str]) -> list[str] | None:
+    """The arguments of a workflow line that runs iotrace (under sudo or not), env variables expanded."""
+    words = shlex.split(re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), m.group(0)), line))
+    if words[:1] == ["sudo"]:
+        words = words[1:]
+        while words and words[0].startswith("-"):      # sudo's own options
+            words = words[1:]
+    return words[1:] if words and os.path.basename(words[0]) == "iotrace" else None
+
+
+def test_ci_workflow_parses_and_runs_on_a_privileged_self_hosted_runner():
+    doc = _workflow()
+    job = doc["jobs"]["bench"]
+    assert {"self-hosted", "privileged"} <= set(job["runs-on"])
+    assert doc.get("on", doc.get(True))       # YAML 1.1 reads a bare `on` key as true
+    names = [s.get("name", s.get("uses", "")) for s in job["steps"]]
+    assert any("baseline" in n.lower() for n in names)
+
+
+def test_ci_workflow_commands_exist(tmp_path, capsys, monkeypatch):
+    doc = _workflow()
+    env = doc["jobs"]["bench"]["env"]
+    lines = _run_lines(doc)
+    runs = [argv for ln in lines if (argv := _iotrace_argv(ln, env))]
+    assert sorted(argv[0] for argv in runs) == ["bench", "compare"], runs
+    assert all(argv[0] in cli.SUBCOMMANDS for argv in runs)
+    targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M)
+    made = [t for ln in lines for t in re.findall(r"^make (\w+)", ln)]
+    assert made and all(t in targets for t in made), made
+    # the exact command lines are accepted: bench's arguments parse, to the suite the baseline is named after
+    [bench_argv] = [argv[1:] for argv in runs if argv[0] == "bench"]
+    plan = bench.parse_args(bench_argv)
+    assert f"{plan.suite}-{plan.version}" == env["SUITE"] and plan.repeat >= 3
+    # and compare's, on files named as in the workflow, decides
+    [compare_argv] = [argv[1:] for argv in runs if argv[0] == "compare"]
+    monkeypatch.chdir(tmp_path)
+    from test_compare import p99s, result
+    br.write(compare_argv[0], result(p99s(100, 101, 102)))
+    br.write(compare_argv[1], result(p99s(150, 151, 152)))
+    assert cli.main(["compare", *compare_argv]) == 1
+    br.write(compare_argv[1], result(p99s(100, 102, 103)))
+    assert cli.main(["compare", *compare_argv]) == 0
+    assert "Traceback" not in capsys.readouterr().err

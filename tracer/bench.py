@@ -1,0 +1,513 @@
+"""`iotrace bench`: fio workloads run under iotrace, repeated, summarised into a result file.
+
+Owns the named, versioned suites; the scratch loop device they run on (always
+detached and its backing file removed, also on Ctrl-C, SIGTERM and errors);
+running each repetition as `python -m tracer.cli -o X.jsonl --dev LOOP -- fio
+...` in its own process group, so a failing or stuck run is isolated and can
+be stopped whole; and turning its dumps and fio's JSON into a
+tracer.benchresult.BenchResult.  `iotrace compare` (tracer/compare.py) reads
+two results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+from . import benchresult as br
+from .errors import UserError
+
+SCRATCH_MB = 256
+DEFAULT_DIR = "/dev/shm"
+DEFAULT_REPEAT = 5
+DEFAULT_OUTPUT = "bench.json"
+SRC_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    fio: tuple[str, ...]        # fio options (or a job file); the bench adds the device and the output
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    version: str
+    workloads: tuple[Workload, ...]
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}-{self.version}"
+
+
+def _job(name: str, *opts: str) -> Workload:
+    # every suite job: O_DIRECT (the page cache would hide the device), a fixed length and a fixed
+    # random sequence, so repetitions differ only by the machine's noise
+    return Workload(name, (f"--name={name}", *opts, "--direct=1", "--time_based=1", "--runtime=2",
+                           "--randrepeat=1", "--norandommap=1", "--group_reporting=1"))
+
+
+# A released suite never changes: results compare only within one suite version.  To change
+# a workload, add the next version ("quick-v2") and leave this one as it is.
+QUICK_V1 = Suite("quick", "v1", (
+    _job("randread-4k-qd1", "--rw=randread", "--bs=4k", "--ioengine=psync"),
+    _job("randread-4k-qd32", "--rw=randread", "--bs=4k", "--ioengine=libaio", "--iodepth=32"),
+    _job("seqread-1m", "--rw=read", "--bs=1M", "--ioengine=psync"),
+    _job("randwrite-4k-fsync", "--rw=randwrite", "--bs=4k", "--ioengine=psync", "--fsync=1"),
+))
+SUITES = {s.id: s for s in (QUICK_V1,)}
+DEFAULT_SUITE = QUICK_V1.id
+
+
+def find_suite(name: str) -> Suite:
+    """A suite by id ("quick-v1"), or by name alone for its newest version ("quick")."""
+    if name in SUITES:
+        return SUITES[name]
+    versions = [s for s in SUITES.values() if s.name == name]
+    if versions:
+        return max(versions, key=lambda s: int(s.version.lstrip("v")))
+    raise UserError(f"--suite {name}: no such suite; known suites: {', '.join(SUITES)}")
+
+
+def _suite_lines() -> str:
+    return "\n".join(f"  {s.id:<12} {', '.join(w.name for w in s.workloads)}; 2 s each" for s in SUITES.values())
+
+
+EPILOG = f"""\
+suites (results compare only within one suite and version):
+{_suite_lines()}
+
+The workloads run on a scratch {SCRATCH_MB} MiB loop device over a file in --dir (default
+{DEFAULT_DIR}); it is detached and the file removed afterwards, also on Ctrl-C and errors. Each
+repetition is `iotrace -o X.jsonl --dev LOOP -- fio ...`; repetitions of different workloads
+are interleaved, so drift in the machine spreads over all of them.
+
+Your own workload, instead of a suite: a fio job file (--fio) or fio options after '--'. The
+scratch device is given to fio as a global --filename (a job's own filename= wins). With
+--dev, the workload runs as given and iotrace traces that existing disk.
+
+The result (JSON) has, per workload and op, each phase's count, MB, mean and p50/p90/p99/p99.9
+in every repetition, their median and [min, max] across repetitions, fio's IOPS, and the
+environment: kernel, CPU, nproc, device, iotrace and fio versions, date.
+
+examples:
+  sudo iotrace bench -o new.json                  the default suite, {DEFAULT_REPEAT} repetitions
+  sudo iotrace bench --fio mixed.fio -o mixed.json
+  sudo iotrace bench --repeat 3 -- --rw=randread --bs=64k --size=64M
+  iotrace compare base.json new.json              the regression gate (see 'iotrace compare --help')
+"""
+
+
+@dataclass
+class Plan:
+    suite: str
+    version: str
+    workloads: list[Workload]
+    repeat: int
+    output: str
+    directory: str
+    dev: str | None
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return n
+
+
+def parse_args(argv: list[str]) -> Plan:
+    from .cli import _Parser
+
+    fio_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, fio_args = argv[:cut], argv[cut + 1:]
+        if fio_args[:1] == ["fio"]:
+            fio_args = fio_args[1:]     # `-- fio --rw=...` reads naturally; the bench runs fio itself
+        if not fio_args:
+            raise UserError("nothing after '--': give fio options, e.g. '-- --rw=randread --bs=4k --size=64M'")
+    p = _Parser(prog="iotrace bench", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+                usage="sudo iotrace bench [--suite NAME | --fio JOBFILE | -- FIO-OPTIONS...] [--repeat N] "
+                      "[-o RESULT.json]",
+                description="Run a versioned suite of fio workloads (or yours) under iotrace, each several "
+                            "times, and write the latency percentiles of every phase with their spread across "
+                            "repetitions to a JSON result for 'iotrace compare'. Needs root.")
+    p.add_argument("--suite", metavar="NAME", help=f"the suite to run (default {DEFAULT_SUITE}); a name without "
+                                                   "version means its newest version")
+    p.add_argument("--fio", metavar="JOBFILE", help="run this fio job file instead of a suite")
+    p.add_argument("--repeat", type=_count, default=DEFAULT_REPEAT, metavar="N",
+                   help=f"repetitions of each workload (default {DEFAULT_REPEAT}; 'iotrace compare' needs "
+                        "several to tell a change from noise)")
+    p.add_argument("-o", "--output", default=DEFAULT_OUTPUT, metavar="RESULT.json",
+                   help=f"where to write the result (default {DEFAULT_OUTPUT})")
+    p.add_argument("--dir", default=DEFAULT_DIR, metavar="DIR",
+                   help=f"directory for the scratch device's backing file (default {DEFAULT_DIR}, in RAM)")
+    p.add_argument("--dev", metavar="DEV",
+                   help="with --fio or '--': trace this existing disk instead of making a scratch device")
+    ns = p.parse_args(argv)
+    custom = bool(ns.fio or fio_args)
+    if ns.fio and fio_args:
+        raise UserError("give either --fio JOBFILE or fio options after '--', not both")
+    if ns.suite and custom:
+        raise UserError("give either --suite or your own workload (--fio / '--'), not both")
+    if ns.dev and not custom:
+        raise UserError("--dev is for your own workload (--fio or '--'); the suites write to their device, "
+                        "so they run only on the scratch loop device")
+    if ns.dev and ns.dir != DEFAULT_DIR:
+        raise UserError("--dir is for the scratch device; with --dev there is none")
+    if ns.fio:
+        try:
+            text = Path(ns.fio).read_bytes()
+        except OSError as exc:
+            raise UserError(f"--fio {ns.fio}: {exc.strerror}") from None
+        # a custom suite's version is its content: results of different job files never compare
+        suite, version = "custom", "sha" + hashlib.sha256(text).hexdigest()[:12]
+        workloads = [Workload(Path(ns.fio).stem, (str(Path(ns.fio).resolve()),))]
+    elif fio_args:
+        if not any(a.startswith("--name") for a in fio_args):
+            fio_args = ["--name=fio-args", *fio_args]
+        suite, version = "custom", "sha" + hashlib.sha256("\0".join(fio_args).encode()).hexdigest()[:12]
+        workloads = [Workload("fio-args", tuple(fio_args))]
+    else:
+        s = find_suite(ns.suite or DEFAULT_SUITE)
+        suite, version, workloads = s.name, s.version, list(s.workloads)
+    return Plan(suite, version, workloads, ns.repeat, ns.output, ns.dir, ns.dev)
+
+
+# ---- the device --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Device:
+    path: str           # /dev/loop3
+    name: str           # loop3
+    devno: str          # 7:3
+    info: dict          # what the result's environment says about it
+
+
+def _device(path: str, **info) -> Device:
+    from . import devices
+
+    dev = devices.resolve(path)
+    name = devices.name_of(dev)
+    return Device(f"/dev/{name}", name, devices.devno(dev), {"name": name, **info})
+
+
+def _fs_type(directory: str) -> str:
+    """The filesystem type holding `directory` (longest mount point that contains it)."""
+    best, fstype = "", "?"
+    real = os.path.realpath(directory)
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                parts = line.split()
+                mnt = parts[1].replace("\\040", " ")
+                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                    best, fstype = mnt, parts[2]
+    except OSError:
+        pass
+    return fstype
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM (they arrive afterwards) so a second Ctrl-C cannot cut a teardown short."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@contextmanager
+def scratch_loop(directory: str, size_mb: int = SCRATCH_MB) -> Iterator[Device]:
+    """A loop device over a freshly written file in `directory`; detached and removed on exit."""
+    try:
+        fd, backing = tempfile.mkstemp(prefix="iotrace-bench-", suffix=".img", dir=directory)
+    except OSError as exc:
+        raise UserError(f"--dir {directory}: cannot create the scratch device's file: {exc.strerror}") from None
+    path = None
+    try:
+        try:
+            # written, not sparse: reads of holes and of data cost differently, and the
+            # write workloads would turn one into the other between repetitions
+            with os.fdopen(fd, "wb") as f:
+                chunk = b"\xa5" * (1 << 20)
+                for _ in range(size_mb):
+                    f.write(chunk)
+        except OSError as exc:
+            raise UserError(f"--dir {directory}: cannot write {size_mb} MiB: {exc.strerror}") from None
+        with _signals_held():       # attached means recorded, so the finally below detaches it
+            r = subprocess.run(["losetup", "--find", "--show", "--direct-io=off", backing],
+                               capture_output=True, text=True)
+            path = r.stdout.strip() if r.returncode == 0 else None
+        if not path:
+            raise UserError(f"losetup could not attach a loop device: {r.stderr.strip() or r.returncode}")
+        yield _device(path, kind="loop", backing=backing, backing_fs=_fs_type(directory), size_mb=size_mb)
+    finally:
+        with _signals_held():
+            if path:
+                subprocess.run(["losetup", "-d", path], capture_output=True)
+            try:
+                os.unlink(backing)
+            except OSError:
+                pass
+
+
+# ---- one repetition ----------------------------------------------------------
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # under sudo the tracer runs its command as the invoking user, who may not open the
+    # scratch device; the bench's fio must stay root
+    for k in ("SUDO_UID", "SUDO_GID", "SUDO_USER", "SUDO_COMMAND"):
+        env.pop(k, None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC_ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a run's whole process group: SIGTERM (iotrace passes it to fio and still exits in order), then KILL."""
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _run(cmd: list[str]) -> tuple[int, str]:
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=_child_env(), start_new_session=True)
+    try:
+        _, err = proc.communicate()
+    except BaseException:
+        # Ctrl-C, SIGTERM or anything else: nothing may keep the device open when it is detached
+        _stop(proc)
+        raise
+    return proc.returncode, err
+
+
+def _why(stderr: str) -> str:
+    """The run's last error line: fio's, or iotrace's without its prefix (ours is added once)."""
+    lines = [ln.strip().removeprefix("iotrace: ") for ln in stderr.splitlines()
+             if ln.strip() and not ln.startswith(("iotrace: tracing", "iotrace: markers"))]
+    return lines[-1] if lines else "no message"
+
+
+def fio_iops(path: Path) -> dict[str, float]:
+    """fio's IOPS per iotrace op, summed over the jobs of its JSON output."""
+    text = path.read_text()
+    obj = json.loads(text[text.index("{"):])      # fio may put a warning line before the JSON
+    out: dict[str, float] = {}
+    for job in obj["jobs"]:
+        for section, op in (("read", "read"), ("write", "write"), ("trim", "discard")):
+            st = job.get(section, {})
+            if st.get("total_ios"):
+                out[op] = out.get(op, 0.0) + float(st["iops"])
+    return out
+
+
+def rep_from(dumps_path: Path, fio_path: Path | None, dev: Device) -> br.Rep:
+    """One repetition's record: iotrace's dumps merged per op on the device, with fio's IOPS."""
+    from . import dump as dumpmod
+
+    dumps = list(dumpmod.read(str(dumps_path)))
+    if not dumps:
+        raise UserError(f"iotrace wrote no dump to {dumps_path}")
+    merged = dumpmod.merge_dumps(dumps)
+    # one row per op: every process of the workload together
+    rows = dumpmod.merge_series(replace(s, pid=0, tgid=0) for s in merged.series if s.devno == dev.devno)
+    iops = {}
+    if fio_path is not None:
+        try:
+            iops = fio_iops(fio_path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"cannot read fio's JSON output {fio_path}: {exc}") from None
+    ops = {s.op: br.OpRun(s.count, s.bytes / 1e6, iops.get(s.op),
+                          {ph: st.summary_us() for ph, st in s.phases.items() if st.count})
+           for s in rows}
+    return br.Rep(ops, {k: v for k, v in merged.dropped.items() if v})
+
+
+def run_rep(w: Workload, dev: Device, scratch: bool, workdir: Path, n: int) -> br.Rep:
+    """Repetition `n` (from 1) of a workload, traced; its files go to `workdir`."""
+    dumps_path, fio_path = workdir / f"{w.name}.{n}.jsonl", workdir / f"{w.name}.{n}.fio.json"
+    fio = ["fio", *([f"--filename={dev.path}"] if scratch else []), *w.fio,
+           "--output-format=json", f"--output={fio_path}"]
+    rc, err = _run([sys.executable, "-m", "tracer.cli", "-o", str(dumps_path), "--dev", dev.name, "--", *fio])
+    if rc != 0:
+        raise UserError(f"workload {w.name}, repetition {n}, failed (exit {rc}): {_why(err)}")
+    rep = rep_from(dumps_path, fio_path, dev)
+    if not rep.ops:
+        raise UserError(f"workload {w.name} did no I/O on {dev.name}"
+                        + ("; leave filename= to the bench" if scratch else "; does it use that disk?"))
+    return rep
+
+
+# ---- the run -----------------------------------------------------------------
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _quiet(cmd: list[str]) -> str | None:
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 and r.stdout.strip() else None
+
+
+def environment(dev: Device) -> dict:
+    try:
+        version = importlib.metadata.version("iotrace")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    # safe.directory: as root, git refuses to read a checkout owned by another user
+    commit = _quiet(["git", "-c", f"safe.directory={SRC_ROOT}", "-C", str(SRC_ROOT), "describe", "--always",
+                     "--dirty"])
+    return {"kernel": platform.release(), "cpu": _cpu_model(), "nproc": os.cpu_count(), "host": socket.gethostname(),
+            "device": dev.info, "iotrace": version, "commit": commit, "fio": _quiet(["fio", "--version"]),
+            "python": platform.python_version(), "date": datetime.now(UTC).isoformat(timespec="seconds")}
+
+
+def _describe(rep: br.Rep) -> str:
+    from .report import fmt_latency
+
+    parts = []
+    for op, o in rep.ops.items():
+        total = o.latency_us.get("total", {})
+        iops = f" {o.iops:.0f} IOPS" if o.iops else ""
+        parts.append(f"{op} {o.count}{iops} p50 {fmt_latency(total.get('p50'))} p99 {fmt_latency(total.get('p99'))}")
+    return "; ".join(parts)
+
+
+def run_plan(plan: Plan, dev: Device, scratch: bool, workdir: Path, progress: TextIO) -> list[br.WorkloadResult]:
+    reps: dict[str, list[br.Rep]] = {w.name: [] for w in plan.workloads}
+    total, done = plan.repeat * len(plan.workloads), 0
+    # round-robin, not one workload at a time: slow drift in the machine then spreads over every
+    # workload's repetitions instead of shifting one workload against the others
+    for i in range(plan.repeat):
+        for w in plan.workloads:
+            done += 1
+            rep = run_rep(w, dev, scratch, workdir, i + 1)
+            reps[w.name].append(rep)
+            print(f"bench: {done}/{total} {w.name} #{i + 1}: {_describe(rep)}", file=progress, flush=True)
+    return [br.WorkloadResult(w.name, list(w.fio), reps[w.name]) for w in plan.workloads]
+
+
+def render(result: br.BenchResult, out: TextIO) -> None:
+    """The medians of a result, one row per workload and op, with p99's range across repetitions."""
+    from .report import fmt_latency
+
+    head = f"{'WORKLOAD':<22} {'OP':<7} {'COUNT':>8} {'IOPS':>9} {'p50':>7} {'p90':>7} {'p99':>7} " \
+           f"{'p99 range':>17} {'p99.9':>7} {'Q:p50':>7} {'D:p50':>7}"
+    print(f"suite {result.suite_id}, {result.repeat} repetition(s); total latency, medians across repetitions",
+          file=out)
+    print(head, file=out)
+
+    def med(w: br.WorkloadResult, op: str, metric: str, phase: str = "total") -> str:
+        s = w.spread(op, metric, phase)
+        return fmt_latency(s.median) if s else "-"
+
+    for w in result.workloads:
+        for op in w.ops():
+            count = w.spread(op, "count")
+            iops = w.spread(op, br.IOPS)
+            p99 = w.spread(op, "p99")
+            rng = f"{fmt_latency(p99.min)}..{fmt_latency(p99.max)}" if p99 else "-"
+            print(f"{w.name:<22} {op:<7} {count.median if count else 0:>8.0f} "
+                  f"{f'{iops.median:.0f}' if iops else '-':>9} {med(w, op, 'p50'):>7} {med(w, op, 'p90'):>7} "
+                  f"{med(w, op, 'p99'):>7} {rng:>17} {med(w, op, 'p99.9'):>7} {med(w, op, 'p50', 'queue'):>7} "
+                  f"{med(w, op, 'p50', 'device'):>7}", file=out)
+
+
+def _preflight(plan: Plan) -> None:
+    if os.geteuid() != 0:
+        raise UserError("iotrace bench needs root (it loads BPF programs and sets up a loop device): "
+                        "run 'sudo iotrace bench ...'")
+    for tool in ("fio", "losetup"):
+        if shutil.which(tool) is None:
+            raise UserError(f"{tool} is not installed: run 'make setup' (or apt-get install fio util-linux)")
+    parent = os.path.dirname(os.path.abspath(plan.output))
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"cannot write {plan.output}: {parent} is not a writable directory")
+
+
+@contextmanager
+def _term_as_interrupt() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so the device is torn down either way."""
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _announce(plan: Plan, dev: Device) -> None:
+    where = f" (backing {dev.info['backing']})" if "backing" in dev.info else ""
+    print(f"bench: {plan.suite}-{plan.version} on {dev.path}{where}, {plan.repeat} repetition(s)",
+          file=sys.stderr, flush=True)
+
+
+def main(argv: list[str], out: TextIO = sys.stdout) -> int:
+    from .cli import _invoking_user
+
+    plan = parse_args(argv)
+    _preflight(plan)
+    with _term_as_interrupt(), tempfile.TemporaryDirectory(prefix="iotrace-bench-") as tmp:
+        if plan.dev:
+            dev = _device(plan.dev, kind="given")
+            _announce(plan, dev)
+            workloads = run_plan(plan, dev, False, Path(tmp), sys.stderr)
+        else:
+            with scratch_loop(plan.directory) as dev:
+                _announce(plan, dev)
+                workloads = run_plan(plan, dev, True, Path(tmp), sys.stderr)
+    result = br.BenchResult(plan.suite, plan.version, workloads, environment(dev), plan.repeat)
+    br.write(plan.output, result)
+    user = _invoking_user()
+    if user:
+        try:
+            os.chown(plan.output, user.pw_uid, user.pw_gid)
+        except OSError:
+            pass
+    render(result, out)
+    print(f"bench: wrote {plan.output}", file=sys.stderr)
+    return 0

@@ -1,0 +1,241 @@
+"""`iotrace compare`: two `iotrace bench` results side by side, and the regression gate's decision.
+
+Owns the decision rule (judge), the thresholds' syntax and the table.  A
+change fails the gate only when it is larger than its threshold AND the two
+runs' ranges across repetitions do not overlap, so run-to-run noise alone can
+never fail a build.  Exit 0: no regression; 1: a regression; 2: bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import TextIO
+
+from . import benchresult as br
+from .benchresult import IOPS, LATENCY_METRICS, PHASES, BenchResult, Spread
+from .errors import UserError
+
+DEFAULT_LIMITS = {"p50": 0.10, "p99": 0.10}
+DEFAULT_PHASE = "total"
+METRICS = (*LATENCY_METRICS, IOPS)
+SHOWN_PHASES = ("total", "queue", "device")
+
+REGRESSION = "REGRESSION"
+IMPROVED = "improved"
+NOISE = "within noise"
+OK = "ok"
+
+EPILOG = f"""\
+the rule (per workload, op, phase and metric; latencies: higher is worse, iops: lower is worse):
+  change = (new median - base median) / base median
+  REGRESSION    change is worse than the threshold AND every new repetition is worse than
+                every base repetition (the [min, max] ranges do not overlap)
+  within noise  change beyond the threshold, but the ranges overlap: not a failure
+  improved      change better than the threshold and the ranges do not overlap: reported only
+  ok            change within the threshold
+Only rows of the gated phases (--phase, default {DEFAULT_PHASE}) can fail; the others are shown
+for diagnosis. If nothing changed, the chance that all N new repetitions land above all N
+base ones is 1 in C(2N, N): 1/20 for N=3, 1/252 for N=5. With one repetition there is no
+range, and only the thresholds apply: run 'iotrace bench --repeat 5'.
+
+thresholds: --max-regress METRIC=PERCENT (repeatable), METRIC one of {', '.join(METRICS)}.
+Giving any replaces the defaults ({', '.join(f'{m}={v:.0%}' for m, v in DEFAULT_LIMITS.items())});
+only the metrics given are compared.
+
+exit status: 0 no regression, 1 a regression, 2 bad input (unreadable file, not a bench result,
+different suites, no workload in common, bad option).
+
+examples:
+  iotrace compare base.json new.json
+  iotrace compare base.json new.json --max-regress p99=15% --max-regress p50=5% --max-regress iops=5%
+  iotrace compare base.json new.json --phase device          gate on the device's share only
+"""
+
+
+def parse_limit(text: str) -> tuple[str, float]:
+    """'p99=10%' -> ('p99', 0.10)."""
+    metric, sep, value = text.partition("=")
+    metric = metric.strip()
+    if not sep or metric not in METRICS:
+        raise argparse.ArgumentTypeError(f"{text!r}: want METRIC=PERCENT with METRIC one of {', '.join(METRICS)}, "
+                                         f"e.g. p99=10%")
+    try:
+        pct = float(value.strip().removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {value!r} is not a percentage, e.g. {metric}=10%") from None
+    if not pct >= 0:     # also rejects nan
+        raise argparse.ArgumentTypeError(f"{text!r}: the percentage must be 0 or more")
+    return metric, pct / 100
+
+
+def judge(metric: str, base: Spread, new: Spread, limit: float) -> str:
+    """The verdict on one metric: REGRESSION, IMPROVED, NOISE or OK (see EPILOG)."""
+    if base.median == 0:
+        # no relative change can be computed; a move off zero is within a histogram bucket anyway
+        return OK
+    change = (new.median - base.median) / base.median
+    higher_is_worse = metric != IOPS
+    worse = change if higher_is_worse else -change
+    new_above = new.min > base.max
+    new_below = new.max < base.min
+    if worse > limit:
+        return REGRESSION if (new_above if higher_is_worse else new_below) else NOISE
+    if -worse > limit:
+        return IMPROVED if (new_below if higher_is_worse else new_above) else NOISE
+    return OK
+
+
+@dataclass(frozen=True)
+class Row:
+    workload: str
+    op: str
+    phase: str          # "-" for iops, which has none
+    metric: str
+    base: Spread
+    new: Spread
+    limit: float
+    gated: bool
+
+    @property
+    def change(self) -> float | None:
+        return (self.new.median - self.base.median) / self.base.median if self.base.median else None
+
+    @property
+    def verdict(self) -> str:
+        return judge(self.metric, self.base, self.new, self.limit)
+
+    @property
+    def fails(self) -> bool:
+        return self.gated and self.verdict == REGRESSION
+
+
+@dataclass
+class Comparison:
+    rows: list[Row]
+    notes: list[str]
+
+    @property
+    def regressions(self) -> list[Row]:
+        return [r for r in self.rows if r.fails]
+
+
+def _env_differences(base: BenchResult, new: BenchResult) -> list[str]:
+    def flat(env: dict) -> dict:
+        dev = env.get("device") or {}
+        return {"host": env.get("host"), "kernel": env.get("kernel"), "cpu": env.get("cpu"), "nproc": env.get("nproc"),
+                "fio": env.get("fio"), "device": (dev.get("kind"), dev.get("backing_fs"), dev.get("size_mb"))}
+
+    a, b = flat(base.env), flat(new.env)
+    return [f"{k} ({a[k]} vs {b[k]})" for k in a if a[k] != b[k]]
+
+
+def compare(base: BenchResult, new: BenchResult, limits: dict[str, float], phases: set[str]) -> Comparison:
+    """Rows for every workload, op, phase and limited metric that both results have."""
+    if base.suite_id != new.suite_id:
+        raise UserError(f"the results are of different suites ({base.suite_id} and {new.suite_id}) and do not "
+                        f"compare: run the baseline with the same suite")
+    notes = []
+    names = [w.name for w in base.workloads if new.workload(w.name)]
+    if not names:
+        raise UserError(f"no workload in common: base has {', '.join(w.name for w in base.workloads) or 'none'}, "
+                        f"new has {', '.join(w.name for w in new.workloads) or 'none'}")
+    for side, res, other in (("base", base, new), ("new", new, base)):
+        only = [w.name for w in res.workloads if not other.workload(w.name)]
+        if only:
+            notes.append(f"only in {side}: {', '.join(only)}")
+    if diff := _env_differences(base, new):
+        notes.append(f"the runs' environments differ: {'; '.join(diff)}")
+    if min(base.repeat, new.repeat) < 2:
+        notes.append("a result has one repetition, so no spread: only the thresholds apply")
+    rows = []
+    for name in names:
+        bw, nw = base.workload(name), new.workload(name)
+        if bw.fio != nw.fio:
+            notes.append(f"{name}: the fio options differ between the runs")
+        for op in [op for op in bw.ops() if op in nw.ops()]:
+            # total first: the phase gated by default, then its parts
+            for phase in sorted(set(bw.phases(op)) & set(nw.phases(op)), key=SHOWN_PHASES.index):
+                for metric, limit in limits.items():
+                    b, n = bw.spread(op, metric, phase), nw.spread(op, metric, phase)
+                    if metric != IOPS and b and n:
+                        rows.append(Row(name, op, phase, metric, b, n, limit, phase in phases))
+            b, n = bw.spread(op, IOPS), nw.spread(op, IOPS)
+            if IOPS in limits and b and n:
+                rows.append(Row(name, op, "-", IOPS, b, n, limits[IOPS], True))
+    return Comparison(rows, notes)
+
+
+# ---- the table ---------------------------------------------------------------
+
+def _fmt(metric: str, v: float) -> str:
+    from .report import fmt_latency
+
+    if metric != IOPS:
+        return fmt_latency(v)
+    return f"{v / 1e3:.1f}k" if v >= 1e4 else f"{v:.0f}"
+
+
+def _cell(metric: str, s: Spread) -> str:
+    return f"{_fmt(metric, s.median)} [{_fmt(metric, s.min)}..{_fmt(metric, s.max)}]"
+
+
+def _shown_verdict(r: Row) -> str:
+    v = r.verdict
+    if v == REGRESSION:
+        return f"REGRESSION > {r.limit:.0%}" if r.gated else "worse (not gated)"
+    return v
+
+
+def _describe(path: str, r: BenchResult) -> str:
+    env = r.env
+    bits = [r.suite_id, f"{r.repeat} rep(s)", env.get("date"), env.get("host"), env.get("kernel"), env.get("commit")]
+    return f"{path}: " + ", ".join(str(b) for b in bits if b)
+
+
+def render(c: Comparison, base_desc: str, new_desc: str, out: TextIO) -> None:
+    print(f"base {base_desc}", file=out)
+    print(f"new  {new_desc}", file=out)
+    for n in c.notes:
+        print(f"note: {n}", file=out)
+    print("medians [min..max] across repetitions", file=out)
+    w = max([len("WORKLOAD"), *(len(r.workload) for r in c.rows)])
+    print(f"{'WORKLOAD':<{w}}  {'OP':<7} {'PHASE':<6} {'METRIC':<6} {'BASE':>24} {'NEW':>24} {'CHANGE':>8}  VERDICT",
+          file=out)
+    for r in c.rows:
+        change = f"{r.change:+.1%}" if r.change is not None else "n/a"
+        print(f"{r.workload:<{w}}  {r.op:<7} {r.phase:<6} {r.metric:<6} {_cell(r.metric, r.base):>24} "
+              f"{_cell(r.metric, r.new):>24} {change:>8}  {_shown_verdict(r)}", file=out)
+
+
+def main(argv: list[str], out: TextIO = sys.stdout) -> int:
+    from .cli import _Parser
+
+    p = _Parser(prog="iotrace compare", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+                description="Compare two 'iotrace bench' results workload by workload, and fail (exit 1) on a "
+                            "regression larger than both its threshold and the run-to-run spread.")
+    p.add_argument("base", metavar="BASE.json", help="the baseline result")
+    p.add_argument("new", metavar="NEW.json", help="the result to judge")
+    p.add_argument("--max-regress", type=parse_limit, action="append", metavar="METRIC=PERCENT",
+                   help="largest allowed change for the worse, e.g. p99=10%% (repeatable; default "
+                        f"{' '.join(f'{m}={v * 100:g}%%' for m, v in DEFAULT_LIMITS.items())})")
+    p.add_argument("--phase", action="append", choices=(*PHASES, "all"),
+                   help=f"phase whose latency is gated (repeatable; default {DEFAULT_PHASE})")
+    ns = p.parse_args(argv)
+    limits = dict(ns.max_regress) if ns.max_regress else dict(DEFAULT_LIMITS)
+    phases = set(PHASES) if ns.phase and "all" in ns.phase else set(ns.phase or [DEFAULT_PHASE])
+    base, new = br.read(ns.base), br.read(ns.new)
+    c = compare(base, new, limits, phases)
+    render(c, _describe(ns.base, base), _describe(ns.new, new), out)
+    regs = c.regressions
+    gated = sum(r.gated for r in c.rows)
+    if regs:
+        listed = ", ".join(f"{r.workload} {r.op} {r.phase} {r.metric} {r.change:+.1%}" for r in regs)
+        print(f"FAIL: {len(regs)} regression(s) beyond both the threshold and the run-to-run spread: {listed}",
+              file=out)
+        return 1
+    improved = sum(r.gated and r.verdict == IMPROVED for r in c.rows)
+    noisy = sum(r.gated and r.verdict == NOISE for r in c.rows)
+    print(f"OK: no regression in {gated} gated comparison(s) ({improved} improved, {noisy} within noise)", file=out)
+    return 0
