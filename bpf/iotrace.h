@@ -45,7 +45,7 @@
 #endif
 #define IOTRACE_HIST_CELL_PROBES 4	/* open-addressing window of the cells */
 #ifndef IOTRACE_HIST_ENTRIES
-#define IOTRACE_HIST_ENTRIES 262144	/* (tunable) buckets that found no cell, per interval */
+#define IOTRACE_HIST_ENTRIES 65536	/* (tunable) buckets that found no cell, per interval */
 #endif
 #ifndef IOTRACE_SERIES_ENTRIES
 #define IOTRACE_SERIES_ENTRIES 16384	/* (tunable) (pid, dev, op) per interval */

@@ -428,6 +428,10 @@ def test_command_markers_make_one_dump_per_epoch(loop, tmp_path):
         assert_count(sum(s["count"] for s in rows), want, [d])
         assert sum(s["bytes"] for s in rows) == 4096 * sum(s["count"] for s in rows)
     assert_count(sum(s["count"] for d in dumps for s in series_of(d, device=loop.name)), sum(blocks) + tail, dumps)
+    # one process across dumps: each dump's histograms hold its own requests, none carried over
+    for d in dumps:
+        for s in d["series"]:
+            assert s["latency_us"]["total"]["count"] == s["count"], (d["label"], s["latency_us"]["total"], s["count"])
     # each marker's table is printed as it comes, before the end of the run
     assert r.stdout.index("marker 'epoch 1'") < r.stdout.index("marker 'epoch 3'") < r.stdout.index("final")
     path = _control_path(r.stderr)

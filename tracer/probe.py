@@ -188,11 +188,14 @@ def check_privileges() -> None:
     raise UserError("tracing needs root (or CAP_BPF and CAP_PERFMON): run it with sudo")
 
 
-def _batch_drain(table, key_dtype: np.dtype, val_dtype: np.dtype, ncpu: int, lib) -> tuple[np.ndarray, np.ndarray]:
-    """Look up and delete every element of a per-CPU hash in a few syscalls."""
-    cap = table.max_entries
-    keys = np.zeros(cap, dtype=key_dtype)
-    vals = np.zeros((cap, ncpu), dtype=val_dtype)
+def _batch_drain(table, keys: np.ndarray, vals: np.ndarray, lib) -> tuple[np.ndarray, np.ndarray]:
+    """Look up and delete every element of a per-CPU hash in a few syscalls.
+
+    `keys` (cap,) and `vals` (cap, ncpu) are reused buffers; copies of the
+    drained part are returned.
+    """
+    cap, ncpu = vals.shape
+    key_dtype, val_dtype = keys.dtype, vals.dtype
     count = ct.c_uint32(0)
     token = ct.c_uint32(0)
     total = 0
@@ -214,7 +217,7 @@ def _batch_drain(table, key_dtype: np.dtype, val_dtype: np.dtype, ncpu: int, lib
             raise OSError(err, f"draining BPF map {table.name!r}: {os.strerror(err)}")
         if count.value == 0:
             break
-    return keys[:total], vals[:total]
+    return keys[:total].copy(), vals[:total].copy()
 
 
 def _return_compiler_heap() -> None:
@@ -230,14 +233,14 @@ def _return_compiler_heap() -> None:
         pass    # not glibc: nothing to trim
 
 
-def _drain_cells(table, cell_dtype: np.dtype, ncpu: int, lib) -> tuple[np.ndarray, np.ndarray]:
+def _drain_cells(table, idx: np.ndarray, cells: np.ndarray, lib) -> tuple[np.ndarray, np.ndarray]:
     """Read every CPU's histogram cells, zero the populated ones, return (keys, counts).
 
-    A key may come back once per CPU; the aggregator sums repeats.
+    A key may come back once per CPU; the aggregator sums repeats.  `idx`
+    (cap,) uint32 and `cells` (cap, ncpu) are reused buffers.
     """
-    cap = table.max_entries
-    idx = np.zeros(cap, dtype=np.uint32)
-    cells = np.zeros((cap, ncpu), dtype=cell_dtype)
+    cap, ncpu = cells.shape
+    cell_dtype = cells.dtype
     count = ct.c_uint32(cap)
     token = ct.c_uint32(0)
     res = lib.bpf_lookup_batch(table.map_fd, None, ct.byref(token), ct.c_void_p(idx.ctypes.data),
@@ -315,9 +318,18 @@ class Probe:
         hist = self.bpf["hist0"]
         series = self.bpf["series0"]
         self._hist_key = np.dtype(hist.Key)
-        self._hist_cell = np.dtype(self.bpf["cells0"].Leaf)
+        self._hist_cell = np.dtype(self.bpf["cells0"].sLeaf)   # one CPU's cell
         self._series_key = np.dtype(series.Key)
         self._series_val = np.dtype(series.sLeaf)
+        # drain buffers, made once: fresh ones every interval would ratchet malloc's heap up
+        self._buffers = {
+            "series": (np.zeros(series.max_entries, self._series_key),
+                       np.zeros((series.max_entries, self.ncpu), self._series_val)),
+            "cells": (np.zeros(self.bpf["cells0"].max_entries, np.uint32),
+                      np.zeros((self.bpf["cells0"].max_entries, self.ncpu), self._hist_cell)),
+            "hist": (np.zeros(hist.max_entries, self._hist_key),
+                     np.zeros((hist.max_entries, self.ncpu), np.uint64)),
+        }
         self._config = self.bpf["config"]
         for pid in opts.pids:
             self.add_pid(pid)
@@ -360,9 +372,9 @@ class Probe:
         self._config[ct.c_int(0)] = cfg
         end = time.monotonic_ns()
         time.sleep(GENERATION_GRACE_S)
-        skeys, svals = _batch_drain(self.bpf[f"series{old}"], self._series_key, self._series_val, self.ncpu, self._lib)
-        ckeys, ccounts = _drain_cells(self.bpf[f"cells{old}"], self._hist_cell, self.ncpu, self._lib)
-        hkeys, hvals = _batch_drain(self.bpf[f"hist{old}"], self._hist_key, np.dtype(np.uint64), self.ncpu, self._lib)
+        skeys, svals = _batch_drain(self.bpf[f"series{old}"], *self._buffers["series"], self._lib)
+        ckeys, ccounts = _drain_cells(self.bpf[f"cells{old}"], *self._buffers["cells"], self._lib)
+        hkeys, hvals = _batch_drain(self.bpf[f"hist{old}"], *self._buffers["hist"], self._lib)
         totals = self.reason_totals()
         delta = totals - self._reasons_seen
         self._reasons_seen = totals
