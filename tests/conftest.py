@@ -113,7 +113,7 @@ def series_of(dump: dict, comm: str | None = None, device: str | None = None, op
 
 
 def skipped_by_kernel(dumps: list[dict]) -> int:
-    """Completions the kernel skipped (see probe.skipped_completions), summed over dumps."""
+    """Requests the kernel skipped (see probe.Probe.skipped_requests), summed over dumps."""
     return sum(d["dropped"].get("recursion", 0) for d in dumps)
 
 
