@@ -43,6 +43,8 @@ class PhaseStats:
     sum_ns: float = 0.0
     min_ns: int = 0
     max_ns: int = 0
+    # summary_us(), once computed: reports and the JSON line both ask for it
+    _summary: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def count(self) -> int:
@@ -59,8 +61,11 @@ class PhaseStats:
     def summary_us(self, pct=None) -> dict[str, float]:
         """min / mean / percentiles / max in microseconds; percentiles held within [min, max].
 
-        `pct`: this histogram's PERCENTILES, when the caller computed many at once.
+        `pct`: this histogram's PERCENTILES, when the caller computed many at
+        once (see summarize).  The result is kept: a PhaseStats never changes.
         """
+        if self._summary is not None:
+            return self._summary
         n = self.count
         if not n:
             return {"count": 0}
@@ -71,6 +76,7 @@ class PhaseStats:
         for key, v in zip(PCT_KEYS, pct.tolist(), strict=True):
             out[key] = round(min(max(v, lo), hi) / 1e3, 3)
         out["max"] = round(hi / 1e3, 3)
+        self._summary = out
         return out
 
 
@@ -172,6 +178,13 @@ def duration_of(d: Dump) -> float:
 
 # ---- JSON --------------------------------------------------------------------
 
+def summarize(series: Iterable[Series]) -> None:
+    """Compute every phase's summary_us at once: per-histogram numpy calls would dominate a big dump."""
+    todo = [st for s in series for st in s.phases.values() if st._summary is None and st.count]
+    for st, pct in zip(todo, Histogram.percentiles_many([st.hist for st in todo], PERCENTILES), strict=True):
+        st.summary_us(pct)
+
+
 def to_json(d: Dump) -> dict:
     obj = {
         "schema": SCHEMA, "kind": d.kind, "label": d.label,
@@ -180,12 +193,11 @@ def to_json(d: Dump) -> dict:
     }
     obj.update({k: v for k, v in d.extra.items() if k != "duration_s"})
     # every histogram of the dump at once: per-histogram numpy calls would dominate
-    phases = [st for s in d.series for st in s.phases.values()]
-    pcts = iter(Histogram.percentiles_many([st.hist for st in phases], PERCENTILES))
-    hdrs = iter(Histogram.to_hdr_many(st.hist for st in phases if st.count))
+    summarize(d.series)
+    hdrs = iter(Histogram.to_hdr_many(st.hist for s in d.series for st in s.phases.values() if st.count))
     obj["series"] = []
     for s in d.series:
-        summaries = {name: st.summary_us(next(pcts)) for name, st in s.phases.items()}
+        summaries = {name: st.summary_us() for name, st in s.phases.items()}
         obj["series"].append({
             "pid": s.pid, "tgid": s.tgid, "comm": s.comm, "device": s.device, "devno": s.devno, "op": s.op,
             "cgroup_id": s.cgroup_id, "count": s.count, "bytes": s.bytes, "latency_us": summaries,

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TextIO
 
-from .dump import PCT_KEYS, Dump, Series, duration_of, merge_dumps
+from .dump import PCT_KEYS, Dump, Series, duration_of, merge_dumps, summarize
 
 BAR_WIDTH = 40
 
@@ -72,6 +72,7 @@ def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = N
     if not d.series:
         out.write("  no block I/O completed\n")
     else:
+        summarize(d.series)
         out.write(_row([name for name, _ in COLUMNS]) + "\n")
         for s in sorted(d.series, key=lambda s: (-s.count, s.pid, s.device, s.op)):
             out.write(_row(series_row(s, seconds)) + "\n")
