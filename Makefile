@@ -1,5 +1,5 @@
 # iotrace developer entry points; `make test` and `make demo` set the machine up first.
-.PHONY: setup setup-tf test lint demo clean
+.PHONY: setup setup-tf test lint demo bench clean
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
@@ -25,6 +25,14 @@ lint:
 # Run the demo.
 demo: setup
 	$(AS_ROOT) $(PY) scripts/demo.py
+
+# Overhead vs no tracer, bpftrace and blktrace (fio on a RAM-backed loop device, interleaved
+# runs), the cost of a 100k-bucket dump, and a short soak run; results also in bench-*.json.
+bench:
+	@bash scripts/setup.sh --bench
+	$(AS_ROOT) $(PY) scripts/bench_overhead.py --json bench-overhead.json
+	$(AS_ROOT) $(PY) scripts/bench_frontend.py --json bench-frontend.json
+	$(AS_ROOT) $(PY) scripts/soak.py --seconds 60 --json bench-soak.json
 
 # Remove the venv and every cache.
 clean:

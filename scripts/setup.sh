@@ -13,6 +13,8 @@ VENV=$REPO/.venv
 STAMP=$VENV/.iotrace-installed      # sha256 of the pyproject.toml pip last installed
 LINK=/usr/local/bin/iotrace
 APT_PACKAGES=(python3-bpfcc bpfcc-tools fio)
+# `setup.sh --bench`: also the peers the overhead bench runs iotrace against
+if [[ ${1:-} == --bench ]]; then APT_PACKAGES+=(bpftrace blktrace); fi
 RELEASE=$(uname -r)
 MODDIR=/lib/modules/$RELEASE
 export DEBIAN_FRONTEND=noninteractive PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
