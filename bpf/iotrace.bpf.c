@@ -35,6 +35,8 @@
 
 /* [0] -> struct iotrace_config, written by user space */
 BPF_ARRAY(config, struct iotrace_config, 1);
+/* slot index -> u64 tag: odd fingerprint of the slot's (dev, sector), 0 when free */
+BPF_ARRAY(tags, u64, IOTRACE_INFLIGHT_SLOTS);
 /* slot index -> struct iotrace_slot: requests between start and completion */
 BPF_ARRAY(inflight, struct iotrace_slot, IOTRACE_INFLIGHT_SLOTS);
 /* cell index -> struct iotrace_hist_cell, per CPU, generation 0 / 1: the fast path */
@@ -95,73 +97,127 @@ static __always_inline u32 rwbs_op(const char *rwbs, u32 bytes)
 
 /* ---- the in-flight table ------------------------------------------------ */
 
-static __always_inline u32 slot_hash(u32 dev, u64 sector)
+/*
+ * A request's slot is found through its tag: a 64-bit fingerprint of
+ * (dev, sector), odd so that 0 means free.  Its probe window is the 8
+ * tags of one aligned group, a single cache line, so a lookup reads one
+ * line of tags and then only the slot that matches, not 8 slots.
+ */
+struct slot_ref {
+	struct iotrace_slot *s;
+	u64 *tag;
+};
+
+static __always_inline u64 key_hash(u32 dev, u64 sector)
 {
-	return ((sector ^ ((u64)dev << 40)) * IOTRACE_HASH_MUL) >> 32;
+	u64 x = (sector * IOTRACE_HASH_MUL) ^ dev;
+
+	x ^= x >> 29;
+	x *= IOTRACE_HASH_MUL;
+	return x ^ (x >> 32);
+}
+
+static __always_inline u32 group_of(u64 h)
+{
+	return (u32)(h >> 32) & (IOTRACE_INFLIGHT_SLOTS - 1) & ~(IOTRACE_INFLIGHT_PROBES - 1);
+}
+
+static __always_inline bool ref_at(u32 idx, struct slot_ref *r)
+{
+	r->tag = tags.lookup(&idx);
+	r->s = inflight.lookup(&idx);
+	return r->tag && r->s;
+}
+
+static __always_inline void slot_release(struct slot_ref *r)
+{
+	/* a full barrier: the slot's fields are dead once its tag is 0 */
+	__sync_lock_test_and_set(r->tag, 0);
 }
 
 /*
- * A free slot near hash(dev, sector), owned by the caller, or NULL.  A busy
- * slot older than IOTRACE_STALE_NS is taken too: its completion was skipped
- * by the kernel (and counted as such), or will never be matched.
+ * Take a free slot in the group of (dev, sector), or else a stale one (busy
+ * for over IOTRACE_STALE_NS: its completion was skipped by the kernel, and
+ * counted as such, or will never come).  Returns false when the group is full.
  */
-static __always_inline struct iotrace_slot *slot_claim(u32 dev, u64 sector, u64 now)
+static __always_inline bool slot_claim(u32 dev, u64 sector, u64 now, struct slot_ref *r)
 {
-	u32 h = slot_hash(dev, sector);
+	u64 h = key_hash(dev, sector), tag = h | 1;
+	u32 base = group_of(h);
 
 #pragma unroll
 	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
-		u32 idx = (h + i) & (IOTRACE_INFLIGHT_SLOTS - 1);
-		struct iotrace_slot *s = inflight.lookup(&idx);
-		bool stale;
-		u64 state;
-
-		if (!s)
-			return NULL;
-		state = s->state;
-		stale = state == IOTRACE_SLOT_BUSY && now - s->start_ns > IOTRACE_STALE_NS;
-		if (state == IOTRACE_SLOT_BUSY && !stale)
-			continue;
+		if (!ref_at(base + i, r))
+			return false;
 		/* two CPUs may race for the same slot: one wins */
-		if (__sync_val_compare_and_swap(&s->state, state, IOTRACE_SLOT_BUSY) == state) {
-			if (stale)
-				count_reason(IOTRACE_NOTE_RECLAIMED);
-			s->dev = dev;
-			s->sector = sector;
-			return s;
+		if (*r->tag == 0 && __sync_val_compare_and_swap(r->tag, 0, tag) == 0)
+			goto claimed;
+	}
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
+		u64 old;
+
+		if (!ref_at(base + i, r))
+			return false;
+		old = *r->tag;
+		if (old && now - r->s->start_ns > IOTRACE_STALE_NS &&
+		    __sync_val_compare_and_swap(r->tag, old, tag) == old) {
+			count_reason(IOTRACE_NOTE_RECLAIMED);
+			goto claimed;
 		}
 	}
-	return NULL;
+	return false;
+claimed:
+	/* times before the key, so a CPU that sees the new key sees them too (in store
+	 * order, as on x86; elsewhere the window is a few instructions wide) */
+	r->s->start_ns = now;
+	r->s->issue_ns = 0;
+	r->s->dev = dev;
+	r->s->sector = sector;
+	return true;
 }
 
+/* Which of several requests in flight at one (dev, sector) an event is for. */
+enum pick {
+	PICK_FIRST,	/* any: merges, which are rare and have no order */
+	PICK_UNISSUED,	/* issue: the request not issued yet, else a re-issue */
+	PICK_LATEST,	/* completion: the latest issued (see block_rq_complete) */
+};
+
 /*
- * The slot of the request at (dev, sector).  Empty flushes all sit at
- * sector 0 with no data; zero-byte completions only match slots with
- * nothing left to complete, so a flush never steals a data request's slot
- * and vice versa.
+ * The slot of the request at (dev, sector) for an event at time `now`.
+ * Empty flushes all sit at sector 0 with no data; zero-byte events only
+ * match slots with nothing left to complete, so a flush never steals a
+ * data request's slot and vice versa.  A request that started or was
+ * issued after `now` (on another CPU, while this program ran) cannot be
+ * the one this event is about.
  */
-static __always_inline struct iotrace_slot *slot_find(u32 dev, u64 sector, bool zero_bytes)
+static __always_inline bool slot_find(u32 dev, u64 sector, bool zero_bytes, u64 now, enum pick pick,
+				      struct slot_ref *r)
 {
-	u32 h = slot_hash(dev, sector);
+	u64 h = key_hash(dev, sector), tag = h | 1, best_issue = 0;
+	u32 base = group_of(h);
+	struct slot_ref c;
+	bool found = false;
 
 #pragma unroll
 	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
-		u32 idx = (h + i) & (IOTRACE_INFLIGHT_SLOTS - 1);
-		struct iotrace_slot *s = inflight.lookup(&idx);
-
-		if (!s)
-			return NULL;
-		if (s->state == IOTRACE_SLOT_BUSY && s->dev == dev && s->sector == sector &&
-		    (s->remaining == 0) == zero_bytes)
-			return s;
+		if (!ref_at(base + i, &c))
+			break;
+		if (*c.tag != tag || c.s->dev != dev || c.s->sector != sector ||
+		    (c.s->remaining == 0) != zero_bytes || c.s->start_ns > now || c.s->issue_ns > now)
+			continue;
+		if (pick == PICK_FIRST || (pick == PICK_UNISSUED && c.s->issue_ns == 0)) {
+			*r = c;
+			return true;
+		}
+		if (!found || (pick == PICK_LATEST && c.s->issue_ns > best_issue)) {
+			*r = c;
+			best_issue = c.s->issue_ns;
+			found = true;
+		}
 	}
-	return NULL;
-}
-
-static __always_inline void slot_release(struct iotrace_slot *s)
-{
-	/* a full barrier: the fields are dead once the state says so */
-	__sync_lock_test_and_set(&s->state, IOTRACE_SLOT_FREE);
+	return found;
 }
 
 /*
@@ -169,25 +225,25 @@ static __always_inline void slot_release(struct iotrace_slot *s)
  * completion).  Returns 0 on success; on failure the request is lost and
  * counted, since its next event could not be matched anyway.
  */
-static __always_inline int slot_move(struct iotrace_slot *s, u64 sector)
+static __always_inline int slot_move(struct slot_ref *from, u64 sector)
 {
-	struct iotrace_slot *to = slot_claim(s->dev, sector, s->start_ns);
+	struct iotrace_slot *s = from->s;
+	struct slot_ref to;
 
-	if (!to) {
-		slot_release(s);
+	if (!slot_claim(s->dev, sector, s->start_ns, &to)) {
+		slot_release(from);
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		return -1;
 	}
-	to->op = s->op;
-	to->start_ns = s->start_ns;
-	to->issue_ns = s->issue_ns;
-	to->cgroup = s->cgroup;
-	to->tgid = s->tgid;
-	to->tid = s->tid;
-	to->remaining = s->remaining;
-	to->done = s->done;
-	__builtin_memcpy(to->comm, s->comm, sizeof(to->comm));
-	slot_release(s);
+	to.s->op = s->op;
+	to.s->issue_ns = s->issue_ns;
+	to.s->cgroup = s->cgroup;
+	to.s->tgid = s->tgid;
+	to.s->tid = s->tid;
+	to.s->remaining = s->remaining;
+	to.s->done = s->done;
+	__builtin_memcpy(to.s->comm, s->comm, sizeof(to.s->comm));
+	slot_release(from);
 	return 0;
 }
 
@@ -366,6 +422,7 @@ TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tgid = id >> 32, dev = args->dev;
 	struct iotrace_slot *s;
+	struct slot_ref r;
 
 	/* programs attach before the filters are written: wait for them */
 	if (!cfg || !cfg->enabled)
@@ -374,14 +431,12 @@ TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
 		return 0;
 	if (cfg->filter_devs && !devs.lookup(&dev))
 		return 0;
-	s = slot_claim(dev, args->sector, now);
-	if (!s) {
+	if (!slot_claim(dev, args->sector, now, &r)) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		return 0;
 	}
+	s = r.s;
 	s->op = rwbs_op(args->rwbs, args->bytes);
-	s->start_ns = now;
-	s->issue_ns = 0;
 	s->cgroup = bpf_get_current_cgroup_id();
 	s->tgid = tgid;
 	s->tid = (u32)id;
@@ -389,30 +444,6 @@ TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
 	s->done = 0;
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
 	return 0;
-}
-
-/* Like slot_find, but a request not issued yet wins over one being re-issued. */
-static __always_inline struct iotrace_slot *slot_find_issue(u32 dev, u64 sector, bool zero_bytes)
-{
-	struct iotrace_slot *issued = NULL;
-	u32 h = slot_hash(dev, sector);
-
-#pragma unroll
-	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
-		u32 idx = (h + i) & (IOTRACE_INFLIGHT_SLOTS - 1);
-		struct iotrace_slot *s = inflight.lookup(&idx);
-
-		if (!s)
-			return issued;
-		if (s->state != IOTRACE_SLOT_BUSY || s->dev != dev || s->sector != sector ||
-		    (s->remaining == 0) != zero_bytes)
-			continue;
-		if (s->issue_ns == 0)
-			return s;
-		if (!issued)
-			issued = s;
-	}
-	return issued;
 }
 
 /* REQ_OP_FLUSH ("FF"): the kernel's own flush on behalf of queued flushes */
@@ -424,7 +455,7 @@ static __always_inline bool internal_flush(const char *rwbs)
 TRACEPOINT_PROBE(block, block_rq_issue)
 {
 	u64 now = bpf_ktime_get_ns();
-	struct iotrace_slot *s;
+	struct slot_ref r;
 
 	/* it sits at sector 0 with no data, like the flushes it serves: never match it */
 	if (internal_flush(args->rwbs)) {
@@ -432,56 +463,32 @@ TRACEPOINT_PROBE(block, block_rq_issue)
 		return 0;
 	}
 	/* two requests may be in flight at one sector: the unissued one is issued */
-	s = slot_find_issue(args->dev, args->sector, args->bytes == 0);
-	if (!s)
+	if (!slot_find(args->dev, args->sector, args->bytes == 0, now, PICK_UNISSUED, &r))
 		return 0;
-	s->issue_ns = now;
+	r.s->issue_ns = now;
 	/* back merges grow a request between its start and its issue */
-	s->remaining = args->bytes;
+	r.s->remaining = args->bytes;
 	return 0;
 }
 
 /*
- * The completing request's slot.  Should two requests at one sector be in
- * flight, the latest issued wins: that is right for the common case, where
- * the other one is a request whose completion the kernel skipped, and
- * merely swaps two similar latencies for two live requests.
+ * Should two requests at one sector be in flight, the completion takes the
+ * latest issued: that is right for the common case, where the other is a
+ * request whose completion the kernel skipped (its stale start time must
+ * not be lent to a new request), and merely swaps two similar latencies
+ * for two live requests.
  */
-static __always_inline struct iotrace_slot *slot_find_complete(u32 dev, u64 sector, bool zero_bytes)
-{
-	struct iotrace_slot *best = NULL;
-	u64 best_issue = 0;
-	u32 h = slot_hash(dev, sector);
-
-#pragma unroll
-	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
-		u32 idx = (h + i) & (IOTRACE_INFLIGHT_SLOTS - 1);
-		struct iotrace_slot *s = inflight.lookup(&idx);
-
-		if (!s)
-			break;
-		if (s->state != IOTRACE_SLOT_BUSY || s->dev != dev || s->sector != sector ||
-		    (s->remaining == 0) != zero_bytes)
-			continue;
-		if (!best || s->issue_ns > best_issue) {
-			best = s;
-			best_issue = s->issue_ns;
-		}
-	}
-	return best;
-}
-
 TRACEPOINT_PROBE(block, block_rq_complete)
 {
 	u64 now = bpf_ktime_get_ns();
 	u32 bytes = args->nr_sector * IOTRACE_SECTOR_SIZE;
 	struct iotrace_config *cfg;
 	struct iotrace_slot *s;
+	struct slot_ref r;
 
 	if (internal_flush(args->rwbs))
 		return 0;	/* counted at its issue */
-	s = slot_find_complete(args->dev, args->sector, bytes == 0);
-	if (!s) {
+	if (!slot_find(args->dev, args->sector, bytes == 0, now, PICK_LATEST, &r)) {
 		cfg = get_config();
 		if (!cfg || !cfg->enabled)
 			return 0;
@@ -493,40 +500,41 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 			count_reason(IOTRACE_DROP_NO_START);
 		return 0;
 	}
+	s = r.s;
 	s->done += bytes;
 	if (bytes && bytes < s->remaining) {
 		/* partial completion: the rest continues from the next sector */
 		s->remaining -= bytes;
 		count_reason(IOTRACE_NOTE_PARTIAL);
-		slot_move(s, args->sector + args->nr_sector);
+		slot_move(&r, args->sector + args->nr_sector);
 		return 0;
 	}
 	record(s, now);
-	slot_release(s);
+	slot_release(&r);
 	return 0;
 }
 
 TRACEPOINT_PROBE(block, block_bio_frontmerge)
 {
-	/* the request that began right after this bio now begins at it */
-	struct iotrace_slot *s = slot_find(args->dev, args->sector + args->nr_sector, false);
+	struct slot_ref r;
 
-	if (!s)
+	/* the request that began right after this bio now begins at it */
+	if (!slot_find(args->dev, args->sector + args->nr_sector, false, ~0ULL, PICK_FIRST, &r))
 		return 0;
 	count_reason(IOTRACE_NOTE_FRONT_MERGE);
-	slot_move(s, args->sector);
+	slot_move(&r, args->sector);
 	return 0;
 }
 
 TRACEPOINT_PROBE(block, block_rq_merge)
 {
-	/* this request was folded into another and will never complete */
-	struct iotrace_slot *s = slot_find(args->dev, args->sector, args->bytes == 0);
+	struct slot_ref r;
 
-	if (!s)
+	/* this request was folded into another and will never complete */
+	if (!slot_find(args->dev, args->sector, args->bytes == 0, ~0ULL, PICK_FIRST, &r))
 		return 0;
 	count_reason(IOTRACE_NOTE_MERGED);
-	slot_release(s);
+	slot_release(&r);
 	return 0;
 }
 

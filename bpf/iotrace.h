@@ -37,7 +37,7 @@
 #ifndef IOTRACE_INFLIGHT_SLOTS
 #define IOTRACE_INFLIGHT_SLOTS 65536	/* (tunable) power of two */
 #endif
-#define IOTRACE_INFLIGHT_PROBES 8	/* open-addressing window */
+#define IOTRACE_INFLIGHT_PROBES 8	/* slots per group: one cache line of tags */
 /* a slot this old whose completion never came (the kernel skipped it) may be reused */
 #define IOTRACE_STALE_NS 60000000000ULL
 #ifndef IOTRACE_HIST_CELLS
@@ -97,19 +97,17 @@ enum iotrace_reason {
 	IOTRACE_REASON_COUNT = 15,
 };
 
-/* Slot states of the in-flight table. */
-#define IOTRACE_SLOT_FREE 0
-#define IOTRACE_SLOT_BUSY 1
 #define IOTRACE_HASH_MUL 0x9E3779B97F4A7C15ULL	/* Fibonacci hashing */
 
 /*
  * One request between its start and its completion.  The in-flight table
- * is an array of these, indexed by a hash of (dev, sector) with a short
- * linear probe; a slot is claimed with a compare-and-swap on `state`, so
- * the hot path takes no lock and allocates nothing.
+ * is an array of these, in groups of IOTRACE_INFLIGHT_PROBES chosen by a
+ * hash of (dev, sector); a parallel array of 64-bit tags (a fingerprint of
+ * the key, 0 when free) is what a lookup scans, and a slot is claimed with
+ * a compare-and-swap on its tag, so the hot path takes no lock and
+ * allocates nothing.
  */
 struct iotrace_slot {
-	u64 state;		/* IOTRACE_SLOT_*; 64 bits because BPF's cmpxchg is */
 	u32 dev;		/* kernel dev_t as the tracepoint gives it */
 	u32 op;			/* enum iotrace_op */
 	u64 sector;		/* current start sector (moves on front merge / partial) */

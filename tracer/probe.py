@@ -319,9 +319,10 @@ class Probe:
                             ("SERIES_ENTRIES", opts.series_entries), ("HIST_CELLS", opts.hist_cells)):
             if value:
                 cflags.append(f"-DIOTRACE_{name}={int(value)}")
-        for flag, value in (("--inflight-slots", opts.inflight_slots), ("--hist-cells", opts.hist_cells)):
-            if value is not None and (value < 1 or value & (value - 1)):
-                raise UserError(f"{flag} must be a power of two, not {value}")
+        for flag, value, least in (("--inflight-slots", opts.inflight_slots, self.contract.const("INFLIGHT_PROBES")),
+                                   ("--hist-cells", opts.hist_cells, self.contract.const("HIST_CELL_PROBES"))):
+            if value is not None and (value < least or value & (value - 1)):
+                raise UserError(f"{flag} must be a power of two of at least {least}, not {value}")
         try:
             self.bpf = bcc.BPF(text=text, cflags=cflags)
         except Exception as exc:  # bcc raises bare Exception for compile/load errors
