@@ -431,6 +431,10 @@ TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
 		return 0;
 	if (cfg->filter_devs && !devs.lookup(&dev))
 		return 0;
+	/* in the cgroup or below it: then its ancestor at the cgroup's depth is the cgroup */
+	if (cfg->filter_cgroup &&
+	    bpf_get_current_ancestor_cgroup_id(cfg->cgroup_level) != cfg->filter_cgroup)
+		return 0;
 	if (!slot_claim(dev, args->sector, now, &r)) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		return 0;
@@ -494,7 +498,7 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 			return 0;
 		if (bytes == 0)
 			count_reason(IOTRACE_NOTE_FLUSH_TAIL);
-		else if (cfg && (cfg->filter_pids || cfg->filter_devs))
+		else if (cfg->filter_pids || cfg->filter_devs || cfg->filter_cgroup)
 			count_reason(IOTRACE_NOTE_UNTRACKED);
 		else
 			count_reason(IOTRACE_DROP_NO_START);

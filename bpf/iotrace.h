@@ -129,6 +129,9 @@ struct iotrace_config {
 	u32 per_thread;		/* 1: series keyed by thread id, not tgid */
 	u32 filter_devs;	/* 1: only devices in the devs map are traced */
 	u32 enabled;		/* 0 until user space has written the filters */
+	u32 cgroup_level;	/* depth of filter_cgroup below the cgroup v2 root */
+	u32 pad;
+	u64 filter_cgroup;	/* non-zero: only I/O submitted in this cgroup v2 or below it */
 };
 
 /* Histogram map key -> u64 count (per CPU, one map per generation). */

@@ -68,6 +68,7 @@ class TraceArgs:
     hist: bool = False
     inflight_slots: int | None = None
     hist_cells: int | None = None
+    cgroup: str | None = None
     command: list[str] = field(default_factory=list)
 
 
@@ -100,6 +101,9 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", action="store_true", help="one row per thread instead of per process")
     p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
                    help="trace only this disk (loop0, /dev/nvme0n1, 7:0); repeatable. Default: every device")
+    p.add_argument("--cgroup", metavar="PATH",
+                   help="trace only I/O submitted from this cgroup v2 or below it (a container, a systemd "
+                        "unit): a path under the cgroup2 mount, or relative to it, e.g. /system.slice/x.scope")
     p.add_argument("-i", "--interval", type=_positive, metavar="SECONDS",
                    help="print (and dump) a report every SECONDS, histograms reset each time")
     p.add_argument("-d", "--duration", type=_positive, metavar="SECONDS", help="stop after SECONDS")
@@ -125,7 +129,8 @@ def parse_trace_args(argv: list[str]) -> TraceArgs:
         raise UserError("give either --pid or a COMMAND after '--', not both")
     return TraceArgs(pids=ns.pids, no_children=ns.no_children, threads=ns.threads, devs=ns.devs,
                      interval=ns.interval, duration=ns.duration, output=ns.output, hist=ns.hist,
-                     inflight_slots=ns.inflight_slots, hist_cells=ns.hist_cells, command=command)
+                     inflight_slots=ns.inflight_slots, hist_cells=ns.hist_cells, cgroup=ns.cgroup,
+                     command=command)
 
 
 # ---- command mode ------------------------------------------------------------
@@ -229,6 +234,39 @@ def _open_output(path: str) -> TextIO:
     return f
 
 
+def cgroup2_root() -> str | None:
+    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or .../unified on hybrid systems)."""
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == "cgroup2":
+                    return fields[1]
+    except OSError:
+        pass
+    return None
+
+
+def resolve_cgroup(path: str) -> tuple[int, int]:
+    """(cgroup id, depth below the root) of a cgroup v2 given by its path, absolute or under the mount.
+
+    The id the kernel reports for a cgroup v2 is the inode number of its directory.
+    """
+    root = cgroup2_root()
+    if root is None:
+        raise UserError("--cgroup needs the cgroup v2 hierarchy, and none is mounted "
+                        "(mount -t cgroup2 none /sys/fs/cgroup/unified)")
+    full = os.path.realpath(path if path.startswith(root + "/") or path == root else
+                            os.path.join(root, path.lstrip("/")))
+    rel = os.path.relpath(full, root)
+    if rel.startswith(".."):
+        raise UserError(f"--cgroup {path}: not under the cgroup v2 mount {root}")
+    if not os.path.isfile(os.path.join(full, "cgroup.procs")):
+        raise UserError(f"--cgroup {path}: no such cgroup v2 ({full} has no cgroup.procs)")
+    level = 0 if rel == "." else len(rel.split("/"))
+    return os.stat(full).st_ino, level
+
+
 def _check_pids(pids: list[int]) -> list[int]:
     fds = []
     for pid in pids:
@@ -274,6 +312,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     from .marker import ENV_CONTROL
 
     devs = [devices.resolve(d) for d in args.devs]
+    cgroup_id, cgroup_level = resolve_cgroup(args.cgroup) if args.cgroup else (0, 0)
     pidfds = _check_pids(args.pids)
     file = _open_output(args.output) if args.output else None
     control, control_error = _open_control()
@@ -294,7 +333,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
 
         opts = ProbeOptions(pids=list(args.pids) + ([child] if child else []), follow_children=not args.no_children,
                             per_thread=args.threads, devs=devs, inflight_slots=args.inflight_slots,
-                            hist_cells=args.hist_cells)
+                            hist_cells=args.hist_cells, cgroup_id=cgroup_id, cgroup_level=cgroup_level)
         probe = Probe(opts)
         clock = Clock()
         session = Session(args, out)

@@ -49,6 +49,8 @@ class ProbeOptions:
     inflight_slots: int | None = None
     hist_entries: int | None = None
     hist_cells: int | None = None
+    cgroup_id: int = 0          # cgroup v2 id (inode number); 0: every cgroup
+    cgroup_level: int = 0       # its depth below the cgroup v2 root
     series_entries: int | None = None
 
 
@@ -365,6 +367,8 @@ class Probe:
         cfg.follow_children = 1 if opts.follow_children else 0
         cfg.per_thread = 1 if opts.per_thread else 0
         cfg.filter_devs = 1 if opts.devs else 0
+        cfg.filter_cgroup = opts.cgroup_id
+        cfg.cgroup_level = opts.cgroup_level
         cfg.enabled = 1
         self._config[ct.c_int(0)] = cfg
         self._opts = opts

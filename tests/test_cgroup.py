@@ -1,0 +1,71 @@
+"""--cgroup: the kernel keeps only I/O submitted from a cgroup v2 or below it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, assert_count, read_dumps, series_of
+from test_core import IOLOAD, finish, start_tracer
+
+from tracer.cli import cgroup2_root
+
+bpf = pytest.mark.bpf
+
+
+@pytest.fixture
+def cgroup_tree():
+    """A cgroup v2 X with a child X/inner, removed at teardown (after their processes exit)."""
+    root = cgroup2_root()
+    if root is None:
+        pytest.skip("no cgroup v2 hierarchy mounted")
+    top = Path(root) / f"iotrace-test-{uuid.uuid4().hex[:8]}"
+    inner = top / "inner"
+    inner.mkdir(parents=True)
+    yield top, inner
+    for d in (inner, top):
+        for pid in (d / "cgroup.procs").read_text().split():    # strays: back to the root
+            try:
+                (Path(root) / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        d.rmdir()
+
+
+def _held_reader(device: str, blocks: int, go: Path, offset: int) -> subprocess.Popen:
+    return subprocess.Popen([PYTHON, IOLOAD, device, str(blocks), "--wait", str(go), "--offset-blocks", str(offset)],
+                            stdout=subprocess.PIPE, text=True)
+
+
+@bpf
+def test_cgroup_filter_keeps_the_cgroup_and_its_descendants(loop, tmp_path, cgroup_tree):
+    top, inner = cgroup_tree
+    go = tmp_path / "go"
+    inside = _held_reader(loop.path, 120, go, 0)
+    outside = _held_reader(loop.path, 80, go, 1000)
+    (inner / "cgroup.procs").write_text(str(inside.pid))     # a descendant of the filtered cgroup
+    out = tmp_path / "out.jsonl"
+    root = cgroup2_root()
+    tracer = start_tracer(["--cgroup", "/" + os.path.relpath(top, root), "--dev", loop.name, "-o", str(out)])
+    go.touch()
+    assert inside.wait(30) == 0 and outside.wait(30) == 0
+    tracer.send_signal(2)
+    finish(tracer)
+    dumps = read_dumps(out)
+    rows = {s["pid"]: s for s in series_of(dumps[-1], device=loop.name)}
+    assert set(rows) == {inside.pid}, rows                      # the outsider's I/O was never recorded
+    assert_count(rows[inside.pid]["count"], 120, dumps)
+    # the cgroup id captured at submission is the reader's own cgroup (the inode of its directory)
+    assert rows[inside.pid]["cgroup_id"] == os.stat(inner).st_ino
+
+
+def test_cgroup_errors_are_one_line(tmp_path):
+    from conftest import run_iotrace
+
+    for arg, words in (("/no/such/group", "no such cgroup"), ("/..", "not under the cgroup v2 mount")):
+        r = run_iotrace(["--cgroup", arg, "-d", "1"])
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and words in lines[0], r.stderr
