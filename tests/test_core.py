@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -132,7 +133,8 @@ def test_dev_filter_and_report_merge(make_loop, tmp_path):
     # `report` merges every dump through the hdr histograms
     r = run_iotrace(["report", str(out)])
     assert r.returncode == 0, r.stderr
-    rows = [line.split() for line in r.stdout.splitlines() if f" {a.name} " in f" {line} "]
+    rows = [line.split() for line in r.stdout.splitlines()
+            if f" {a.name} " in f" {line} " and not line.startswith("coverage:")]
     assert sum(int(row[4]) for row in rows) == total
 
 
@@ -237,3 +239,26 @@ def test_help_teaches():
     assert r.returncode == 0
     for needle in ("--pid", "-- COMMAND", "Q2D", "D2C", "report", "examples"):
         assert needle in r.stdout
+
+
+@bpf
+def test_coverage_matches_diskstats_exactly(loop, tmp_path):
+    """Traced from start to end with no pid filter, the device's requests equal /proc/diskstats' completions."""
+    if shutil.which("udevadm"):
+        subprocess.run(["udevadm", "settle"], check=False)   # udev's own probe reads of the new device, done
+    out = tmp_path / "out.jsonl"
+    tracer = start_tracer(["--dev", loop.name, "-i", "0.5", "-o", str(out)])
+    job = fio_cmd(loop.path, rw="randrw", size="8M", fsync=8, ioengine="psync")
+    assert subprocess.run(job, capture_output=True).returncode == 0
+    assert _reader(loop.path, 200).wait(30) == 0
+    tracer.send_signal(signal.SIGINT)
+    stdout, _ = finish(tracer)
+    dumps = read_dumps(out)
+    from tracer.dump import merge_coverage
+    cov = merge_coverage([d["coverage"] for d in dumps])
+    c = cov["devices"][loop.name]
+    ops = {s["op"] for d in dumps for s in series_of(d, device=loop.name)}
+    assert {"read", "write"} <= ops
+    assert c["recorded"] == c["diskstats"] > 2000, c
+    assert not cov["filtered"]
+    assert f"{loop.name} " in stdout and "coverage:" in stdout

@@ -169,7 +169,23 @@ def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None
                   series=merge_series(s for d in dumps for s in d.series), dropped=dropped, events=events)
     # the windows' own lengths, not the span: a file may hold several runs
     merged.extra["duration_s"] = sum(duration_of(d) for d in dumps)
+    cov = merge_coverage([d.extra["coverage"] for d in dumps if "coverage" in d.extra])
+    if cov:
+        merged.extra["coverage"] = cov
     return merged
+
+
+def merge_coverage(parts: list[dict]) -> dict | None:
+    """Coverage of disjoint windows added up, device by device."""
+    if not parts:
+        return None
+    devs: dict[str, dict[str, int]] = {}
+    for part in parts:
+        for name, c in part.get("devices", {}).items():
+            acc = devs.setdefault(name, {"recorded": 0, "diskstats": 0})
+            acc["recorded"] += int(c.get("recorded", 0))
+            acc["diskstats"] += int(c.get("diskstats", 0))
+    return {"filtered": any(p.get("filtered") for p in parts), "devices": devs}
 
 
 def duration_of(d: Dump) -> float:

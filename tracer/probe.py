@@ -65,6 +65,11 @@ class RawInterval:
     hist_keys: np.ndarray    # structured: pid, dev, bucket, op, phase
     hist_counts: np.ndarray  # uint64, per-CPU summed
     reasons: dict[str, int]  # events per reason during the interval, plus drop_recursion
+    # /proc/diskstats at the interval's start and end, for coverage; None where unreadable
+    diskstats_start: dict | None = None
+    diskstats_end: dict | None = None
+    traced_devs: list[int] | None = None   # the --dev filter; None: every device
+    filtered: bool = False                 # a pid or cgroup filter leaves some I/O out by design
 
 
 # struct bpf_prog_info of the kernel's UAPI (linux/bpf.h), up to the fields
@@ -226,6 +231,15 @@ COMPILER_LIBS = ("libLLVM", "libclang")
 MADV_DONTNEED = 4
 
 
+def _diskstats() -> dict | None:
+    from .devices import read_diskstats
+
+    try:
+        return read_diskstats()
+    except (OSError, ValueError):
+        return None
+
+
 def _return_compiler_memory() -> None:
     """Give back what the one-time BPF compile left resident.
 
@@ -359,6 +373,7 @@ class Probe:
         # last: the programs record nothing until the config says enabled
         self._write_config(opts)
         self._interval_start = time.monotonic_ns()
+        self._diskstats = _diskstats()
 
     def _write_config(self, opts: ProbeOptions) -> None:
         cfg = self._config.Leaf()
@@ -394,6 +409,8 @@ class Probe:
         self._config[ct.c_int(0)] = cfg
         end = time.monotonic_ns()
         time.sleep(GENERATION_GRACE_S)
+        # after the grace period: the old generation's last completions are in the kernel's counters too
+        diskstats = _diskstats()
         skeys, svals = _batch_drain(self.bpf[f"series{old}"], *self._buffers["series"], self._lib)
         ckeys, ccounts = _drain_cells(self.bpf[f"cells{old}"], *self._buffers["cells"], self._lib)
         hkeys, hvals = _batch_drain(self.bpf[f"hist{old}"], *self._buffers["hist"], self._lib)
@@ -409,9 +426,11 @@ class Probe:
             series_keys=skeys, series_vals=_fold_series(svals),
             hist_keys=np.concatenate([ckeys.astype(self._hist_key), hkeys]),
             hist_counts=np.concatenate([ccounts, hvals.sum(axis=1)]),
-            reasons=reasons,
+            reasons=reasons, diskstats_start=self._diskstats, diskstats_end=diskstats,
+            traced_devs=list(self._opts.devs) or None, filtered=bool(self._opts.pids or self._opts.cgroup_id),
         )
         self._interval_start = end
+        self._diskstats = diskstats
         return raw
 
     def prog_stats(self) -> dict[str, ProgStats]:

@@ -64,6 +64,19 @@ def series_row(s: Series, seconds: float) -> list[str]:
             *total, *split]
 
 
+def _coverage_line(d: Dump, out: TextIO) -> None:
+    cov = d.extra.get("coverage")
+    if not cov or not cov.get("devices"):
+        return
+    parts = []
+    for name, c in cov["devices"].items():
+        rec, ker = c["recorded"], c["diskstats"]
+        pct = f" ({100 * rec / ker:.1f}%)" if ker else ""
+        parts.append(f"{name} {rec}/{ker}{pct}")
+    why = "; a pid or cgroup filter leaves the rest out" if cov.get("filtered") else ""
+    out.write(f"coverage: requests recorded / completed per /proc/diskstats: {', '.join(parts)}{why}\n")
+
+
 def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = None) -> None:
     seconds = duration_of(d)
     head = title or f"{d.kind}{' ' + repr(d.label) if d.label else ''}"
@@ -76,6 +89,7 @@ def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = N
         out.write(_row([name for name, _ in COLUMNS]) + "\n")
         for s in sorted(d.series, key=lambda s: (-s.count, s.pid, s.device, s.op)):
             out.write(_row(series_row(s, seconds)) + "\n")
+    _coverage_line(d, out)
     lost = {k: v for k, v in d.dropped.items() if v}
     if lost:
         out.write("WARNING: events not recorded: " + ", ".join(f"{k}={v}" for k, v in lost.items())
