@@ -188,16 +188,17 @@ enum pick {
  * The slot of the request at (dev, sector) for an event at time `now`.
  * Empty flushes all sit at sector 0 with no data; zero-byte events only
  * match slots with nothing left to complete, so a flush never steals a
- * data request's slot and vice versa.  A request that started or was
- * issued after `now` (on another CPU, while this program ran) cannot be
- * the one this event is about.
+ * data request's slot and vice versa.  Of two requests in flight at one
+ * sector, one that started or was issued after `now` (on another CPU,
+ * while this program ran) is not the one this event is about; alone, it
+ * is, and the CPUs' clocks differ slightly.
  */
 static __always_inline bool slot_find(u32 dev, u64 sector, bool zero_bytes, u64 now, enum pick pick,
 				      struct slot_ref *r)
 {
 	u64 h = key_hash(dev, sector), tag = h | 1, best_issue = 0;
 	u32 base = group_of(h);
-	struct slot_ref c;
+	struct slot_ref c, late = {};
 	bool found = false;
 
 #pragma unroll
@@ -205,8 +206,13 @@ static __always_inline bool slot_find(u32 dev, u64 sector, bool zero_bytes, u64 
 		if (!ref_at(base + i, &c))
 			break;
 		if (*c.tag != tag || c.s->dev != dev || c.s->sector != sector ||
-		    (c.s->remaining == 0) != zero_bytes || c.s->start_ns > now || c.s->issue_ns > now)
+		    (c.s->remaining == 0) != zero_bytes)
 			continue;
+		if (c.s->start_ns > now || c.s->issue_ns > now) {
+			if (!late.s)
+				late = c;
+			continue;
+		}
 		if (pick == PICK_FIRST || (pick == PICK_UNISSUED && c.s->issue_ns == 0)) {
 			*r = c;
 			return true;
@@ -216,6 +222,11 @@ static __always_inline bool slot_find(u32 dev, u64 sector, bool zero_bytes, u64 
 			best_issue = c.s->issue_ns;
 			found = true;
 		}
+	}
+	if (!found && late.s) {
+		/* the only match: the CPUs' clocks disagree by a little, it is no twin */
+		*r = late;
+		return true;
 	}
 	return found;
 }
@@ -374,6 +385,15 @@ static __always_inline void phase_add(u32 gen, struct iotrace_series_val *v,
 	hist_add(gen, hk);
 }
 
+/* b - a, or 0 (counted) when two CPUs' clocks put b before a */
+static __always_inline u64 elapsed(u64 a, u64 b)
+{
+	if (b >= a)
+		return b - a;
+	count_reason(IOTRACE_NOTE_CLOCK_SKEW);
+	return 0;
+}
+
 /* Account a finished request; the caller releases the slot. */
 static __always_inline void record(struct iotrace_slot *s, u64 now)
 {
@@ -406,10 +426,10 @@ static __always_inline void record(struct iotrace_slot *s, u64 now)
 	hk.op = sk.op;
 	/* a request the flush machinery finished was never issued itself */
 	if (s->issue_ns) {
-		phase_add(gen, v, &hk, IOTRACE_PHASE_QUEUE, s->issue_ns - s->start_ns);
-		phase_add(gen, v, &hk, IOTRACE_PHASE_DEVICE, now - s->issue_ns);
+		phase_add(gen, v, &hk, IOTRACE_PHASE_QUEUE, elapsed(s->start_ns, s->issue_ns));
+		phase_add(gen, v, &hk, IOTRACE_PHASE_DEVICE, elapsed(s->issue_ns, now));
 	}
-	phase_add(gen, v, &hk, IOTRACE_PHASE_TOTAL, now - s->start_ns);
+	phase_add(gen, v, &hk, IOTRACE_PHASE_TOTAL, elapsed(s->start_ns, now));
 }
 
 /* ---- tracepoints -------------------------------------------------------- */

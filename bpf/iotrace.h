@@ -94,7 +94,8 @@ enum iotrace_reason {
 	IOTRACE_NOTE_UNTRACKED = 12,	/* completion of a request a filter left out */
 	IOTRACE_NOTE_RECLAIMED = 13,	/* a stale in-flight slot reused (see IOTRACE_STALE_NS) */
 	IOTRACE_NOTE_HIST_OVERFLOW = 14,	/* a bucket found no free cell: counted in the hash map */
-	IOTRACE_REASON_COUNT = 15,
+	IOTRACE_NOTE_CLOCK_SKEW = 15,	/* two CPUs' clocks disagreed: a phase taken as 0 */
+	IOTRACE_REASON_COUNT = 16,
 };
 
 #define IOTRACE_HASH_MUL 0x9E3779B97F4A7C15ULL	/* Fibonacci hashing */
