@@ -29,7 +29,8 @@
  *
  * IOTRACE_START_CATEGORY / IOTRACE_START_EVENT name the start tracepoint
  * (block_io_start, or block_rq_insert on kernels before 6.5); tracer/probe.py
- * substitutes them before compiling.
+ * substitutes them before compiling, and defines IOTRACE_BIO_LEVEL when a
+ * bio-based disk is to be traced.
  */
 #include "iotrace.h"
 
@@ -54,6 +55,10 @@ BPF_PERCPU_ARRAY(reasons, u64, IOTRACE_REASON_COUNT);
 BPF_HASH(pids, u32, u8, IOTRACE_PID_ENTRIES);
 /* dev_t -> 1: the devices traced when filter_devs is set */
 BPF_HASH(devs, u32, u8, IOTRACE_DEV_ENTRIES);
+#ifdef IOTRACE_BIO_LEVEL
+/* dev_t -> 1: bio-based disks, traced per bio (see the end of this file) */
+BPF_HASH(bio_devs, u32, u8, IOTRACE_DEV_ENTRIES);
+#endif
 
 static __always_inline void count_reason(u32 reason)
 {
@@ -434,13 +439,12 @@ static __always_inline void record(struct iotrace_slot *s, u64 now)
 
 /* ---- tracepoints -------------------------------------------------------- */
 
-TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
+/* A request (or, on bio-based disks, a bio) starts, in its submitter's context. */
+static __always_inline int track_start(u64 now, u32 dev, u64 sector, u32 bytes, const char *rwbs)
 {
-	/* first: every lookup below would otherwise show up as latency */
-	u64 now = bpf_ktime_get_ns();
 	struct iotrace_config *cfg = get_config();
 	u64 id = bpf_get_current_pid_tgid();
-	u32 tgid = id >> 32, dev = args->dev;
+	u32 tgid = id >> 32;
 	struct iotrace_slot *s;
 	struct slot_ref r;
 
@@ -455,19 +459,27 @@ TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
 	if (cfg->filter_cgroup &&
 	    bpf_get_current_ancestor_cgroup_id(cfg->cgroup_level) != cfg->filter_cgroup)
 		return 0;
-	if (!slot_claim(dev, args->sector, now, &r)) {
+	if (!slot_claim(dev, sector, now, &r)) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		return 0;
 	}
 	s = r.s;
-	s->op = rwbs_op(args->rwbs, args->bytes);
+	s->op = rwbs_op(rwbs, bytes);
 	s->cgroup = bpf_get_current_cgroup_id();
 	s->tgid = tgid;
 	s->tid = (u32)id;
-	s->remaining = args->bytes;
+	s->remaining = bytes;
 	s->done = 0;
 	bpf_get_current_comm(s->comm, sizeof(s->comm));
 	return 0;
+}
+
+TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
+{
+	/* first: every lookup below would otherwise show up as latency */
+	u64 now = bpf_ktime_get_ns();
+
+	return track_start(now, args->dev, args->sector, args->bytes, args->rwbs);
 }
 
 /* REQ_OP_FLUSH ("FF"): the kernel's own flush on behalf of queued flushes */
@@ -495,6 +507,21 @@ TRACEPOINT_PROBE(block, block_rq_issue)
 	return 0;
 }
 
+/* A completion with no slot: why, as far as can be told. */
+static __always_inline void count_unmatched(u32 bytes)
+{
+	struct iotrace_config *cfg = get_config();
+
+	if (!cfg || !cfg->enabled)
+		return;
+	if (bytes == 0)
+		count_reason(IOTRACE_NOTE_FLUSH_TAIL);
+	else if (cfg->filter_pids || cfg->filter_devs || cfg->filter_cgroup)
+		count_reason(IOTRACE_NOTE_UNTRACKED);
+	else
+		count_reason(IOTRACE_DROP_NO_START);
+}
+
 /*
  * Should two requests at one sector be in flight, the completion takes the
  * latest issued: that is right for the common case, where the other is a
@@ -506,22 +533,13 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 {
 	u64 now = bpf_ktime_get_ns();
 	u32 bytes = args->nr_sector * IOTRACE_SECTOR_SIZE;
-	struct iotrace_config *cfg;
 	struct iotrace_slot *s;
 	struct slot_ref r;
 
 	if (internal_flush(args->rwbs))
 		return 0;	/* counted at its issue */
 	if (!slot_find(args->dev, args->sector, bytes == 0, now, PICK_LATEST, &r)) {
-		cfg = get_config();
-		if (!cfg || !cfg->enabled)
-			return 0;
-		if (bytes == 0)
-			count_reason(IOTRACE_NOTE_FLUSH_TAIL);
-		else if (cfg->filter_pids || cfg->filter_devs || cfg->filter_cgroup)
-			count_reason(IOTRACE_NOTE_UNTRACKED);
-		else
-			count_reason(IOTRACE_DROP_NO_START);
+		count_unmatched(bytes);
 		return 0;
 	}
 	s = r.s;
@@ -594,3 +612,40 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 		pids.delete(&tid);
 	return 0;
 }
+
+#ifdef IOTRACE_BIO_LEVEL
+/*
+ * Bio-based disks (zram, device-mapper, md) have no requests: their bios
+ * go straight to the driver, so they are timed from block_bio_queue to
+ * block_bio_complete instead, with the total phase only.  These programs
+ * are attached only when such a disk is traced; others' bios are skipped
+ * at the first lookup.
+ */
+TRACEPOINT_PROBE(block, block_bio_queue)
+{
+	u64 now = bpf_ktime_get_ns();
+	u32 dev = args->dev;
+
+	if (!bio_devs.lookup(&dev))
+		return 0;
+	return track_start(now, dev, args->sector, args->nr_sector * IOTRACE_SECTOR_SIZE, args->rwbs);
+}
+
+TRACEPOINT_PROBE(block, block_bio_complete)
+{
+	u64 now = bpf_ktime_get_ns();
+	u32 dev = args->dev, bytes = args->nr_sector * IOTRACE_SECTOR_SIZE;
+	struct slot_ref r;
+
+	if (!bio_devs.lookup(&dev))
+		return 0;
+	if (!slot_find(dev, args->sector, bytes == 0, now, PICK_FIRST, &r)) {
+		count_unmatched(bytes);
+		return 0;
+	}
+	r.s->done = bytes;
+	record(r.s, now);
+	slot_release(&r);
+	return 0;
+}
+#endif /* IOTRACE_BIO_LEVEL */

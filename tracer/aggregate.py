@@ -91,6 +91,9 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None) -> Dump:
     cov = coverage(raw, series)
     if cov is not None:
         d.extra["coverage"] = cov
+    if raw.bio_devs:
+        # their rows time bios (queue to completion): total phase only
+        d.extra["bio_devices"] = sorted(devices.name_of(dev) for dev in raw.bio_devs)
     return d
 
 

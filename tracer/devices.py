@@ -54,6 +54,21 @@ def whole_disks() -> dict[str, int]:
     return out
 
 
+def bio_based(name: str) -> bool:
+    """A disk whose driver takes bios directly (zram, device-mapper, md): no request events.
+
+    Request-based (blk-mq) disks have an mq directory in sysfs.
+    """
+    return (SYS_BLOCK / name).is_dir() and not (SYS_BLOCK / name / "mq").exists()
+
+
+def size_sectors(name: str) -> int:
+    try:
+        return int((SYS_BLOCK / name / "size").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
 def resolve(spec: str) -> int:
     """A --dev argument ('loop0', '/dev/loop0', '7:0') -> kernel dev_t."""
     disks = whole_disks()

@@ -172,6 +172,9 @@ def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None
     cov = merge_coverage([d.extra["coverage"] for d in dumps if "coverage" in d.extra])
     if cov:
         merged.extra["coverage"] = cov
+    bio = sorted({name for d in dumps for name in d.extra.get("bio_devices", [])})
+    if bio:
+        merged.extra["bio_devices"] = bio
     return merged
 
 

@@ -37,6 +37,10 @@ REQUIRED_FIELDS = {
     "block_rq_requeue": ("dev",),
 }
 START_FIELDS = ("dev", "sector", "bytes", "rwbs")
+BIO_FIELDS = {
+    "block_bio_queue": ("dev", "sector", "nr_sector", "rwbs"),
+    "block_bio_complete": ("dev", "sector", "nr_sector", "rwbs"),
+}
 TRACEFS_DIRS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 
 
@@ -70,6 +74,7 @@ class RawInterval:
     diskstats_end: dict | None = None
     traced_devs: list[int] | None = None   # the --dev filter; None: every device
     filtered: bool = False                 # a pid or cgroup filter leaves some I/O out by design
+    bio_devs: list[int] = field(default_factory=list)   # disks traced per bio, not per request
 
 
 # struct bpf_prog_info of the kernel's UAPI (linux/bpf.h), up to the fields
@@ -150,8 +155,8 @@ def choose_start_event() -> str:
                     "with fields dev, sector, bytes, rwbs; iotrace needs Linux 5.0 or later")
 
 
-def check_tracepoints() -> None:
-    for ev, needed in REQUIRED_FIELDS.items():
+def check_tracepoints(required: dict[str, tuple[str, ...]] = REQUIRED_FIELDS) -> None:
+    for ev, needed in required.items():
         fields = tracepoint_fields(ev)
         if fields is None:
             raise UserError(f"tracepoint block:{ev} is missing from this kernel "
@@ -229,6 +234,21 @@ def _batch_drain(table, keys: np.ndarray, vals: np.ndarray, lib) -> tuple[np.nda
 
 COMPILER_LIBS = ("libLLVM", "libclang")
 MADV_DONTNEED = 4
+
+
+def bio_level_devices(devs: list[int]) -> list[int]:
+    """The bio-based disks to trace per bio: those among `devs`, or every one in use when none is given.
+
+    Decided at start: the bio programs cost every bio on every disk an
+    extra program run, so they are attached only when such a disk is traced.
+    """
+    from . import devices
+
+    disks = devices.whole_disks()
+    names = {dev: name for name, dev in disks.items()}
+    if devs:
+        return [d for d in devs if d in names and devices.bio_based(names[d])]
+    return [dev for name, dev in disks.items() if devices.bio_based(name) and devices.size_sectors(name) > 0]
 
 
 def _diskstats() -> dict | None:
@@ -331,6 +351,10 @@ class Probe:
         text = (src_dir / "iotrace.bpf.c").read_text()
         text = text.replace("IOTRACE_START_CATEGORY", "block").replace("IOTRACE_START_EVENT", self.start_event)
         cflags = [f"-I{src_dir}"]
+        self.bio_devs = bio_level_devices(opts.devs)
+        if self.bio_devs:
+            check_tracepoints(BIO_FIELDS)
+            cflags.append("-DIOTRACE_BIO_LEVEL")
         for name, value in (("INFLIGHT_SLOTS", opts.inflight_slots), ("HIST_ENTRIES", opts.hist_entries),
                             ("SERIES_ENTRIES", opts.series_entries), ("HIST_CELLS", opts.hist_cells)):
             if value:
@@ -370,6 +394,10 @@ class Probe:
         devs = self.bpf["devs"]
         for d in opts.devs:
             devs[devs.Key(d)] = ct.c_uint8(1)
+        if self.bio_devs:
+            bio = self.bpf["bio_devs"]
+            for d in self.bio_devs:
+                bio[bio.Key(d)] = ct.c_uint8(1)
         # last: the programs record nothing until the config says enabled
         self._write_config(opts)
         self._interval_start = time.monotonic_ns()
@@ -428,6 +456,7 @@ class Probe:
             hist_counts=np.concatenate([ccounts, hvals.sum(axis=1)]),
             reasons=reasons, diskstats_start=self._diskstats, diskstats_end=diskstats,
             traced_devs=list(self._opts.devs) or None, filtered=bool(self._opts.pids or self._opts.cgroup_id),
+            bio_devs=list(self.bio_devs),
         )
         self._interval_start = end
         self._diskstats = diskstats

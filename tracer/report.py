@@ -77,6 +77,12 @@ def _coverage_line(d: Dump, out: TextIO) -> None:
     out.write(f"coverage: requests recorded / completed per /proc/diskstats: {', '.join(parts)}{why}\n")
 
 
+def _bio_line(d: Dump, out: TextIO) -> None:
+    bio = d.extra.get("bio_devices")
+    if bio and any(s.device in bio for s in d.series):
+        out.write(f"bio-based: {', '.join(bio)} timed per bio, queue to completion (total only, no Q:/D: split)\n")
+
+
 def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = None) -> None:
     seconds = duration_of(d)
     head = title or f"{d.kind}{' ' + repr(d.label) if d.label else ''}"
@@ -89,6 +95,7 @@ def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = N
         out.write(_row([name for name, _ in COLUMNS]) + "\n")
         for s in sorted(d.series, key=lambda s: (-s.count, s.pid, s.device, s.op)):
             out.write(_row(series_row(s, seconds)) + "\n")
+    _bio_line(d, out)
     _coverage_line(d, out)
     lost = {k: v for k, v in d.dropped.items() if v}
     if lost:
