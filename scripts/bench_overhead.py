@@ -50,6 +50,15 @@ tracepoint:block:block_rq_complete /@start[args->dev, args->sector]/ {
 """
 
 
+# The floor: programs on the same three tracepoints that only read the clock, which any latency
+# tracer must do; what iotrace costs beyond this is its own work.
+FLOOR_PROG = r"""
+tracepoint:block:block_io_start, tracepoint:block:block_rq_issue, tracepoint:block:block_rq_complete {
+    $t = nsecs; if ($t == 1) { printf("never\\n"); }
+}
+"""
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -153,14 +162,16 @@ class IOTrace(Tracer):
 class BPFTrace(Tracer):
     name = "bpftrace"
 
-    def __init__(self):
+    def __init__(self, prog: str = BPFTRACE_PROG, name: str = "bpftrace"):
+        self.prog = prog
+        self.name = name
         self.proc: subprocess.Popen | None = None
 
     def why_not(self) -> str | None:
         return None if shutil.which("bpftrace") else "not installed (apt install bpftrace)"
 
     def start(self, device: str) -> None:
-        self.proc = subprocess.Popen(["bpftrace", "-e", BPFTRACE_PROG], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(["bpftrace", "-e", self.prog], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         if _wait_line(self.proc, self.proc.stdout, "Attach", 60) is None:
             out = self.proc.stdout.read() if self.proc.poll() is not None else ""
@@ -280,7 +291,8 @@ def program_cost(device: str, w: Workload, seconds: float, shm: Path) -> dict[st
 def bench(args) -> Result:
     shm = Path(tempfile.mkdtemp(prefix="iotrace-bench-", dir="/dev/shm"))
     device, backing = make_device(shm)
-    tracers: list[Tracer] = [Untraced(), IOTrace(shm / "iotrace.jsonl"), BPFTrace(), BlkTrace(shm)]
+    tracers: list[Tracer] = [Untraced(), BPFTrace(FLOOR_PROG, "floor"), IOTrace(shm / "iotrace.jsonl"), BPFTrace(),
+                             BlkTrace(shm)]
     tracers = [t for t in tracers if t.name in args.tracers]
     workloads = [w for w in WORKLOADS if w.name in args.workloads]
     res = Result(environment={**environment(), "device": f"{device} over {backing} (tmpfs)"},
@@ -362,7 +374,9 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=5, help="fio run time per run (default 5)")
     p.add_argument("--workloads", default=",".join(w.name for w in WORKLOADS),
                    help="comma-separated subset of " + ", ".join(w.name for w in WORKLOADS))
-    p.add_argument("--tracers", default="none,iotrace,bpftrace,blktrace", help="comma-separated subset")
+    p.add_argument("--tracers", default="none,floor,iotrace,bpftrace,blktrace",
+                   help="comma-separated subset; floor = bpftrace reading only the clock at the three "
+                        "tracepoints, the least any latency tracer can cost")
     p.add_argument("--json", metavar="FILE", help="also write the runs and the summary as JSON")
     p.add_argument("--quick", action="store_true", help="2 reps of 2 s, qd32 only: a smoke run")
     args = p.parse_args()
