@@ -425,9 +425,10 @@ def test_command_markers_make_one_dump_per_epoch(loop, tmp_path):
     for d, want in zip(dumps, blocks, strict=False):
         rows = series_of(d, device=loop.name)
         assert {s["op"] for s in rows} == {"read"}
-        assert_count(sum(s["count"] for s in rows), want, [d])
+        assert_count(sum(s["count"] for s in rows), want, [d], device=loop.name)
         assert sum(s["bytes"] for s in rows) == 4096 * sum(s["count"] for s in rows)
-    assert_count(sum(s["count"] for d in dumps for s in series_of(d, device=loop.name)), sum(blocks) + tail, dumps)
+    assert_count(sum(s["count"] for d in dumps for s in series_of(d, device=loop.name)), sum(blocks) + tail, dumps,
+                 device=loop.name)
     # one process across dumps: each dump's histograms hold its own requests, none carried over
     for d in dumps:
         for s in d["series"]:
@@ -465,7 +466,7 @@ def test_mark_from_a_shell_against_a_running_tracer(loop, tmp_path):
     dumps = read_dumps(out)
     assert [(d["kind"], d["label"]) for d in dumps] == [("marker", "load A"), ("marker", "load B"), ("final", None)]
     for d, want in zip(dumps, [40, 25, 0], strict=True):
-        assert_count(sum(s["count"] for s in series_of(d, device=loop.name)), want, [d])
+        assert_count(sum(s["count"] for s in series_of(d, device=loop.name)), want, [d], device=loop.name)
     assert not os.path.exists(path)         # Ctrl-C removes the socket too
 
 

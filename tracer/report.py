@@ -75,6 +75,10 @@ def _coverage_line(d: Dump, out: TextIO) -> None:
         parts.append(f"{name} {rec}/{ker}{pct}")
     why = "; a pid or cgroup filter leaves the rest out" if cov.get("filtered") else ""
     out.write(f"coverage: requests recorded / completed per /proc/diskstats: {', '.join(parts)}{why}\n")
+    missing = {n: c["diskstats"] - c["recorded"] for n, c in cov["devices"].items() if c["diskstats"] > c["recorded"]}
+    if missing and not cov.get("filtered") and d.kind == "final":
+        out.write("WARNING: the kernel completed requests iotrace never saw: "
+                  + ", ".join(f"{n} {k}" for n, k in missing.items()) + " (see README, 'Coverage')\n")
 
 
 def _bio_line(d: Dump, out: TextIO) -> None:
