@@ -30,7 +30,8 @@
  * IOTRACE_START_CATEGORY / IOTRACE_START_EVENT name the start tracepoint
  * (block_io_start, or block_rq_insert on kernels before 6.5); tracer/probe.py
  * substitutes them before compiling, and defines IOTRACE_BIO_LEVEL when a
- * bio-based disk is to be traced.
+ * bio-based disk is to be traced, and IOTRACE_HAVE_GROUP_DEAD where
+ * sched_process_exit says whether a thread group died.
  */
 #include "iotrace.h"
 
@@ -605,11 +606,19 @@ TRACEPOINT_PROBE(sched, sched_process_fork)
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
 	struct iotrace_config *cfg = get_config();
-	u32 tid = (u32)bpf_get_current_pid_tgid();
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tid = (u32)id, tgid = id >> 32;
 
 	/* keeps the filter bounded, and a reused pid from being traced */
-	if (cfg && cfg->filter_pids && cfg->follow_children)
+	if (!cfg || !cfg->filter_pids || !cfg->follow_children)
+		return 0;
+	/* a thread's own entry (from its clone) goes; the process's only with its last thread */
+	if (tid != tgid)
 		pids.delete(&tid);
+#ifdef IOTRACE_HAVE_GROUP_DEAD
+	if (args->group_dead)
+		pids.delete(&tgid);
+#endif
 	return 0;
 }
 

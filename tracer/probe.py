@@ -351,6 +351,8 @@ class Probe:
         text = (src_dir / "iotrace.bpf.c").read_text()
         text = text.replace("IOTRACE_START_CATEGORY", "block").replace("IOTRACE_START_EVENT", self.start_event)
         cflags = [f"-I{src_dir}"]
+        if "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()):
+            cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
         self.bio_devs = bio_level_devices(opts.devs)
         if self.bio_devs:
             check_tracepoints(BIO_FIELDS)
