@@ -37,6 +37,8 @@ examples:
   iotrace diff a.jsonl b.jsonl                  two runs (or two labels) compared row by row
   sudo iotrace bench -o new.json                a versioned fio suite, repeated, to a result file
   iotrace compare base.json new.json            regression gate: exit 1 beyond threshold and spread
+  sudo iotrace serve --listen :9464             a Prometheus exporter: latency histograms per device,
+                                                op, process name and container
 
 latency phases (blktrace's names in brackets):
   queue   request start to issue to the driver    (~Q2D)
@@ -53,6 +55,7 @@ SUBCOMMANDS = {
     "mark": "tracer.control:run_mark",
     "bench": "tracer.bench:main",
     "compare": "tracer.compare:main",
+    "serve": "tracer.serve:main",
 }
 
 
@@ -294,8 +297,10 @@ class Session:
 
     def emit(self, dump) -> None:
         from . import dump as dumpmod
+        from .cgroups import resolve_containers
         from .report import render_table
 
+        resolve_containers(dump)
         if self.file:
             dumpmod.write(self.file, dump)
         render_table(dump, self.out, hist=self.args.hist)

@@ -9,7 +9,7 @@ iotrace .jsonl file is one dump:
      "start": ISO 8601, "end": ISO 8601, "duration_s": float,
      "host": str, "kernel": str, "dropped": {reason: n}, "events": {note: n},
      "series": [{"pid", "tgid", "comm", "device", "devno", "op", "cgroup_id",
-                 "count", "bytes",
+                 "container", "count", "bytes",
                  "latency_us": {phase: {"count", "min", "mean", "p50", "p90",
                                         "p99", "p99.9", "max"}},
                  "hdr": {phase: HdrHistogram compressed base64, values in ns}}]}
@@ -94,6 +94,7 @@ class Series:
     phases: dict[str, PhaseStats]
     tgid: int = 0
     cgroup_id: int = 0
+    container: str = ""     # tracer.cgroups.container_of its cgroup; "" for a host process or unknown
 
     @property
     def key(self) -> tuple[int, str, str]:
@@ -105,7 +106,7 @@ class Series:
             phases[name] = phases[name].merge(st) if name in phases else st
         return Series(self.pid, other.comm or self.comm, other.device, self.devno, self.op,
                       self.count + other.count, self.bytes + other.bytes, phases,
-                      other.tgid or self.tgid, other.cgroup_id or self.cgroup_id)
+                      other.tgid or self.tgid, other.cgroup_id or self.cgroup_id, other.container or self.container)
 
 
 @dataclass
@@ -219,7 +220,8 @@ def to_json(d: Dump) -> dict:
         summaries = {name: st.summary_us() for name, st in s.phases.items()}
         obj["series"].append({
             "pid": s.pid, "tgid": s.tgid, "comm": s.comm, "device": s.device, "devno": s.devno, "op": s.op,
-            "cgroup_id": s.cgroup_id, "count": s.count, "bytes": s.bytes, "latency_us": summaries,
+            "cgroup_id": s.cgroup_id, "container": s.container, "count": s.count, "bytes": s.bytes,
+            "latency_us": summaries,
             "hdr": {name: next(hdrs) for name, st in s.phases.items() if st.count},
         })
     return obj
@@ -240,7 +242,8 @@ def from_json(obj: dict) -> Dump:
         hdr = s.get("hdr", {})
         phases = {name: _phase_from_json(summary, hdr.get(name)) for name, summary in s["latency_us"].items()}
         series.append(Series(int(s["pid"]), s["comm"], s["device"], s["devno"], s["op"], int(s["count"]),
-                             int(s["bytes"]), phases, int(s.get("tgid", 0)), int(s.get("cgroup_id", 0))))
+                             int(s["bytes"]), phases, int(s.get("tgid", 0)), int(s.get("cgroup_id", 0)),
+                             str(s.get("container") or "")))
     known = {"schema", "kind", "label", "start", "end", "duration_s", "host", "kernel", "dropped", "events", "series"}
     return Dump(kind=obj["kind"], label=obj.get("label"), start=datetime.fromisoformat(obj["start"]),
                 end=datetime.fromisoformat(obj["end"]), host=obj.get("host", ""), kernel=obj.get("kernel", ""),

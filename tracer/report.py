@@ -96,9 +96,11 @@ def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = N
         out.write("  no block I/O completed\n")
     else:
         summarize(d.series)
-        out.write(_row([name for name, _ in COLUMNS]) + "\n")
+        # last, and only when some row ran in a container: a host's table stays as it was
+        ctr = any(s.container for s in d.series)
+        out.write(_row([name for name, _ in COLUMNS]) + ("  CONTAINER" if ctr else "") + "\n")
         for s in sorted(d.series, key=lambda s: (-s.count, s.pid, s.device, s.op)):
-            out.write(_row(series_row(s, seconds)) + "\n")
+            out.write(_row(series_row(s, seconds)) + (f"  {s.container or '-'}" if ctr else "") + "\n")
     _bio_line(d, out)
     _coverage_line(d, out)
     lost = {k: v for k, v in d.dropped.items() if v}

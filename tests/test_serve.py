@@ -1,0 +1,279 @@
+"""iotrace serve without the kernel: bucket folding, the bounded cumulative state, the
+exposition a scrape sees, and the command's errors.  No root needed."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections import defaultdict
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import pytest
+
+prometheus_client = pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from tracer import cli, serve  # noqa: E402
+from tracer.dump import Dump, PhaseStats, Series  # noqa: E402
+from tracer.errors import UserError  # noqa: E402
+from tracer.histogram import Histogram, bucket_index, bucket_lower  # noqa: E402
+
+RNG = np.random.default_rng(6)
+
+
+def latencies(n: int, median_us: float = 200.0) -> np.ndarray:
+    return np.maximum(RNG.lognormal(np.log(median_us * 1e3), 1.5, n), 1).astype(np.int64)
+
+
+def series(comm: str, vals: np.ndarray, container: str = "", device: str = "loop0", op: str = "read",
+           pid: int = 100) -> Series:
+    st = PhaseStats(Histogram.from_values(vals), float(vals.sum()), int(vals.min()), int(vals.max()))
+    return Series(pid, comm, device, "7:0", op, len(vals), 4096 * len(vals), {"total": st}, container=container)
+
+
+def dump_of(ss: list[Series], dropped: dict | None = None) -> Dump:
+    t = datetime(2026, 1, 2, tzinfo=UTC)
+    return Dump("interval", t, t + timedelta(seconds=1), "h", "k", ss, dropped=dropped or {})
+
+
+def scrape(exporter: serve.Exporter) -> dict[tuple, float]:
+    """(sample name, sorted labels) -> value, as a scrape would read it."""
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    registry.register(exporter)
+    text = prometheus_client.generate_latest(registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def values(samples: dict, name: str, **match) -> dict[tuple, float]:
+    return {labels: v for (n, labels), v in samples.items()
+            if n == name and all(dict(labels).get(k) == want for k, want in match.items())}
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# ---- buckets ----
+
+def test_edges_are_iotrace_boundaries_near_the_bounds():
+    bounds_ns = np.array(serve.BOUNDS_S) * 1e9
+    assert np.all(np.abs(serve.EDGES_NS / bounds_ns - 1) <= 1 / 256)     # half of an iotrace bucket
+    assert np.array_equal(bucket_lower(bucket_index(serve.EDGES_NS)), serve.EDGES_NS)
+    assert np.all(np.diff(serve.EDGES_NS) > 0)
+
+
+def test_prometheus_buckets_are_exact_for_their_edges():
+    hists, expected = [], []
+    for n, median in ((1, 5), (1000, 30), (5000, 400), (20000, 3000), (0, 1)):
+        vals = latencies(n, median)
+        vals[:3] = serve.EDGES_NS[[0, 5, 9]][:len(vals[:3])]   # right on an edge: counted above it
+        hists.append(Histogram.from_values(vals))
+        expected.append(np.bincount(np.searchsorted(serve.EDGES_NS, vals, side="right"), minlength=serve.NBUCKETS))
+    got = serve.prometheus_buckets(hists)
+    assert got.shape == (5, serve.NBUCKETS)
+    assert np.array_equal(got, np.array(expected))
+    assert serve.prometheus_buckets([]).shape == (0, serve.NBUCKETS)
+
+
+# ---- what a scrape reads ----
+
+def test_scrape_matches_the_dumps_folded():
+    e = serve.Exporter(top=5)
+    all_vals = []
+    for _ in range(3):
+        vals = latencies(800)
+        all_vals.append(vals)
+        e.fold(dump_of([series("fio", vals, "docker:abc123def456"), series("dd", latencies(10), op="write")],
+                       dropped={"no_start": 2, "clamped": 0}))
+    vals = np.concatenate(all_vals)
+    s = scrape(e)
+    sel = dict(comm="fio", container="docker:abc123def456", device="loop0", op="read")
+    (ios,) = values(s, serve.IOS, **sel).values()
+    (nbytes,) = values(s, serve.BYTES, **sel).values()
+    assert ios == len(vals) and nbytes == 4096 * len(vals)
+    buckets = values(s, f"{serve.LATENCY}_bucket", phase="total", **sel)
+    by_le = {float(dict(k)["le"]): v for k, v in buckets.items()}
+    cum = np.cumsum(np.bincount(np.searchsorted(serve.EDGES_NS, vals, side="right"), minlength=serve.NBUCKETS))
+    assert [by_le[b] for b in (*serve.BOUNDS_S, float("inf"))] == cum.tolist()
+    (count,) = values(s, f"{serve.LATENCY}_count", phase="total", **sel).values()
+    (total_s,) = values(s, f"{serve.LATENCY}_sum", phase="total", **sel).values()
+    assert count == len(vals)
+    assert total_s == pytest.approx(vals.sum() / 1e9, rel=1e-9)
+    assert values(s, serve.DROPPED, reason="no_start") == {(("reason", "no_start"),): 6}
+    assert values(s, serve.DROPPED, reason="inflight_full") == {(("reason", "inflight_full"),): 0}
+    assert s[(serve.DRAINS, ())] == 3
+    assert set(s) and {name for name, _ in s} <= set(serve.metric_labels())
+    for (name, labels) in s:
+        assert {k for k, _ in labels} == set(serve.metric_labels()[name]), name
+
+
+def test_kernel_workers_are_one_owner():
+    e = serve.Exporter(top=5)
+    e.fold(dump_of([series("kworker/u8:1", latencies(5)), series("kworker/3:2", latencies(7))]))
+    s = scrape(e)
+    assert {dict(k)["comm"]: v for k, v in values(s, serve.IOS).items()} == {"kworker/*": 12}
+
+
+# ---- cardinality ----
+
+def test_many_processes_keep_series_bounded_and_counters_monotonic():
+    clock = FakeClock()
+    e = serve.Exporter(top=3, idle_s=30, clock=clock)
+    folded_ios = 0
+    previous: dict = {}
+    ever = set()
+    for step in range(120):
+        clock.t += 1
+        # a steady big reader, and short-lived processes of many names, several at a time
+        ss = [series("trainer", latencies(50), container="k8s:podx/abc")]
+        for j in range(3):
+            name = f"job{(step * 3 + j) // 4}"
+            ss.append(series(name, latencies(int(RNG.integers(1, 40)))))
+        folded_ios += sum(x.count for x in ss)
+        e.fold(dump_of(ss))
+        s = scrape(e)
+        comms = {dict(k)["comm"] for k in values(s, serve.IOS)}
+        ever |= comms
+        assert len(comms) <= 3 + 1, comms
+        assert s[(serve.LABELLED, ())] <= 3
+        # all requests are counted, in exactly one series
+        assert sum(values(s, serve.IOS).values()) == folded_ios
+        for key, v in s.items():
+            if key[0].endswith(("_total", "_bucket", "_count", "_sum")) and key in previous:
+                assert v >= previous[key], key
+        previous = s
+    assert "trainer" in comms                       # the big one keeps its own labels
+    assert serve.OTHER in comms
+    assert len(ever) > 4                            # names did come and go
+    assert len(e.candidates) <= e.max_candidates
+
+
+def test_exited_processes_fold_into_other():
+    clock = FakeClock()
+    e = serve.Exporter(top=10, idle_s=30, clock=clock)
+    e.fold(dump_of([series("loader", latencies(100)), series("trainer", latencies(10))]))
+    assert {dict(k)["comm"] for k in values(scrape(e), serve.IOS)} == {"loader", "trainer"}
+    for _ in range(40):             # the loader exited; the trainer goes on
+        clock.t += 1
+        e.fold(dump_of([series("trainer", latencies(10))]))
+    s = scrape(e)
+    ios = {dict(k)["comm"]: v for k, v in values(s, serve.IOS).items()}
+    assert ios == {"trainer": 410, serve.OTHER: 100}
+    assert s[(serve.FOLDED, ())] == 1
+    assert len(e.owners) == 1
+    # the loader's latency went along: other's histogram holds its 100 requests
+    assert values(s, f"{serve.LATENCY}_count", comm=serve.OTHER) == {
+        tuple(sorted(dict(comm=serve.OTHER, container="", device="loop0", op="read", phase="total").items())): 100}
+
+
+def test_a_busier_newcomer_displaces_the_weakest():
+    clock = FakeClock()
+    e = serve.Exporter(top=2, idle_s=1e9, clock=clock)
+    for _ in range(5):
+        clock.t += 1
+        e.fold(dump_of([series("a", latencies(20)), series("b", latencies(2))]))
+    assert set(e.owners) == {("a", ""), ("b", "")}
+    clock.t += 1
+    e.fold(dump_of([series("c", latencies(5))]))       # not yet 2x b's recent I/O
+    assert ("c", "") not in e.owners
+    for _ in range(3):
+        clock.t += 1
+        e.fold(dump_of([series("a", latencies(20)), series("c", latencies(60))]))
+    assert set(e.owners) == {("a", ""), ("c", "")}
+    ios = {dict(k)["comm"]: v for k, v in values(scrape(e), serve.IOS).items()}
+    # c's own series start at its promotion; what it did before, and all of b, is in other
+    assert ios["a"] == 8 * 20 and ios[serve.OTHER] + ios["c"] == 10 + 5 + 3 * 60 and ios["c"] < 3 * 60 + 5
+    assert sum(ios.values()) == 8 * 20 + 10 + 5 + 3 * 60
+
+
+def test_top_zero_puts_everything_in_other():
+    e = serve.Exporter(top=0)
+    e.fold(dump_of([series("a", latencies(3)), series("b", latencies(4), container="crio:1")]))
+    assert {dict(k)["comm"]: v for k, v in values(scrape(e), serve.IOS).items()} == {serve.OTHER: 7}
+
+
+# ---- the command ----
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("127.0.0.1:9464", ("127.0.0.1", 9464)), (":9464", ("0.0.0.0", 9464)), ("[::1]:80", ("::1", 80)),
+    ("localhost:0", ("localhost", 0)), ("0.0.0.0:65535", ("0.0.0.0", 65535)),
+])
+def test_listen_address(text, want):
+    assert serve._listen_address(text) == want
+
+
+@pytest.mark.parametrize("text", ["9464", "127.0.0.1", "127.0.0.1:", "host:port", "1.2.3.4:70000", "::1:80", ""])
+def test_bad_listen_is_one_line(text, capsys):
+    assert cli.main(["serve", "--listen", text]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("iotrace: --listen") and err.count("\n") == 1
+
+
+def test_port_in_use_is_one_line():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        registry = prometheus_client.CollectorRegistry(auto_describe=False)
+        with pytest.raises(UserError, match=f"cannot listen on 127.0.0.1:{port}: the port is in use"):
+            serve._start_server(prometheus_client, "127.0.0.1", port, registry)
+
+
+def test_unknown_host():
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    with pytest.raises(UserError, match="unknown host"):
+        serve._start_server(prometheus_client, "no-such-host.invalid", 0, registry)
+
+
+def test_missing_prometheus_client_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)    # import now raises ImportError
+    with pytest.raises(UserError, match=r"pip install 'iotrace\[prometheus\]'"):
+        serve.main(["--listen", "127.0.0.1:0"])
+
+
+@pytest.mark.parametrize("argv", [["--top", "-1"], ["--interval", "0"], ["--idle", "x"], ["--nope"]])
+def test_bad_options(argv, capsys):
+    assert cli.main(["serve", *argv]) == 2
+    assert capsys.readouterr().err.startswith("iotrace: ")
+
+
+def test_help_names_the_metrics(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for name in (serve.LATENCY, serve.IOS, serve.BYTES, serve.DROPPED, "--top", "--listen"):
+        assert name in text
+
+
+def test_collect_is_safe_while_folding():
+    """Scrapes run in the HTTP server's threads while the loop folds."""
+    import threading
+
+    e = serve.Exporter(top=4)
+    stop = threading.Event()
+    seen: list = defaultdict(list)
+
+    def scraper():
+        while not stop.is_set():
+            s = scrape(e)
+            seen["ios"].append(sum(values(s, serve.IOS).values()))
+            seen["count"].append(sum(values(s, f"{serve.LATENCY}_count").values()))
+
+    t = threading.Thread(target=scraper)
+    t.start()
+    try:
+        for i in range(200):
+            e.fold(dump_of([series(f"p{i % 9}", latencies(10))]))
+    finally:
+        stop.set()
+        t.join()
+    # every scrape saw whole dumps: requests and histogram counts agree, in tens
+    assert seen["ios"] and seen["ios"] == seen["count"]
+    assert all(v % 10 == 0 for v in seen["ios"])

@@ -1,0 +1,450 @@
+"""iotrace serve: a long-running Prometheus exporter of block-I/O latency.
+
+This module owns the exporter: its metric names (the one list deploy/ and
+its tests check the Grafana dashboard against), the Prometheus bucket bounds
+and how iotrace's fine buckets fold into them, the cumulative state with its
+bounded label cardinality, and the serve loop.
+
+Every --interval it drains the kernel's histograms (as `iotrace -i` does)
+and adds the dump to cumulative counters, which a Prometheus scrape reads:
+
+    iotrace_io_latency_seconds{device,op,phase,comm,container}   histogram
+    iotrace_ios_total{device,op,comm,container}                   counter: requests completed
+    iotrace_bytes_total{device,op,comm,container}                 counter
+    iotrace_dropped_events_total{reason}                          counter (README, "Dropped events")
+    iotrace_drains_total                                          counter: intervals folded in
+    iotrace_labelled_owners                                       gauge: (comm, container) pairs with own labels
+    iotrace_folded_owners_total                                   counter: owners folded into comm="other"
+
+Buckets: Prometheus counts a latency in `le` bucket B when it lies below
+the iotrace bucket boundary nearest to B.  Every iotrace bucket lies wholly
+on one side of such a boundary, so the counts are exact for those
+boundaries, which are within 0.4% (half an iotrace bucket) of the nominal
+bounds: a latency within 0.4% of a bound may be counted on either side.
+
+Cardinality: labels are process name (comm; kernel workers as kworker/*)
+and container, never pid.  At most --top (comm, container) "owners" keep
+labels of their own; everything else is counted under comm="other",
+container="".  Owners are ranked by recent I/O (an exponentially decayed
+count, half-life one minute); a newcomer doing more than twice the I/O of
+the weakest labelled owner takes its place, and an owner with no I/O for
+--idle seconds (its processes exited) gives its place up.  A displaced
+owner's totals move into "other" and its own series end, so every counter
+stays monotonic and the sum over all series is every request since start.
+An owner that comes back starts new series from zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import re
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TextIO
+
+import numpy as np
+
+from .errors import UserError
+from .histogram import Histogram, bucket_index, bucket_lower, bucket_upper
+
+# ---- metric names: the one source of truth ------------------------------------
+
+LATENCY = "iotrace_io_latency_seconds"
+IOS = "iotrace_ios_total"
+BYTES = "iotrace_bytes_total"
+DROPPED = "iotrace_dropped_events_total"
+DRAINS = "iotrace_drains_total"
+LABELLED = "iotrace_labelled_owners"
+FOLDED = "iotrace_folded_owners_total"
+
+LATENCY_LABELS = ("device", "op", "phase", "comm", "container")
+IO_LABELS = ("device", "op", "comm", "container")
+
+OTHER = "other"    # the comm of everything without labels of its own
+
+# Storage latency from 10 us (a fast NVMe read) to 10 s (a stuck device), 1-2.5-5 per decade.
+BOUNDS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
+            0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def metric_labels() -> dict[str, tuple[str, ...]]:
+    """Every sample name the exporter exposes -> its label names (histogram samples add `le` to _bucket)."""
+    return {
+        f"{LATENCY}_bucket": (*LATENCY_LABELS, "le"), f"{LATENCY}_sum": LATENCY_LABELS,
+        f"{LATENCY}_count": LATENCY_LABELS,
+        IOS: IO_LABELS, BYTES: IO_LABELS, DROPPED: ("reason",), DRAINS: (), LABELLED: (), FOLDED: (),
+    }
+
+
+def _bucket_cuts(bounds_s) -> np.ndarray:
+    """Per bound, the first iotrace bucket above it: buckets below the cut count as `le` the bound."""
+    ns = np.round(np.asarray(bounds_s, dtype=np.float64) * 1e9).astype(np.int64)
+    i = bucket_index(ns)
+    lo, hi = bucket_lower(i), bucket_upper(i)
+    return np.where(ns - lo <= hi - ns, i, i + 1)
+
+
+CUTS = _bucket_cuts(BOUNDS_S)
+#: The latency (ns) where each Prometheus bucket really ends: the iotrace boundary nearest its bound.
+EDGES_NS = bucket_lower(CUTS)
+NBUCKETS = len(BOUNDS_S) + 1    # with +Inf
+
+
+def prometheus_buckets(hists: list[Histogram]) -> np.ndarray:
+    """(len(hists), NBUCKETS) int64: each histogram's counts per Prometheus bucket (not cumulative).
+
+    All histograms in one set of numpy calls: a busy node's dump holds thousands.
+    """
+    out = np.zeros((len(hists), NBUCKETS), np.int64)
+    sizes = np.array([h.idx.size for h in hists], dtype=np.intp)
+    if not sizes.sum():
+        return out
+    idx = np.concatenate([h.idx for h in hists])
+    counts = np.concatenate([h.counts for h in hists])
+    which = np.repeat(np.arange(len(hists)), sizes) * NBUCKETS + np.searchsorted(CUTS, idx, side="right")
+    # float weights are exact: one interval's counts are far below 2**53
+    out[:] = np.rint(np.bincount(which, weights=counts.astype(np.float64),
+                                 minlength=len(hists) * NBUCKETS)).reshape(len(hists), NBUCKETS)
+    return out
+
+
+# ---- cumulative state ------------------------------------------------------------
+
+HALF_LIFE_S = 60.0
+SWAP_FACTOR = 2.0   # a newcomer must do this many times the weakest owner's recent I/O to displace it
+
+
+@dataclass
+class _Latency:
+    buckets: np.ndarray = field(default_factory=lambda: np.zeros(NBUCKETS, np.int64))
+    sum_ns: float = 0.0
+
+
+@dataclass
+class _Owner:
+    """Cumulative counts of one (comm, container), or of everything folded into "other"."""
+
+    latency: dict[tuple[str, str, str], _Latency] = field(default_factory=dict)   # (device, op, phase)
+    io: dict[tuple[str, str], list[int]] = field(default_factory=dict)            # (device, op) -> [ios, bytes]
+    score: float = 0.0
+    last_io: float = 0.0
+
+    def absorb(self, other: _Owner) -> None:
+        for k, lat in other.latency.items():
+            mine = self.latency.setdefault(k, _Latency())
+            mine.buckets += lat.buckets
+            mine.sum_ns += lat.sum_ns
+        for k, (n, b) in other.io.items():
+            mine = self.io.setdefault(k, [0, 0])
+            mine[0] += n
+            mine[1] += b
+
+
+OwnerKey = tuple[str, str]   # (comm, container)
+
+
+class Exporter:
+    """Folds dumps into cumulative metrics; a prometheus_client collector (``collect``).
+
+    `fold` runs in the serve loop, `collect` in the HTTP server's threads: a
+    lock keeps a scrape from seeing half a dump.
+    """
+
+    def __init__(self, top: int = 20, idle_s: float = 600.0, half_life_s: float = HALF_LIFE_S, clock=time.monotonic):
+        self.top = top
+        self.idle_s = idle_s
+        self.half_life_s = half_life_s
+        self.clock = clock
+        self.owners: dict[OwnerKey, _Owner] = {}
+        self.other = _Owner()
+        # recent I/O of owners without labels, so one can earn a place; bounded, the weakest forgotten
+        self.candidates: dict[OwnerKey, float] = {}
+        self.max_candidates = max(4 * top, 64)
+        self.dropped: dict[str, int] = {}
+        self.drains = 0
+        self.folded = 0
+        self._last_fold: float | None = None
+        self._lock = threading.Lock()
+
+    # ---- folding
+
+    def fold(self, dump) -> None:
+        from .report import row_comm
+
+        now = self.clock()
+        groups: dict[OwnerKey, list] = {}
+        for s in dump.series:
+            groups.setdefault((row_comm(s.comm), s.container), []).append(s)
+        # the numpy work before taking the lock: scrapes wait only for the additions
+        entries = [(key, s, phase, st) for key, ss in groups.items() for s in ss
+                   for phase, st in s.phases.items() if st.count]
+        counts = prometheus_buckets([st.hist for _, _, _, st in entries])
+        ios = {key: sum(s.count for s in ss) for key, ss in groups.items()}
+        with self._lock:
+            self._age(now, dump.duration_s)
+            for key, n in ios.items():
+                if key in self.owners:
+                    self.owners[key].score += n
+                    self.owners[key].last_io = now
+                else:
+                    self.candidates[key] = self.candidates.get(key, 0.0) + n
+            self._evict_idle(now)
+            self._promote([k for k in ios if k not in self.owners], now)
+            for row, (key, s, phase, st) in enumerate(entries):
+                owner = self.owners.get(key, self.other)
+                lat = owner.latency.setdefault((s.device, s.op, phase), _Latency())
+                lat.buckets += counts[row]
+                lat.sum_ns += st.sum_ns
+            for key, ss in groups.items():
+                owner = self.owners.get(key, self.other)
+                for s in ss:
+                    io = owner.io.setdefault((s.device, s.op), [0, 0])
+                    io[0] += s.count
+                    io[1] += s.bytes
+            for reason, n in dump.dropped.items():
+                self.dropped[reason] = self.dropped.get(reason, 0) + int(n)
+            self.drains += 1
+
+    def _age(self, now: float, duration_s: float) -> None:
+        elapsed = now - self._last_fold if self._last_fold is not None else duration_s
+        self._last_fold = now
+        decay = 0.5 ** (max(elapsed, 0.0) / self.half_life_s)
+        for o in self.owners.values():
+            o.score *= decay
+        for k in self.candidates:
+            self.candidates[k] *= decay
+
+    def _evict_idle(self, now: float) -> None:
+        for key in [k for k, o in self.owners.items() if now - o.last_io >= self.idle_s]:
+            self._demote(key)
+
+    def _demote(self, key: OwnerKey) -> None:
+        owner = self.owners.pop(key)
+        self.other.absorb(owner)
+        self.folded += 1
+
+    def _promote(self, active: list[OwnerKey], now: float) -> None:
+        """Give the active candidates, busiest first, free places, or those of owners they outdo."""
+        ranked = sorted(((k, self.candidates[k]) for k in active), key=lambda kv: -kv[1])
+        for key, score in ranked:
+            if score <= 0:
+                break
+            if len(self.owners) >= self.top:
+                if not self.owners:
+                    break
+                weakest = min(self.owners, key=lambda k: self.owners[k].score)
+                weak_score = self.owners[weakest].score
+                if score <= SWAP_FACTOR * weak_score:
+                    break
+                self._demote(weakest)
+                self.candidates[weakest] = weak_score   # it may win its place back while busy
+            del self.candidates[key]
+            self.owners[key] = _Owner(score=score, last_io=now)
+        if len(self.candidates) > self.max_candidates:
+            keep = sorted(self.candidates.items(), key=lambda kv: -kv[1])[:self.max_candidates]
+            self.candidates = dict(keep)
+
+    # ---- prometheus_client's Collector protocol
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+        from prometheus_client.utils import floatToGoString
+
+        les = [floatToGoString(b) for b in BOUNDS_S] + ["+Inf"]
+        lat = HistogramMetricFamily(LATENCY, "Block I/O latency from request start (queue, total) or issue "
+                                    "(device) to completion", labels=LATENCY_LABELS)
+        ios = CounterMetricFamily(IOS, "Block I/O requests completed", labels=IO_LABELS)
+        nbytes = CounterMetricFamily(BYTES, "Bytes of block I/O requests completed", labels=IO_LABELS)
+        dropped = CounterMetricFamily(DROPPED, "Events iotrace could not record, by reason", labels=("reason",))
+        with self._lock:
+            owners = [(comm, ctr, o) for (comm, ctr), o in self.owners.items()] + [(OTHER, "", self.other)]
+            for comm, ctr, o in owners:
+                for (device, op, phase), h in o.latency.items():
+                    cum = np.cumsum(h.buckets).tolist()
+                    lat.add_metric((device, op, phase, comm, ctr), list(zip(les, cum, strict=True)), h.sum_ns / 1e9)
+                for (device, op), (n, b) in o.io.items():
+                    ios.add_metric((device, op, comm, ctr), n)
+                    nbytes.add_metric((device, op, comm, ctr), b)
+            for reason, n in sorted({**dict.fromkeys(_drop_reasons(), 0), **self.dropped}.items()):
+                dropped.add_metric((reason,), n)
+            drains, labelled, folded = self.drains, len(self.owners), self.folded
+        yield lat
+        yield ios
+        yield nbytes
+        yield dropped
+        yield CounterMetricFamily(DRAINS, "Intervals drained from the kernel and folded in", value=drains)
+        yield GaugeMetricFamily(LABELLED, "(comm, container) pairs exported with labels of their own "
+                                "(at most --top)", value=labelled)
+        yield CounterMetricFamily(FOLDED, "Owners folded into comm=\"other\" (idle or displaced)", value=folded)
+
+
+def _drop_reasons() -> list[str]:
+    """Every drop reason, so each has a series (at 0) from the first scrape."""
+    from . import contract
+
+    return [r.removeprefix("drop_") for r in contract.load().reasons if r.startswith("drop_")] + ["recursion"]
+
+
+# ---- the command -----------------------------------------------------------------
+
+DEFAULT_LISTEN = "127.0.0.1:9464"
+
+EPILOG = f"""\
+examples:
+  sudo iotrace serve                               metrics on http://{DEFAULT_LISTEN}/metrics
+  sudo iotrace serve --listen :9464 --interval 15  every interface (as in deploy/kubernetes)
+  sudo iotrace serve --dev nvme0n1 -o fold.jsonl   one disk; also append each folded dump to a file
+
+metrics:
+  {LATENCY}{{device,op,phase,comm,container}}  histogram, {len(BOUNDS_S)} buckets 10us..10s
+  {IOS}, {BYTES}{{device,op,comm,container}}
+  {DROPPED}{{reason}}, {DRAINS}, {LABELLED}, {FOLDED}
+
+At most --top (comm, container) pairs keep labels of their own, ranked by
+recent I/O; the rest is counted under comm="other".  A pair with no I/O for
+--idle seconds (its processes exited) is folded into "other" too, so a node
+where processes come and go keeps a bounded number of series.  SIGTERM or
+Ctrl-C end it (exit 0).
+"""
+
+
+def _listen_address(text: str) -> tuple[str, int]:
+    """'HOST:PORT', '[V6]:PORT' or ':PORT' (every interface) -> (host, port)."""
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.%a-z]+)\]:(\d{1,5})|([^\[\]:]*):(\d{1,5})", text.strip())
+    if not m or int(m.group(2) or m.group(4)) > 65535:
+        raise UserError(f"--listen {text!r}: want HOST:PORT, e.g. 127.0.0.1:9464, or :9464 for every interface")
+    host = m.group(1) if m.group(1) is not None else (m.group(3) or "0.0.0.0")
+    return host, int(m.group(2) or m.group(4))
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return v
+
+
+def _import_prometheus():
+    try:
+        import prometheus_client
+    except ImportError:
+        raise UserError("iotrace serve needs prometheus-client: pip install 'iotrace[prometheus]' "
+                        "(or prometheus-client) into iotrace's environment") from None
+    return prometheus_client
+
+
+def _start_server(prom, host: str, port: int, registry):
+    """The HTTP server in its own thread; UserError, one line, if it cannot listen."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        server, _thread = prom.start_http_server(port, addr=host, registry=registry)
+    except socket.gaierror:
+        raise UserError(f"--listen {where}: unknown host {host!r}") from None
+    except OSError as exc:
+        why = {errno.EADDRINUSE: "the port is in use (another exporter?): choose another --listen port",
+               errno.EADDRNOTAVAIL: "not an address of this machine",
+               errno.EACCES: "permission denied (ports below 1024 need root)"}.get(exc.errno, exc.strerror)
+        raise UserError(f"cannot listen on {where}: {why}") from None
+    return server
+
+
+def parser():
+    from .cli import _Parser, _positive
+
+    p = _Parser(prog="iotrace serve", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+                description="Export block I/O latency to Prometheus: histograms per device, op and latency "
+                            "phase, labelled with process name and container, plus I/O, byte and "
+                            "dropped-event counters.")
+    p.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
+                   help=f"where to serve /metrics (default {DEFAULT_LISTEN}; ':9464' for every interface)")
+    p.add_argument("-i", "--interval", type=_positive, default=5.0, metavar="SECONDS",
+                   help="drain the kernel's histograms into the metrics this often (default 5)")
+    p.add_argument("--top", type=_nonneg_int, default=20, metavar="N",
+                   help="(comm, container) pairs with labels of their own; the rest is comm=\"other\" (default 20)")
+    p.add_argument("--idle", type=_positive, default=600.0, metavar="SECONDS",
+                   help="fold a pair into \"other\" after this long without I/O (default 600)")
+    p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
+                   help="only this disk (loop0, /dev/nvme0n1, 7:0); repeatable. Default: every device")
+    p.add_argument("--cgroup", metavar="PATH",
+                   help="only I/O submitted from this cgroup v2 or below it, e.g. /kubepods.slice for pods only")
+    p.add_argument("-o", "--output", metavar="FILE.jsonl", help="also append each folded dump to FILE")
+    return p
+
+
+def main(argv: list[str], out: TextIO = sys.stdout) -> int:
+    from . import devices
+    from .cli import _open_output, _Signals, resolve_cgroup
+
+    ns = parser().parse_args(argv)
+    host, port = _listen_address(ns.listen)
+    prom = _import_prometheus()
+    devs = [devices.resolve(d) for d in ns.devs]
+    cgroup_id, cgroup_level = resolve_cgroup(ns.cgroup) if ns.cgroup else (0, 0)
+    exporter = Exporter(top=ns.top, idle_s=ns.idle)
+    registry = prom.CollectorRegistry(auto_describe=False)
+    registry.register(exporter)
+    file = _open_output(ns.output) if ns.output else None
+    server = None
+    probe = None
+    sig = None
+    try:
+        # listen before loading BPF (seconds of compiling): a port in use fails at once
+        server = _start_server(prom, host, port, registry)
+        sig = _Signals()
+        from .aggregate import Clock
+        from .probe import Probe, ProbeOptions
+
+        probe = Probe(ProbeOptions(devs=devs, cgroup_id=cgroup_id, cgroup_level=cgroup_level))
+        clock = Clock()
+        bound = server.server_address[1]
+        where = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
+        print(f"iotrace: serving block I/O metrics on http://{where}/metrics, every {ns.interval:g}s"
+              f"{' on ' + ', '.join(ns.devs) if ns.devs else ''}{' in ' + ns.cgroup if ns.cgroup else ''}; "
+              f"SIGTERM or Ctrl-C to end", file=sys.stderr)
+        _loop(ns.interval, probe, clock, exporter, sig, file)
+        out.write(f"iotrace serve: {exporter.drains} intervals folded, {len(exporter.owners)} labelled owners, "
+                  f"{exporter.folded} folded into \"{OTHER}\"\n")
+        return 0
+    finally:
+        if sig:
+            sig.restore()
+        if server:
+            server.shutdown()
+            server.server_close()
+        if probe:
+            probe.close()
+        if file:
+            file.close()
+
+
+def _loop(interval: float, probe, clock, exporter: Exporter, sig, file) -> None:
+    from . import dump as dumpmod
+    from .aggregate import build_dump
+    from .cgroups import resolve_containers
+
+    next_tick = time.monotonic() + interval
+    while True:
+        timeout = max(0.0, next_tick - time.monotonic())
+        select.select([sig.r], [], [], 0 if sig.pending else timeout)
+        signals = sig.take()
+        stop = signal.SIGINT in signals or signal.SIGTERM in signals
+        now = time.monotonic()
+        if stop or now >= next_tick or signal.SIGUSR1 in signals:
+            dump = build_dump(probe.drain(), clock, "final" if stop else "interval")
+            resolve_containers(dump)
+            exporter.fold(dump)
+            if file:
+                dumpmod.write(file, dump)
+        if stop:
+            return
+        while next_tick <= now:   # fell behind (suspended?): skip, do not burst
+            next_tick += interval
