@@ -12,8 +12,8 @@ REPO=$(pwd -P)
 VENV=$REPO/.venv
 STAMP=$VENV/.iotrace-installed      # sha256 of the pyproject.toml pip last installed
 LINK=/usr/local/bin/iotrace
-# prometheus: tests/test_prometheus.py runs its own server
-APT_PACKAGES=(python3-bpfcc bpfcc-tools fio prometheus)
+# tmux: the tests drive `iotrace top` in it; prometheus: tests/test_prometheus.py runs its own server
+APT_PACKAGES=(python3-bpfcc bpfcc-tools fio tmux prometheus)
 # `setup.sh --bench`: also the peers the overhead bench runs iotrace against
 if [[ ${1:-} == --bench ]]; then APT_PACKAGES+=(bpftrace blktrace); fi
 RELEASE=$(uname -r)

@@ -39,6 +39,11 @@ examples:
   iotrace compare base.json new.json            regression gate: exit 1 beyond threshold and spread
   sudo iotrace serve --listen :9464             a Prometheus exporter: latency histograms per device,
                                                 op, process name and container
+  sudo iotrace -i 10 --csv io.csv --alert 'p99>50ms' --fail-on-alert -- python train.py
+                                                iostat's columns beside p50/p99 per interval; exit 3 on an alert
+  iotrace plot run.jsonl -o io.png              latency over time, a heatmap, per-epoch bars (needs matplotlib)
+  sudo iotrace top                              a live view, like biotop with percentiles (q quits)
+  iotrace --diskstats -i 5                      no root, no BPF: iostat's numbers per device, bytes per process
 
 latency phases (blktrace's names in brackets):
   queue   request start to issue to the driver    (~Q2D)
@@ -56,6 +61,8 @@ SUBCOMMANDS = {
     "bench": "tracer.bench:main",
     "compare": "tracer.compare:main",
     "serve": "tracer.serve:main",
+    "plot": "tracer.plot:main",
+    "top": "tracer.top:main",
 }
 
 
@@ -73,6 +80,10 @@ class TraceArgs:
     hist_cells: int | None = None
     cgroup: str | None = None
     command: list[str] = field(default_factory=list)
+    csv: str | None = None                                  # tracer.iostat: --csv, --alert, --diskstats
+    alerts: list[str] = field(default_factory=list)
+    fail_on_alert: bool = False
+    diskstats: bool = False
 
 
 def _positive(text: str) -> float:
@@ -94,7 +105,8 @@ class _Parser(argparse.ArgumentParser):
 
 def trace_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="iotrace", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
-                usage="sudo iotrace [options] [-- COMMAND [ARGS...]]\n       iotrace report FILE.jsonl...",
+                usage="sudo iotrace [options] [-- COMMAND [ARGS...]]\n       iotrace report FILE.jsonl...\n"
+                      "       iotrace --diskstats [-i SECONDS] [--dev DEV] [--pid PID]   (no root)",
                 description="Block I/O latency per process and device, from in-kernel BPF histograms: "
                             "p50/p90/p99/p99.9 of each process's reads, writes, flushes and discards.")
     p.add_argument("--pid", type=int, action="append", default=[], metavar="PID", dest="pids",
@@ -117,6 +129,19 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("--hist-cells", type=int, metavar="N",
                    help="per-CPU fast histogram cells (power of two, default 16384); buckets that find "
                         "no cell still count, in a slower hash map")
+    p.add_argument("--csv", metavar="FILE.csv", help="append a row per report, device and op: iostat -x's columns "
+                   "(r/s, w/s, rkB/s, wkB/s, r_await, w_await, aqu-sz, %%util) from /proc/diskstats beside "
+                   "iotrace's count, MB/s, p50 and p99")
+    p.add_argument("--alert", action="append", default=[], metavar="RULE", dest="alerts",
+                   help="warn on each report where RULE holds (repeatable): [DEV:][OP:][PHASE.]STAT>VALUE, e.g. "
+                        "'p99>50ms', 'device.p99.9>=5ms', 'loop0:read:mean>2ms', or util>90%% (also r_await, "
+                        "w_await, aqu-sz, from /proc/diskstats); recorded in the dump as \"alerts\"")
+    p.add_argument("--fail-on-alert", action="store_true",
+                   help="exit 3 if any alert fired (a COMMAND's own non-zero exit code wins)")
+    p.add_argument("--diskstats", action="store_true",
+                   help="no BPF, no root: iostat's numbers per device from /proc/diskstats and bytes per "
+                        "process from /proc/PID/io (your own processes only, unless root); no percentiles. "
+                        "Takes -i, -d, -o, --csv, --dev, --pid, --alert")
     return p
 
 
@@ -132,8 +157,8 @@ def parse_trace_args(argv: list[str]) -> TraceArgs:
         raise UserError("give either --pid or a COMMAND after '--', not both")
     return TraceArgs(pids=ns.pids, no_children=ns.no_children, threads=ns.threads, devs=ns.devs,
                      interval=ns.interval, duration=ns.duration, output=ns.output, hist=ns.hist,
-                     inflight_slots=ns.inflight_slots, hist_cells=ns.hist_cells, cgroup=ns.cgroup,
-                     command=command)
+                     inflight_slots=ns.inflight_slots, hist_cells=ns.hist_cells, cgroup=ns.cgroup, command=command,
+                     csv=ns.csv, alerts=ns.alerts, fail_on_alert=ns.fail_on_alert, diskstats=ns.diskstats)
 
 
 # ---- command mode ------------------------------------------------------------
@@ -294,6 +319,7 @@ class Session:
         self.dumps = 0
         # the whole run so far, merged as it goes: a long run keeps one dump, not all of them
         self.total = None
+        self.extras = None      # tracer.iostat.TraceExtras: --csv rows and --alert checks per dump
 
     def emit(self, dump) -> None:
         from . import dump as dumpmod
@@ -301,6 +327,8 @@ class Session:
         from .report import render_table
 
         resolve_containers(dump)
+        if self.extras:     # before the write: the dump's alerts go in its JSON line
+            self.extras.on_dump(dump)
         if self.file:
             dumpmod.write(self.file, dump)
         render_table(dump, self.out, hist=self.args.hist)
@@ -314,11 +342,15 @@ class Session:
 
 def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     from . import devices
+    from .iostat import TraceExtras, offer_diskstats, run_diskstats
     from .marker import ENV_CONTROL
 
+    if args.diskstats:
+        return run_diskstats(args, out)
     devs = [devices.resolve(d) for d in args.devs]
     cgroup_id, cgroup_level = resolve_cgroup(args.cgroup) if args.cgroup else (0, 0)
     pidfds = _check_pids(args.pids)
+    extras = TraceExtras.from_args(args)
     file = _open_output(args.output) if args.output else None
     control, control_error = _open_control()
     try:
@@ -339,10 +371,14 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         opts = ProbeOptions(pids=list(args.pids) + ([child] if child else []), follow_children=not args.no_children,
                             per_thread=args.threads, devs=devs, inflight_slots=args.inflight_slots,
                             hist_cells=args.hist_cells, cgroup_id=cgroup_id, cgroup_level=cgroup_level)
-        probe = Probe(opts)
+        try:
+            probe = Probe(opts)
+        except UserError as exc:
+            raise offer_diskstats(exc) from None
         clock = Clock()
         session = Session(args, out)
         session.file = file
+        session.extras = extras.start() if extras else None
         if child:
             pidfds.append(os.pidfd_open(child))
             try:
@@ -366,9 +402,11 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         session.emit(final)
         if session.dumps > 1:
             render_table(session.total, out, title="whole run")
-        return status
+        return extras.finish(status) if extras else status
     finally:
         sig.restore()
+        if extras:
+            extras.close()
         if release is not None and child:
             os.close(release)       # unblocks the held child: it exits 125
             os.waitpid(child, 0)

@@ -154,6 +154,15 @@ def fold_by_comm(series: Iterable[Series]) -> list[Series]:
     return list(out.values())
 
 
+def merge_by_device_op(series: Iterable[Series]) -> list[Series]:
+    """One row per (device, op), all processes merged (pid 0, no comm): what iostat, alerts and plots see."""
+    out: dict[tuple, Series] = {}
+    for s in series:
+        k = (s.devno, s.op)
+        out[k] = out[k].merge(s) if k in out else s
+    return [Series(0, "", s.device, s.devno, s.op, s.count, s.bytes, s.phases) for s in out.values()]
+
+
 def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None) -> Dump:
     """One dump covering all of `dumps` (which should be disjoint windows)."""
     if not dumps:

@@ -1,0 +1,170 @@
+"""iotrace top: the screen text from crafted dumps, and the real thing driven in tmux."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, REQUIRE_BPF, ROOT, run_iotrace
+
+from tracer import top
+from tracer.dump import Dump, PhaseStats, Series
+from tracer.histogram import Histogram
+
+TESTS = Path(__file__).resolve().parent
+T0 = datetime(2026, 1, 1, 8, 30, tzinfo=UTC)
+_sessions = itertools.count()
+
+
+def _series(pid: int, comm: str, count: int, latency_ns: int, size: int = 4096) -> Series:
+    st = PhaseStats(Histogram.from_values([latency_ns] * count), float(latency_ns * count), latency_ns, latency_ns)
+    return Series(pid, comm, "loop0", "7:0", "read", count, size * count, {"total": st})
+
+
+def _dump(*series: Series) -> Dump:
+    return Dump("interval", T0, T0 + timedelta(seconds=2), "h", "k", list(series))
+
+
+def test_rows_sort_by_p99_bytes_or_iops():
+    d = _dump(_series(1, "slow", 10, 9_000_000), _series(2, "big", 20, 100_000, size=1 << 20),
+              _series(3, "many", 400, 50_000))
+    assert [r.comm for r in top.top_rows(d, "p99")] == ["slow", "big", "many"]
+    assert [r.comm for r in top.top_rows(d, "bytes")] == ["big", "many", "slow"]
+    assert [r.comm for r in top.top_rows(d, "iops")] == ["many", "big", "slow"]
+    many = top.top_rows(d, "iops")[0]
+    assert many.iops == 200 and many.cells()[6] == "4.0K" and many.cells()[9] == "50us"
+
+
+def test_screen_fits_the_height_and_says_what_is_left_out():
+    d = _dump(*(_series(pid, f"p{pid}", pid, 1000 * pid) for pid in range(1, 31)))
+    lines = top.screen_lines(d, "p99", 1.0, "every device", height=12)
+    assert len(lines) == 12 and lines[3].split()[:4] == ["PID", "COMM", "DEVICE", "OP"]
+    assert lines[4].split()[:2] == ["30", "p30"]        # highest p99 first
+    assert "more rows" in lines[-1] and "23 more" in lines[-1]
+    assert "30 rows" in lines[1]
+    assert top.screen_lines(None, "p99", 1.0, "loop0", 10)[-1].strip().startswith("waiting")
+    assert "no block I/O" in top.screen_lines(_dump(), "bytes", 1.0, "loop0", 10)[-1]
+
+
+def test_top_without_a_terminal_is_one_line():
+    r = run_iotrace(["top"], timeout=30)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "needs a terminal" in r.stderr, r.stderr
+
+
+# ---- in a real terminal: tmux ----------------------------------------------------
+
+LOAD = """\
+import os, sys, time
+sys.path.insert(0, {tests!r})
+from ioload import read_blocks
+end = time.monotonic() + 20
+while time.monotonic() < end and not os.path.exists(sys.argv[2]):
+    read_blocks(sys.argv[1], 200, 0)
+    time.sleep(0.02)
+"""
+PROMPT = "iotrace-test$ "
+
+
+class Tmux:
+    """A private tmux server (its own socket name) with one shell in a 150x40 window."""
+
+    def __init__(self) -> None:
+        self.name = f"iotrace-test-{os.getpid()}-{next(_sessions)}"
+        env = dict(os.environ, TERM=os.environ.get("TERM") or "xterm")
+        subprocess.run(["tmux", "-L", self.name, "-f", "/dev/null", "new-session", "-d", "-x", "150", "-y", "40",
+                        "bash --norc --noprofile"], check=True, env=env, cwd=ROOT, timeout=30)
+        self.type(f"PS1='{PROMPT}'; clear")
+        self.wait_for(lambda screen: screen.rstrip().endswith(PROMPT.rstrip()), "the shell prompt")
+
+    def __call__(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.name, *args], check=True, capture_output=True, text=True,
+                              timeout=30).stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p")
+
+    def var(self, name: str) -> str:
+        return self("display-message", "-p", f"#{{{name}}}").strip()
+
+    def type(self, text: str) -> None:
+        self("send-keys", "-l", text)
+        self("send-keys", "Enter")
+
+    def wait_for(self, ok, what: str, timeout: float = 60) -> str:
+        end = time.monotonic() + timeout
+        while True:
+            screen = self.screen()
+            if ok(screen):
+                return screen
+            if time.monotonic() > end:
+                pytest.fail(f"no {what} within {timeout}s; the screen:\n{screen}")
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-L", self.name, "kill-server"], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def tmux():
+    if shutil.which("tmux") is None:
+        if REQUIRE_BPF:
+            pytest.fail("tmux is not installed (make setup installs it)")
+        pytest.skip("tmux is not installed")
+    t = Tmux()
+    yield t
+    t.close()
+
+
+def _start_top(tmux: Tmux, loop) -> None:
+    tmux.type(f"{PYTHON} -m tracer.cli top -i 0.5 --dev {loop.name}; echo top-exit=$?")
+    tmux.wait_for(lambda s: "iotrace top  every 0.5s" in s, "iotrace top screen")
+    assert tmux.var("alternate_on") == "1"      # curses took the screen over
+
+
+def _assert_restored(tmux: Tmux) -> None:
+    screen = tmux.wait_for(lambda s: "top-exit=" in s and s.rstrip().endswith(PROMPT.rstrip()), "exit and prompt")
+    assert "top-exit=0" in screen and "Traceback" not in screen, screen
+    assert tmux.var("alternate_on") == "0" and tmux.var("pane_current_command") == "bash"
+    # cooked mode again: curses gave the line discipline back
+    tmux.type("echo \"modes: $(stty -a | tr ' ;' '\\n\\n' | grep -xE -- '-?(icanon|echo)' | sort | tr '\\n' ' ')end\"")
+    screen = tmux.wait_for(lambda s: re.search(r"^modes: .*end$", s, re.M), "stty output")
+    assert re.search(r"^modes: echo icanon end$", screen, re.M), screen
+
+
+@pytest.mark.bpf
+def test_top_in_tmux_shows_the_device_and_quits_on_q(tmux, loop, tmp_path):
+    _start_top(tmux, loop)
+    stop = tmp_path / "stop"
+    load = subprocess.Popen([PYTHON, "-c", LOAD.format(tests=str(TESTS)), loop.path, str(stop)])
+    try:
+        row = re.compile(rf"^\s*(\d+) (\S+)\s+{loop.name}\s+read\s+(\d+)\s+([\d.]+)\s+4\.0K\s+(\S+)\s+(\S+)\s+(\S+)",
+                         re.M)
+        lat = re.compile(r"^[\d.]+(ns|us|ms|s)$")
+
+        def busy(screen: str) -> bool:
+            return any(m.group(1) == str(load.pid) and int(m.group(3)) > 0 and float(m.group(4)) > 0
+                       and all(lat.match(m.group(i)) for i in (5, 6, 7)) for m in row.finditer(screen))
+
+        screen = tmux.wait_for(busy, f"a row for pid {load.pid} on {loop.name} with numbers", timeout=30)
+        assert "sort: p99" in screen
+        tmux("send-keys", "s")      # the sort key changes the header at once
+        tmux.wait_for(lambda s: "sort: bytes" in s, "sort: bytes")
+    finally:
+        stop.touch()
+        load.wait(timeout=60)
+    tmux("send-keys", "q")
+    _assert_restored(tmux)
+
+
+@pytest.mark.bpf
+def test_top_in_tmux_ends_on_ctrl_c(tmux, loop):
+    _start_top(tmux, loop)
+    tmux("send-keys", "C-c")
+    _assert_restored(tmux)

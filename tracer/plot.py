@@ -1,0 +1,249 @@
+"""iotrace plot: saved dumps as charts in one PNG (matplotlib, the optional extra `iotrace[plot]`).
+
+Panels, top to bottom:
+
+1. latency over time: p50 and p99 per device and op (all processes merged),
+   one point per dump at its end, log scale; MB/s of each on a second axis;
+2. a latency heatmap: time x latency band, colour = requests, from the
+   dumps' HdrHistograms re-binned into ROWS_PER_OCTAVE bands per power of two;
+3. per label (dumps closed by markers: "epoch 1", ...): p50 and p99 bars and
+   MB, only when the dumps carry labels.
+
+render() returns what it drew (PlotResult); the panel titles also go into
+the PNG's Description text, so the file says what it shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field
+from typing import TextIO
+
+import numpy as np
+
+from .errors import UserError
+
+WIDTH_IN = 12.0
+PANEL_HEIGHT_IN = 3.6
+DPI = 100
+ROWS_PER_OCTAVE = 4
+OPS = ("read", "write", "flush", "discard", "other")
+PHASES = ("total", "queue", "device")
+TITLE_TIME = "latency over time: p50 (dashed) and p99 (solid) per device and op; MB/s (thin, right axis)"
+TITLE_HEAT = "latency heatmap: requests per latency band and dump"
+TITLE_LABELS = "per label: p50 and p99 (bars), MB (line, right axis)"
+
+
+@dataclass
+class PlotResult:
+    path: str
+    panels: list[str]           # the titles, top to bottom
+    width: int                  # pixels
+    height: int
+    dumps: int
+    groups: list[tuple[str, str]] = field(default_factory=list)   # (device, op) drawn
+
+
+def _matplotlib():
+    """matplotlib's Figure and the Agg canvas, or a one-line UserError saying how to install it."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.colors import LogNorm
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UserError("plot needs matplotlib: pip install 'iotrace[plot]' (in iotrace's venv), "
+                        "or apt-get install python3-matplotlib") from None
+    return Figure, FigureCanvasAgg, LogNorm
+
+
+@dataclass
+class _Window:
+    """One dump, reduced to what the charts show: merged (device, op) rows of the chosen phase."""
+
+    start: float                # seconds since the first dump's start
+    end: float
+    seconds: float
+    label: str | None
+    rows: dict[tuple[str, str], object]      # (device, op) -> dump.Series, all processes merged
+
+
+def _windows(dumps, device: str | None, op: str | None) -> tuple[list[_Window], object]:
+    from .dump import duration_of, merge_by_device_op
+
+    dumps = sorted(dumps, key=lambda d: d.end)
+    t0 = min(d.start for d in dumps)
+    out = []
+    for d in dumps:
+        rows = {(s.device, s.op): s for s in merge_by_device_op(d.series)
+                if (device is None or s.device == device) and (op is None or s.op == op)}
+        out.append(_Window((d.start - t0).total_seconds(), (d.end - t0).total_seconds(), duration_of(d),
+                           d.label, rows))
+    return out, t0
+
+
+def _edges(windows: list[_Window]) -> np.ndarray:
+    """A column per dump, from the previous dump's end (the first one's start) to its end."""
+    return np.maximum.accumulate(np.array([windows[0].start] + [w.end for w in windows]))
+
+
+def _pct(s, phase: str, key: str) -> float:
+    st = s.phases.get(phase) if s is not None else None
+    if st is None or not st.count:
+        return math.nan
+    return st.summary_us()[key] / 1e3        # ms
+
+
+def _time_panel(ax, windows: list[_Window], groups: list[tuple[str, str]], phase: str) -> None:
+    x = [w.end for w in windows]
+    right = ax.twinx()
+    colours = [f"C{i % 10}" for i in range(len(groups))]
+    for g, c in zip(groups, colours, strict=True):
+        rows = [w.rows.get(g) for w in windows]
+        p99 = [_pct(s, phase, "p99") for s in rows]
+        p50 = [_pct(s, phase, "p50") for s in rows]
+        ax.plot(x, p99, "o-", color=c, label=f"{g[0]} {g[1]} p99", markersize=4)
+        ax.plot(x, p50, ".--", color=c, label=f"{g[0]} {g[1]} p50")
+        mbps = [s.bytes / w.seconds / 1e6 if s is not None and w.seconds > 0 else 0.0 for s, w in zip(rows, windows,
+                                                                                                      strict=True)]
+        right.stairs(mbps, _edges(windows), color=c, linewidth=0.8, alpha=0.5)    # each dump's rate over its window
+    ax.set_yscale("log")
+    ax.set_ylabel(f"{phase} latency (ms)")
+    right.set_ylabel("MB/s")
+    right.set_ylim(bottom=0)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left", ncol=max(1, min(4, len(groups))))
+    ax.set_title(TITLE_TIME, fontsize="medium")
+
+
+def _heat_matrix(windows: list[_Window], phase: str) -> tuple[np.ndarray, np.ndarray]:
+    """(counts[band, window], band edges in ms); bands of 1/ROWS_PER_OCTAVE of a power of two of ns."""
+    from .histogram import Histogram, bucket_value
+
+    hists = [Histogram.merge_all(s.phases[phase].hist for s in w.rows.values() if phase in s.phases)
+             for w in windows]
+    bands = [np.floor(np.log2(np.maximum(bucket_value(h.idx), 1)) * ROWS_PER_OCTAVE).astype(int) for h in hists]
+    used = [b for b in bands if b.size]
+    lo = min(int(b.min()) for b in used) if used else 0
+    hi = max(int(b.max()) for b in used) if used else ROWS_PER_OCTAVE
+    counts = np.zeros((hi - lo + 1, len(windows)))
+    for col, (b, h) in enumerate(zip(bands, hists, strict=True)):
+        np.add.at(counts[:, col], b - lo, h.counts.astype(np.float64))
+    edges_ns = np.exp2(np.arange(lo, hi + 2) / ROWS_PER_OCTAVE)
+    return counts, edges_ns / 1e6
+
+
+def _heat_panel(fig, ax, windows: list[_Window], phase: str, log_norm) -> None:
+    counts, edges_ms = _heat_matrix(windows, phase)
+    x = _edges(windows)
+    shown = np.ma.masked_equal(counts, 0)
+    mesh = ax.pcolormesh(x, edges_ms, shown, cmap="viridis", shading="flat",
+                         norm=log_norm(vmin=1, vmax=max(1.0, float(counts.max()))))
+    ax.set_yscale("log")
+    ax.set_ylabel(f"{phase} latency (ms)")
+    fig.colorbar(mesh, ax=ax, label="requests", pad=0.01)
+    ax.set_title(TITLE_HEAT, fontsize="medium")
+
+
+def _label_panel(ax, windows: list[_Window], phase: str) -> list[str]:
+    merged: dict[str, list] = {}        # label -> its rows, labels in first-seen order
+    for w in windows:
+        if w.label is not None:
+            merged.setdefault(w.label, []).extend(w.rows.values())
+    order = list(merged)
+    p50, p99, mb = [], [], []
+    for label in order:
+        # every (device, op) shown, merged: the panel answers "how did this epoch fare"
+        st = None
+        for s in merged[label]:
+            if phase in s.phases:
+                st = s.phases[phase] if st is None else st.merge(s.phases[phase])
+        summary = st.summary_us() if st is not None and st.count else {}
+        p50.append(summary.get("p50", 0.0) / 1e3)
+        p99.append(summary.get("p99", 0.0) / 1e3)
+        mb.append(sum(s.bytes for s in merged[label]) / 1e6)
+    x = np.arange(len(order))
+    ax.bar(x - 0.2, p50, width=0.4, label="p50", color="C0")
+    ax.bar(x + 0.2, p99, width=0.4, label="p99", color="C3")
+    ax.set_xticks(x, order, rotation=30 if len(order) > 6 else 0, ha="right" if len(order) > 6 else "center",
+                  fontsize="small")
+    ax.set_ylabel(f"{phase} latency (ms)")
+    right = ax.twinx()
+    right.plot(x, mb, "ko-", label="MB", markersize=4)
+    right.set_ylabel("MB")
+    right.set_ylim(bottom=0)
+    ax.legend(fontsize="small", loc="upper left")
+    ax.set_title(TITLE_LABELS, fontsize="medium")
+    return order
+
+
+def render(dumps, path: str, device: str | None = None, op: str | None = None, phase: str = "total",
+           source: str = "") -> PlotResult:
+    """Draw the panels for `dumps` (tracer.dump.Dump) into the PNG at `path`."""
+    figure, canvas, log_norm = _matplotlib()
+    if not dumps:
+        raise UserError(f"no dumps in {source or 'the input'}")
+    windows, t0 = _windows(dumps, device, op)
+    groups = sorted({g for w in windows for g, s in w.rows.items() if phase in s.phases})
+    if not groups:
+        seen = sorted({(s.device, s.op) for d in dumps for s in d.series})
+        what = " ".join(x for x in (device, op) if x) or "any device"
+        raise UserError(f"no {phase} latency for {what} in {source or 'the dumps'}; there: "
+                        f"{', '.join(f'{d} {o}' for d, o in seen) or 'no I/O at all'}")
+    labelled = any(w.label is not None for w in windows)
+    n = 3 if labelled else 2
+    fig = figure(figsize=(WIDTH_IN, PANEL_HEIGHT_IN * n), dpi=DPI, layout="constrained")
+    canvas(fig)
+    axes = fig.subplots(n, 1)
+    _time_panel(axes[0], windows, groups, phase)
+    _heat_panel(fig, axes[1], windows, phase, log_norm)
+    for ax in axes[:2]:
+        ax.set_xlabel(f"seconds since {t0:%Y-%m-%d %H:%M:%S}")
+        ax.set_xlim(windows[0].start, max(w.end for w in windows))
+    panels = [TITLE_TIME, TITLE_HEAT]
+    if labelled:
+        _label_panel(axes[2], windows, phase)
+        panels.append(TITLE_LABELS)
+    scope = ", ".join(x for x in (device, op) if x) or "every device and op"
+    fig.suptitle(f"iotrace: {source or 'dumps'} ({len(dumps)} dumps; {scope}; {phase} phase)", fontsize="large")
+    fig.savefig(path, format="png", metadata={"Title": f"iotrace plot of {source}", "Software": "iotrace",
+                                              "Description": "panels: " + " | ".join(panels)})
+    return PlotResult(path, panels, round(WIDTH_IN * DPI), round(PANEL_HEIGHT_IN * n * DPI), len(dumps), groups)
+
+
+EPILOG = """\
+examples:
+  iotrace plot run.jsonl -o io.png                  every device and op
+  iotrace plot run.jsonl -o io.png --device nvme0n1 --op read
+
+Panels: p50/p99 per device and op over time (log scale) with MB/s; a heatmap
+of requests per latency band over time, from the dumps' histograms; and, when
+the dumps carry labels (markers: "epoch 1", ...), p50/p99 and MB per label.
+Needs matplotlib: pip install 'iotrace[plot]'.
+"""
+
+
+def main(argv: list[str], out: TextIO) -> int:
+    from .cli import _Parser
+    from .dump import read
+
+    p = _Parser(prog="iotrace plot", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+                description="Draw saved iotrace dumps as charts in one PNG: latency over time, a latency "
+                            "heatmap, and per-label bars.")
+    p.add_argument("files", nargs="+", metavar="RUN.jsonl")
+    p.add_argument("-o", "--output", required=True, metavar="FILE.png", help="the PNG to write")
+    p.add_argument("--device", metavar="DEV", help="only this device (loop0, /dev/nvme0n1)")
+    p.add_argument("--op", choices=OPS, help="only this op")
+    p.add_argument("--phase", choices=PHASES, default="total",
+                   help="latency phase: total (default), queue (~Q2D) or device (D2C)")
+    ns = p.parse_args(argv)
+    _matplotlib()           # before reading anything: say at once when it is missing
+    dumps = [d for path in ns.files for d in read(path)]
+    device = ns.device.removeprefix("/dev/") if ns.device else None
+    try:
+        res = render(dumps, ns.output, device, ns.op, ns.phase, source=", ".join(ns.files))
+    except OSError as exc:
+        raise UserError(f"cannot write {ns.output}: {exc.strerror or exc}") from None
+    out.write(f"iotrace: wrote {res.path} ({res.width}x{res.height}, {res.dumps} dumps, "
+              f"{len(res.groups)} device/op rows): {'; '.join(t.split(':')[0] for t in res.panels)}\n")
+    return 0
