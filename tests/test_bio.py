@@ -33,8 +33,8 @@ def test_zram_gets_rows_timed_per_bio(zram, tmp_path):
     assert r.returncode == 0, r.stderr
     final = read_dumps(out)[-1]
     rows = {s["op"]: s for s in series_of(final, device=zram)}
-    assert_count(rows["write"]["count"], 400, [final])
-    assert_count(rows["read"]["count"], 250, [final])
+    assert_count(rows["write"]["count"], 400, [final], device=zram)
+    assert_count(rows["read"]["count"], 250, [final], device=zram)
     assert rows["write"]["bytes"] == rows["write"]["count"] * 4096
     assert all(s["comm"] == "dd" for s in rows.values())
     # marked as such: per bio, so the total phase only
