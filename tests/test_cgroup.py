@@ -11,7 +11,7 @@ import pytest
 from conftest import PYTHON, assert_count, read_dumps, series_of
 from test_core import IOLOAD, finish, start_tracer
 
-from tracer.cli import cgroup2_root
+from tracer.cgroups import cgroup2_mount
 
 bpf = pytest.mark.bpf
 
@@ -19,9 +19,10 @@ bpf = pytest.mark.bpf
 @pytest.fixture
 def cgroup_tree():
     """A cgroup v2 X with a child X/inner, removed at teardown (after their processes exit)."""
-    root = cgroup2_root()
-    if root is None:
+    found = cgroup2_mount()
+    if found is None:
         pytest.skip("no cgroup v2 hierarchy mounted")
+    root = found[0]
     top = Path(root) / f"iotrace-test-{uuid.uuid4().hex[:8]}"
     inner = top / "inner"
     inner.mkdir(parents=True)
@@ -48,7 +49,7 @@ def test_cgroup_filter_keeps_the_cgroup_and_its_descendants(loop, tmp_path, cgro
     outside = _held_reader(loop.path, 80, go, 1000)
     (inner / "cgroup.procs").write_text(str(inside.pid))     # a descendant of the filtered cgroup
     out = tmp_path / "out.jsonl"
-    root = cgroup2_root()
+    root = cgroup2_mount()[0]
     tracer = start_tracer(["--cgroup", "/" + os.path.relpath(top, root), "--dev", loop.name, "-o", str(out)])
     go.touch()
     assert inside.wait(30) == 0 and outside.wait(30) == 0

@@ -33,6 +33,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from .errors import UserError
+
 ENV_ROOT = "IOTRACE_CGROUP_ROOT"   # where the host's cgroup2 hierarchy is mounted, if not found in mountinfo
 DEFAULT_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
 SHORT_ID = 12
@@ -63,6 +65,29 @@ def cgroup2_mount(mountinfo: str = "/proc/self/mountinfo") -> tuple[str, str] | 
             if mount == preferred:
                 return mount, root
     return found[0] if found else None
+
+
+def resolve_cgroup(path: str) -> tuple[int, int]:
+    """(id, depth below the hierarchy's root) of the cgroup v2 at `path`, absolute or under the mount.
+
+    What the kernel-side --cgroup filter compares: the submitter's ancestor
+    at that depth must have that id (the inode number of its directory).
+    """
+    found = cgroup2_mount()
+    if found is None:
+        raise UserError("--cgroup needs the cgroup v2 hierarchy, and none is mounted "
+                        "(mount -t cgroup2 none /sys/fs/cgroup/unified)")
+    mount, root = found
+    full = os.path.realpath(path if path == mount or path.startswith(mount + "/") else
+                            os.path.join(mount, path.lstrip("/")))
+    rel = os.path.relpath(full, mount)
+    if rel.startswith(".."):
+        raise UserError(f"--cgroup {path}: not under the cgroup v2 mount {mount}")
+    if not os.path.isfile(os.path.join(full, "cgroup.procs")):
+        raise UserError(f"--cgroup {path}: no such cgroup v2 ({full} has no cgroup.procs)")
+    # a container may see a subtree of the hierarchy: its depth counts too
+    depth = [p for p in (root.strip("/").split("/") if root != "/" else []) + rel.split("/") if p not in ("", ".")]
+    return os.stat(full).st_ino, len(depth)
 
 
 def _unescape(field: str) -> str:

@@ -262,39 +262,6 @@ def _open_output(path: str) -> TextIO:
     return f
 
 
-def cgroup2_root() -> str | None:
-    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or .../unified on hybrid systems)."""
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 2 and fields[2] == "cgroup2":
-                    return fields[1]
-    except OSError:
-        pass
-    return None
-
-
-def resolve_cgroup(path: str) -> tuple[int, int]:
-    """(cgroup id, depth below the root) of a cgroup v2 given by its path, absolute or under the mount.
-
-    The id the kernel reports for a cgroup v2 is the inode number of its directory.
-    """
-    root = cgroup2_root()
-    if root is None:
-        raise UserError("--cgroup needs the cgroup v2 hierarchy, and none is mounted "
-                        "(mount -t cgroup2 none /sys/fs/cgroup/unified)")
-    full = os.path.realpath(path if path.startswith(root + "/") or path == root else
-                            os.path.join(root, path.lstrip("/")))
-    rel = os.path.relpath(full, root)
-    if rel.startswith(".."):
-        raise UserError(f"--cgroup {path}: not under the cgroup v2 mount {root}")
-    if not os.path.isfile(os.path.join(full, "cgroup.procs")):
-        raise UserError(f"--cgroup {path}: no such cgroup v2 ({full} has no cgroup.procs)")
-    level = 0 if rel == "." else len(rel.split("/"))
-    return os.stat(full).st_ino, level
-
-
 def _check_pids(pids: list[int]) -> list[int]:
     fds = []
     for pid in pids:
@@ -341,14 +308,14 @@ class Session:
 
 
 def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
-    from . import devices
+    from . import cgroups, devices
     from .iostat import TraceExtras, offer_diskstats, run_diskstats
     from .marker import ENV_CONTROL
 
     if args.diskstats:
         return run_diskstats(args, out)
     devs = [devices.resolve(d) for d in args.devs]
-    cgroup_id, cgroup_level = resolve_cgroup(args.cgroup) if args.cgroup else (0, 0)
+    cgroup_id, cgroup_level = cgroups.resolve_cgroup(args.cgroup) if args.cgroup else (0, 0)
     pidfds = _check_pids(args.pids)
     extras = TraceExtras.from_args(args)
     file = _open_output(args.output) if args.output else None

@@ -382,7 +382,8 @@ def parser():
 
 def main(argv: list[str], out: TextIO = sys.stdout) -> int:
     from . import devices
-    from .cli import _open_output, _Signals, resolve_cgroup
+    from .cgroups import resolve_cgroup
+    from .cli import _open_output, _Signals
 
     ns = parser().parse_args(argv)
     host, port = _listen_address(ns.listen)
