@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 from conftest import (
     PYTHON,
-    ROOT,
     LoopDevice,
     assert_count,
     fio_cmd,
@@ -29,6 +28,7 @@ from conftest import (
     series_of,
     skipped_by_kernel,
 )
+from test_core import start_tracer
 
 from tracer.devices import DiskStats, read_diskstats
 
@@ -40,18 +40,6 @@ WORKER_PREFIXES = ("kworker/", "loop")
 
 
 # ---- helpers -----------------------------------------------------------------
-
-def start_tracer(args: list[str]) -> subprocess.Popen:
-    """iotrace in the background, returned once its filters are written and it records."""
-    proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    line = proc.stderr.readline()
-    if "tracing block I/O" not in line:
-        proc.kill()
-        _, err = proc.communicate()
-        pytest.fail(f"iotrace did not start: {line}{err}")
-    return proc
-
 
 def stop_tracer(proc: subprocess.Popen) -> str:
     proc.send_signal(signal.SIGINT)

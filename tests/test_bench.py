@@ -149,7 +149,7 @@ def test_bench_needs_root(not_root, capsys):
     (["--fio", "x.fio", "--", "--rw=read"], "either --fio JOBFILE or fio options"),
     (["--fio", "/nonexistent/job.fio"], "--fio /nonexistent/job.fio: No such file"),
     (["--dev", "loop0"], "--dev is for your own workload"),
-    (["--repeat", "0"], "must be at least 1"),
+    (["--repeat", "0"], "must be 1 or more"),
     (["--"], "nothing after '--'"),
     (["--", "fio"], "nothing after '--'"),
 ])

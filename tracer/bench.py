@@ -126,18 +126,8 @@ class Plan:
     dev: str | None
 
 
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return n
-
-
 def parse_args(argv: list[str]) -> Plan:
-    from .cli import _Parser
+    from .cli import _at_least, _Parser
 
     fio_args: list[str] = []
     if "--" in argv:
@@ -156,7 +146,7 @@ def parse_args(argv: list[str]) -> Plan:
     p.add_argument("--suite", metavar="NAME", help=f"the suite to run (default {DEFAULT_SUITE}); a name without "
                                                    "version means its newest version")
     p.add_argument("--fio", metavar="JOBFILE", help="run this fio job file instead of a suite")
-    p.add_argument("--repeat", type=_count, default=DEFAULT_REPEAT, metavar="N",
+    p.add_argument("--repeat", type=_at_least(1), default=DEFAULT_REPEAT, metavar="N",
                    help=f"repetitions of each workload (default {DEFAULT_REPEAT}; 'iotrace compare' needs "
                         "several to tell a change from noise)")
     p.add_argument("-o", "--output", default=DEFAULT_OUTPUT, metavar="RESULT.json",

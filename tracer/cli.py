@@ -96,6 +96,19 @@ def _positive(text: str) -> float:
     return v
 
 
+def _at_least(least: int):
+    """An argparse type: a whole number no smaller than `least`."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{text!r} must be {least} or more")
+        return n
+    return parse
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises UserError (one line, exit 2) instead of printing usage."""
 

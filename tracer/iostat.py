@@ -399,14 +399,6 @@ _DEV_HEAD = f"{'DEVICE':<12}" + "".join(f"{c:>10}" for c in IOSTAT_COLUMNS)
 _PROC_HEAD = f"{'PID':>7} {'COMM':<16}{'READ':>9}{'WRITE':>9}{'rkB/s':>10}{'wkB/s':>10}"
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "K", "M", "G"):
-        if n < 1024 or unit == "G":
-            return f"{n:.0f}{unit}" if unit == "B" or n >= 100 else f"{n:.1f}{unit}"
-        n /= 1024
-    return f"{n:.1f}G"
-
-
 @dataclass
 class DiskWindow:
     """One report of the diskstats mode."""
@@ -440,6 +432,8 @@ class DiskWindow:
 
 
 def render_window(w: DiskWindow, out: TextIO, root: bool) -> None:
+    from .report import fmt_size
+
     out.write(f"\ndiskstats {w.kind}: {w.start:%H:%M:%S} - {w.end:%H:%M:%S} ({w.seconds:.1f}s); iostat -x's "
               f"columns from /proc/diskstats, bytes from /proc/PID/io; no BPF, so no percentiles\n")
     if w.devices:
@@ -452,7 +446,7 @@ def render_window(w: DiskWindow, out: TextIO, root: bool) -> None:
         out.write(_PROC_HEAD + "\n")
         per_s = 1 / 1024 / w.seconds if w.seconds > 0 else 0.0
         for p in w.processes:
-            out.write(f"{p.pid:>7} {p.comm[:15]:<16}{_size(p.read_bytes):>9}{_size(p.write_bytes):>9}"
+            out.write(f"{p.pid:>7} {p.comm[:15]:<16}{fmt_size(p.read_bytes):>9}{fmt_size(p.write_bytes):>9}"
                       f"{p.read_bytes * per_s:>10.1f}{p.write_bytes * per_s:>10.1f}\n")
     else:
         out.write("  no process did block I/O that /proc/PID/io shows\n")

@@ -323,16 +323,6 @@ def _listen_address(text: str) -> tuple[str, int]:
     return host, int(m.group(2) or m.group(4))
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return v
-
-
 def _import_prometheus():
     try:
         import prometheus_client
@@ -358,7 +348,7 @@ def _start_server(prom, host: str, port: int, registry):
 
 
 def parser():
-    from .cli import _Parser, _positive
+    from .cli import _at_least, _Parser, _positive
 
     p = _Parser(prog="iotrace serve", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
                 description="Export block I/O latency to Prometheus: histograms per device, op and latency "
@@ -368,7 +358,7 @@ def parser():
                    help=f"where to serve /metrics (default {DEFAULT_LISTEN}; ':9464' for every interface)")
     p.add_argument("-i", "--interval", type=_positive, default=5.0, metavar="SECONDS",
                    help="drain the kernel's histograms into the metrics this often (default 5)")
-    p.add_argument("--top", type=_nonneg_int, default=20, metavar="N",
+    p.add_argument("--top", type=_at_least(0), default=20, metavar="N",
                    help="(comm, container) pairs with labels of their own; the rest is comm=\"other\" (default 20)")
     p.add_argument("--idle", type=_positive, default=600.0, metavar="SECONDS",
                    help="fold a pair into \"other\" after this long without I/O (default 600)")
