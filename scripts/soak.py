@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """A long run does not grow: the real tracer, steady I/O, processes coming and going.
 
-Runs `iotrace -i INTERVAL` (every process, every device) while a churn of
-short-lived readers (a new process every few milliseconds, each reading a
+Runs `iotrace -i INTERVAL --pid <this script>` while a churn of
+short-lived readers (a new child every few milliseconds, each reading a
 few blocks with O_DIRECT from a loop device over /dev/shm) keeps the
-kernel's tables busy, and samples the tracer's resident memory every
+kernel's tables busy: every child joins the pid filter at its fork and
+must leave it at its exit.  Samples the tracer's resident memory every
 second.  Passes when the peak stays under 150 MB, the second half grows by
 less than 5 MB, nothing was dropped for lack of room (full in-flight,
-histogram, series or pid tables), and every interval's dump was written.
+histogram, series or pid tables), the pid filter ends as small as it
+began, and every interval's dump was written.
 
     sudo .venv/bin/python scripts/soak.py --seconds 3600   # the hour
     sudo .venv/bin/python scripts/soak.py --seconds 30     # what make bench runs
@@ -31,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
 RSS_LIMIT_MB = 150
 GROWTH_LIMIT_MB = 5
+PID_FILTER_LIMIT = 10     # this script, and the few readers alive at the end
 ROOM_REASONS = ("inflight_full", "hist_full", "series_full", "pid_full")
 
 
@@ -64,7 +67,8 @@ def main() -> int:
     samples: list[tuple[float, float]] = []
     spawned = 0
     try:
-        tracer = subprocess.Popen([PYTHON, "-m", "tracer.cli", "-i", str(args.interval), "-o", str(out)],
+        tracer = subprocess.Popen([PYTHON, "-m", "tracer.cli", "-i", str(args.interval), "-o", str(out),
+                                   "--pid", str(os.getpid())],
                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if "tracing block I/O" not in tracer.stderr.readline():
             raise SystemExit(f"soak: the tracer did not start: {tracer.stderr.read().strip()}")
@@ -107,13 +111,16 @@ def main() -> int:
         "rss_first_mb": rss[0] if rss else None, "rss_max_mb": max(rss) if rss else None,
         "growth_second_half_mb": round(growth, 1), "rows_per_dump_max": max(rows, default=0),
         "lost_for_room": lost, "skipped_by_kernel": sum(d["dropped"].get("recursion", 0) for d in dumps),
+        "pid_filter_at_end": dumps[-1].get("traced_pids") if dumps else None,
     }
+    pid_filter = verdict["pid_filter_at_end"]
     ok = (bool(rss) and max(rss) < RSS_LIMIT_MB and growth < GROWTH_LIMIT_MB and not any(lost.values())
-          and len(dumps) >= expected - 1)
+          and len(dumps) >= expected - 1 and pid_filter is not None and pid_filter <= PID_FILTER_LIMIT)
     print(f"soak: {args.seconds:g} s, {spawned} short-lived processes, {len(dumps)} dumps; tracer resident "
           f"{verdict['rss_first_mb']} -> {rss[-1] if rss else None} MB (peak {verdict['rss_max_mb']}, "
           f"second half {growth:+.1f} MB; limits {RSS_LIMIT_MB} MB, +{GROWTH_LIMIT_MB} MB); "
-          f"lost for lack of room: {sum(lost.values())}; skipped by the kernel: {verdict['skipped_by_kernel']}: "
+          f"lost for lack of room: {sum(lost.values())}; pid filter at the end: {pid_filter} "
+          f"(of {spawned + 1} traced); skipped by the kernel: {verdict['skipped_by_kernel']}: "
           f"{'ok' if ok else 'FAILED'}")
     if args.json:
         Path(args.json).write_text(json.dumps({"samples": samples, **verdict, "ok": ok}, indent=1))

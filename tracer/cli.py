@@ -379,6 +379,8 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
             _take_markers(control, probe, clock, session)
         final = build_dump(probe.drain(), clock, "final")
         final.extra["bpf_programs"] = probe.program_costs()
+        if args.pids or args.command:    # the pid filter's size at the end: flat over a long run
+            final.extra["traced_pids"] = len(probe.traced_pids())
         session.emit(final)
         if session.dumps > 1:
             render_table(session.total, out, title="whole run")
