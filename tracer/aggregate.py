@@ -49,12 +49,10 @@ def _group_hists(keys: np.ndarray, counts: np.ndarray) -> dict[tuple[int, int, i
     first, sums = first[keep], sums[keep]
     group_of = np.cumsum(new_group)[first]          # which histogram each summed entry belongs to
     starts = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]])
-    ends = np.r_[starts[1:], len(first)]
-    out = {}
-    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-        # sorted, unique and non-zero already: no need for from_pairs' dense pass
-        out[tuple(ident[first[s]].tolist())] = Histogram(bucket[first[s:e]], sums[s:e])
-    return out
+    keys = map(tuple, ident[first[starts]].tolist())
+    # sorted, unique and non-zero already: no need for from_pairs' dense pass
+    return {k: Histogram(i, c) for k, i, c in zip(keys, np.split(bucket[first], starts[1:]),
+                                                   np.split(sums, starts[1:]), strict=True)}
 
 
 def build_dump(raw, clock: Clock, kind: str, label: str | None = None) -> Dump:

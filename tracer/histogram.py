@@ -478,7 +478,10 @@ def _encode_many(hs: list[Histogram]) -> list[str]:
 
 def _wrap_payload(payload: bytes) -> str:
     header = _HEADER.pack(_ENCODING_COOKIE, len(payload), 0, SIGFIGS, HDR_LOWEST, HDR_HIGHEST, 1.0)
-    compressed = zlib.compress(header + payload)
+    # A standard zlib stream; the smallest memLevel makes setting up the compressor, which is
+    # most of the work for a few hundred bytes, ~3x cheaper, at no cost in size for inputs this small.
+    z = zlib.compressobj(6, zlib.DEFLATED, 15, 1)
+    compressed = z.compress(header + payload) + z.flush()
     return base64.b64encode(_OUTER.pack(_COMPRESSED_COOKIE, len(compressed)) + compressed).decode("ascii")
 
 
