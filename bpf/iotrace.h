@@ -35,7 +35,7 @@
 
 /* Map capacities; tracer/probe.py may override the ones marked (tunable). */
 #ifndef IOTRACE_INFLIGHT_SLOTS
-#define IOTRACE_INFLIGHT_SLOTS 65536	/* (tunable) power of two */
+#define IOTRACE_INFLIGHT_SLOTS 8192	/* (tunable) power of two; small stays in cache */
 #endif
 #define IOTRACE_INFLIGHT_PROBES 8	/* slots per group: one cache line of tags */
 /* a slot this old whose completion never came (the kernel skipped it) may be reused */

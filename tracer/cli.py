@@ -117,6 +117,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def trace_parser() -> argparse.ArgumentParser:
+    from . import contract
+
+    con = contract.load()   # defaults shown in --help come from the BPF contract
     p = _Parser(prog="iotrace", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
                 usage="sudo iotrace [options] [-- COMMAND [ARGS...]]\n       iotrace report FILE.jsonl...\n"
                       "       iotrace --diskstats [-i SECONDS] [--dev DEV] [--pid PID]   (no root)",
@@ -138,10 +141,11 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="FILE.jsonl", help="append one JSON line per report to FILE")
     p.add_argument("--hist", action="store_true", help="add a log2 latency bar chart per row")
     p.add_argument("--inflight-slots", type=int, metavar="N",
-                   help="size of the in-kernel in-flight request table (power of two, default 65536)")
+                   help="size of the in-kernel in-flight request table (power of two, default "
+                        f"{con.const('INFLIGHT_SLOTS')}; raise it if the report shows inflight_full)")
     p.add_argument("--hist-cells", type=int, metavar="N",
-                   help="per-CPU fast histogram cells (power of two, default 16384); buckets that find "
-                        "no cell still count, in a slower hash map")
+                   help=f"per-CPU fast histogram cells (power of two, default {con.const('HIST_CELLS')}); "
+                        "buckets that find no cell still count, in a slower hash map")
     p.add_argument("--csv", metavar="FILE.csv", help="append a row per report, device and op: iostat -x's columns "
                    "(r/s, w/s, rkB/s, wkB/s, r_await, w_await, aqu-sz, %%util) from /proc/diskstats beside "
                    "iotrace's count, MB/s, p50 and p99")
