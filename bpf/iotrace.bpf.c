@@ -257,6 +257,7 @@ static __always_inline int slot_move(struct slot_ref *from, u64 sector)
 	to.s->cgroup = s->cgroup;
 	to.s->tgid = s->tgid;
 	to.s->tid = s->tid;
+	to.s->comm_ns = s->comm_ns;
 	to.s->remaining = s->remaining;
 	to.s->done = s->done;
 	__builtin_memcpy(to.s->comm, s->comm, sizeof(to.s->comm));
@@ -472,10 +473,18 @@ static __always_inline int track_start(u64 now, u32 dev, u64 sector, u32 bytes, 
 	s->op = rwbs_op(rwbs, bytes);
 	s->cgroup = bpf_get_current_cgroup_id();
 	s->tgid = tgid;
+	/*
+	 * Reading comm is a third of this program's cost; a slot last used by
+	 * this very thread moments ago already holds it.  The bound keeps a
+	 * rename (exec, prctl) from lingering in a slot for longer than that.
+	 */
+	if (s->tid != (u32)id || now - s->comm_ns > IOTRACE_COMM_REUSE_NS) {
+		bpf_get_current_comm(s->comm, sizeof(s->comm));
+		s->comm_ns = now;
+	}
 	s->tid = (u32)id;
 	s->remaining = bytes;
 	s->done = 0;
-	bpf_get_current_comm(s->comm, sizeof(s->comm));
 	return 0;
 }
 

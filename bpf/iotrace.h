@@ -40,6 +40,8 @@
 #define IOTRACE_INFLIGHT_PROBES 8	/* slots per group: one cache line of tags */
 /* a slot this old whose completion never came (the kernel skipped it) may be reused */
 #define IOTRACE_STALE_NS 60000000000ULL
+/* a slot's comm, read by the same thread less than this ago, is taken as still right */
+#define IOTRACE_COMM_REUSE_NS 1000000000ULL
 #ifndef IOTRACE_HIST_CELLS
 #define IOTRACE_HIST_CELLS 16384	/* (tunable) power of two: per-CPU fast histogram cells */
 #endif
@@ -119,6 +121,7 @@ struct iotrace_slot {
 	u32 tid;		/* submitter's thread */
 	u32 remaining;		/* bytes not yet completed */
 	u32 done;		/* bytes completed so far */
+	u64 comm_ns;		/* when comm was last read: reused by the same thread for a while */
 	char comm[IOTRACE_COMM_LEN];	/* submitter's comm */
 };
 
