@@ -34,15 +34,8 @@ as_root() {
     fi
 }
 
-# Run a command with its output hidden, shown only if it fails.
-quiet() {
-    local log rc=0
-    log=$(mktemp)
-    "$@" >"$log" 2>&1 || rc=$?
-    ((rc == 0)) || cat "$log" >&2
-    rm -f "$log"
-    return "$rc"
-}
+# shellcheck source=scripts/lib.sh
+source "$REPO/scripts/lib.sh"
 
 installed() { [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == "install ok installed" ]]; }
 

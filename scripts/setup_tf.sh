@@ -19,15 +19,8 @@ export PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 say() { echo "setup-tf: $*"; }
 
-# Run a command with its output hidden, shown only if it fails.
-quiet() {
-    local log rc=0
-    log=$(mktemp)
-    "$@" >"$log" 2>&1 || rc=$?
-    ((rc == 0)) || cat "$log" >&2
-    rm -f "$log"
-    return "$rc"
-}
+# shellcheck source=scripts/lib.sh
+source "$REPO/scripts/lib.sh"
 
 # What an install depends on: this script (with the requirement in it) and the interpreter.  Not
 # pyproject.toml: the editable install maps the tracer package to this checkout, so nothing the
