@@ -19,8 +19,11 @@
  * The kernel runs one tracepoint BPF program per CPU at a time and skips
  * (and counts, in the program's recursion_misses) an event that fires while
  * any is running there, e.g. a completion softirq interrupting our
- * block_io_start.  tracer/probe.py reports those skipped completions as
- * dropped; their slots are reused once stale (IOTRACE_STALE_NS).  Every
+ * block_io_start.  tracer/probe.py reports those skipped starts and
+ * completions as dropped; their slots are reused once stale
+ * (IOTRACE_STALE_NS).  Rarely a completion reaches no program and no
+ * counter at all; only the coverage against /proc/diskstats shows it
+ * (see the README).  Every
  * program here is kept short partly for that reason: the shorter they run,
  * the fewer events land on top of them.
  * User space flips the generation, waits out programs still running on

@@ -1,4 +1,4 @@
-"""The soak script, shortened for CI: memory flat, the pid filter bounded, nothing lost for room."""
+"""The soak script, shortened for CI (30 s: the first ~10 s are the tracer warming up to its steady size)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
 def test_short_soak_stays_flat(tmp_path):
     out = tmp_path / "soak.json"
-    r = subprocess.run([PYTHON, str(ROOT / "scripts" / "soak.py"), "--seconds", "15", "--json", str(out)],
+    r = subprocess.run([PYTHON, str(ROOT / "scripts" / "soak.py"), "--seconds", "30", "--json", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     v = json.loads(out.read_text())
