@@ -342,7 +342,13 @@ def rep_from(dumps_path: Path, fio_path: Path | None, dev: Device) -> br.Rep:
     ops = {s.op: br.OpRun(s.count, s.bytes / 1e6, iops.get(s.op),
                           {ph: st.summary_us() for ph, st in s.phases.items() if st.count})
            for s in rows}
-    return br.Rep(ops, {k: v for k, v in merged.dropped.items() if v})
+    dropped = {k: v for k, v in merged.dropped.items() if v}
+    # requests the kernel completed on the device that reached no iotrace program and no counter
+    # (README, 'Coverage'): a repetition that lost some says so
+    cov = merged.extra.get("coverage", {}).get("devices", {}).get(dev.name)
+    if cov and cov["diskstats"] > cov["recorded"]:
+        dropped["unseen"] = cov["diskstats"] - cov["recorded"]
+    return br.Rep(ops, dropped)
 
 
 def run_rep(w: Workload, dev: Device, scratch: bool, workdir: Path, n: int) -> br.Rep:
