@@ -97,8 +97,9 @@ def main() -> int:
         if tracer and tracer.poll() is None:
             tracer.kill()
         subprocess.run(["losetup", "-d", dev], check=False)
-    dumps = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    shutil.rmtree(work, ignore_errors=True)
+        # the dumps first, then the scratch directory, which goes whatever happened
+        dumps = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
+        shutil.rmtree(work, ignore_errors=True)
 
     rss = [m for _, m, _ in samples]
     half = rss[len(rss) // 2:]
