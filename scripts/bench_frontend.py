@@ -65,11 +65,9 @@ def synth_interval(layouts, procs: int, devs: int, buckets: int, first_pid: int,
             hkeys["bucket"][sl] = base + b
             idx += n
     hcounts = counts.transpose(1, 2, 0).reshape(-1)
-    lo = (base * 0).astype(np.uint64)
-    for p in range(3):
-        svals["sum_ns"][:, p] = svals["phase_count"][:, p] * 100_000
-        svals["min_ns"][:, p] = lo + 1000
-        svals["max_ns"][:, p] = lo + 10_000_000
+    svals["sum_ns"] = svals["phase_count"] * 100_000
+    svals["min_ns"] = 1000
+    svals["max_ns"] = 10_000_000
     now = time.monotonic_ns()
     return RawInterval(now - 10**9, now, skeys, svals, hkeys, hcounts, {r: 0 for r in contract.load().reasons})
 

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
@@ -332,7 +332,7 @@ def rep_from(dumps_path: Path, fio_path: Path | None, dev: Device) -> br.Rep:
         raise UserError(f"iotrace wrote no dump to {dumps_path}")
     merged = dumpmod.merge_dumps(dumps)
     # one row per op: every process of the workload together
-    rows = dumpmod.merge_series(replace(s, pid=0, tgid=0) for s in merged.series if s.devno == dev.devno)
+    rows = dumpmod.merge_by_device_op(s for s in merged.series if s.devno == dev.devno)
     iops = {}
     if fio_path is not None:
         try:

@@ -22,8 +22,8 @@ percentiles are read from the histograms (within 0.4%).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from .errors import UserError
@@ -131,36 +131,32 @@ class Dump:
         return sum(self.dropped.values())
 
 
-def merge_series(series: Iterable[Series]) -> list[Series]:
-    """Merge rows with the same (pid, device, op), keeping first-seen order."""
+def merge_series(series: Iterable[Series], key: Callable[[Series], tuple] | None = None) -> list[Series]:
+    """Merge rows with the same key, (pid, device, op) unless given, keeping first-seen order."""
+    key = key or (lambda s: s.key)
     out: dict[tuple, Series] = {}
     for s in series:
-        out[s.key] = out[s.key].merge(s) if s.key in out else s
+        k = key(s)
+        out[k] = out[k].merge(s) if k in out else s
     return list(out.values())
 
 
 def fold_by_comm(series: Iterable[Series]) -> list[Series]:
     """One row per (comm, device, op): rows of several pids become pid 0."""
-    out: dict[tuple, Series] = {}
+    def by_comm(s: Series) -> tuple:
+        return (s.comm, s.devno, s.op)
+
+    series = list(series)
+    pids: dict[tuple, set[int]] = {}
     for s in series:
-        k = (s.comm, s.devno, s.op)
-        if k not in out:
-            out[k] = s
-            continue
-        merged = out[k].merge(s)
-        if merged.pid != s.pid:
-            merged.pid = 0
-        out[k] = merged
-    return list(out.values())
+        pids.setdefault(by_comm(s), set()).add(s.pid)
+    return [s if len(pids[by_comm(s)]) == 1 else replace(s, pid=0) for s in merge_series(series, by_comm)]
 
 
 def merge_by_device_op(series: Iterable[Series]) -> list[Series]:
     """One row per (device, op), all processes merged (pid 0, no comm): what iostat, alerts and plots see."""
-    out: dict[tuple, Series] = {}
-    for s in series:
-        k = (s.devno, s.op)
-        out[k] = out[k].merge(s) if k in out else s
-    return [Series(0, "", s.device, s.devno, s.op, s.count, s.bytes, s.phases) for s in out.values()]
+    return [Series(0, "", s.device, s.devno, s.op, s.count, s.bytes, s.phases)
+            for s in merge_series(series, lambda s: (s.devno, s.op))]
 
 
 def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None) -> Dump:
