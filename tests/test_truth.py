@@ -1,12 +1,14 @@
 """iotrace against an exact reference (tracer.groundtruth), workload by workload.
 
 Each test runs a workload on loop devices under iotrace while the reference
-records every block event in a private tracefs instance, then asserts the
-comparison: per series (process, device, op) counts, bytes and phase counts
-equal; p50, p90, p99 and p99.9 of queue, device and total within 2% of the
-exact nearest-rank percentile or in the same bucket; max in the same
-bucket; no series on one side only (unless the reference explains it) and
-nothing dropped.  The failure message is the full iotrace-vs-exact table.
+records every block event in a private tracefs instance, timed by BPF stamps
+that bracket iotrace's own, then asserts the comparison: per series
+(process, device, op) counts, bytes and phase counts equal; p50, p90, p99
+and p99.9 of queue, device and total within 2% of the exact nearest-rank
+percentile or in the same bucket; max in the same bucket; the mean; each
+up to the stamps' measured jitter (see tracer.groundtruth); no series on
+one side only (unless the reference explains it) and nothing dropped that
+it does not explain.  The failure message is the full iotrace-vs-exact table.
 
 Raw-device workloads run `iotrace -- COMMAND` (the command's process tree);
 file-system workloads trace every process on the device (`iotrace --dev`,
@@ -17,20 +19,13 @@ matching on event sequences taken from real traces, without root.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 
 import pytest
-from conftest import PYTHON, ROOT, fio_cmd, read_dumps, run_iotrace, series_of
+from conftest import PYTHON, ROOT, fio_cmd, series_of
 
 from tracer import groundtruth as gt
-
-# Opt-in until issue 3 is finished: counts and bytes match exactly, but a separate observer
-# (tracefs) stamps each event 100-700 ns apart from BPF, which the 2%/same-bucket rule cannot
-# absorb for microsecond queue times; see the note on issue 3.  scripts/verify.py runs the same.
-pytestmark = pytest.mark.skipif(os.environ.get("IOTRACE_TRUTH") != "1",
-                                reason="ground-truth comparison is opt-in: IOTRACE_TRUTH=1")
 
 bpf = pytest.mark.bpf
 
@@ -45,40 +40,14 @@ def dev_args(*loops) -> list[str]:
 
 def traced_command(tmp_path, loops, command: list[str]) -> tuple[gt.Comparison, list[dict]]:
     """Run `iotrace --dev ... -- command` with the reference recording; compare."""
-    out = tmp_path / "iotrace.jsonl"
-    devs = kdevs(*loops)
-    with gt.TruthRecorder(devs) as rec:
-        launched = time.monotonic_ns()
-        r = run_iotrace(["-o", str(out), *dev_args(*loops), "--", *command])
-        assert r.returncode == 0, r.stderr
-        truth = rec.stop()
-    dumps = read_dumps(out)
-    scope = gt.command_scope(truth, r.stderr, launched, dumps, devs)
-    return gt.compare(truth.requests, dumps, scope, truth.notes), dumps
+    run = gt.run_command(dev_args(*loops), command, kdevs(*loops), PYTHON, ROOT, tmp_path)
+    return run.comparison, run.dumps
 
 
 def traced_system(tmp_path, loops, command: list[str]) -> tuple[gt.Comparison, list[dict]]:
     """Trace every process on `loops` (iotrace --dev, SIGINT at the end) around `command`; compare."""
-    out = tmp_path / "iotrace.jsonl"
-    devs = kdevs(*loops)
-    subprocess.run(["sync"], check=True)
-    gt.wait_quiet(devs)
-    with gt.TruthRecorder(devs) as rec:
-        it = gt.SystemIotrace(["-o", str(out), *dev_args(*loops)], PYTHON, ROOT)
-        it.start()
-        try:
-            gt.wait_quiet(devs)
-            w = subprocess.run(command, capture_output=True, text=True, timeout=120)
-            assert w.returncode == 0, w.stderr
-            subprocess.run(["sync"], check=True)
-            gt.wait_quiet(devs)
-        finally:
-            rc = it.stop()
-        assert rc == 0, it.stderr
-        truth = rec.stop()
-    dumps = read_dumps(out)
-    scope = gt.system_scope(it.launched_ns, it.ready_ns, it.stop_ns, dumps, devs)
-    return gt.compare(truth.requests, dumps, scope, truth.notes), dumps
+    run = gt.run_system(dev_args(*loops), command, kdevs(*loops), PYTHON, ROOT, tmp_path)
+    return run.comparison, run.dumps
 
 
 def assert_matches(cmp: gt.Comparison, dumps: list[dict], required: list[tuple[str, str, str]]) -> None:
@@ -185,8 +154,10 @@ def test_flushes_fsync_and_fdatasync(ext4, tmp_path):
 def test_other_processes_on_the_device_are_not_traced(make_loop, tmp_path):
     """`iotrace -- COMMAND` counts the command's requests only, while another process reads the same disk."""
     loop = make_loop()
-    # thread=1: its job is a thread, not a forked process (fio's job processes call setsid())
-    other = subprocess.Popen(fio_cmd(loop.path, "other", size="16M", time_based=1, runtime=60, thread=1),
+    # thread=1: its job is a thread, not a forked process (fio's job processes call setsid());
+    # rate-limited so that the reference's buffers hold its events too
+    other = subprocess.Popen(fio_cmd(loop.path, "other", size="16M", time_based=1, runtime=60, thread=1,
+                                     rate_iops=2000),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.5)         # the other reader is in full swing before iotrace starts

@@ -80,3 +80,75 @@ def test_truth_percentiles_are_nearest_rank():
     vals = np.arange(1, 1001)
     assert [gt.nearest_rank(vals, q) for q in (50, 90, 99, 99.9)] == [500, 900, 990, 999]
     assert gt.nearest_rank(np.array([7]), 99.9) == 7
+
+
+# ---- joining the BPF stamps onto ftrace's events (no root) ----
+
+def stamps(*rows) -> np.ndarray:
+    """Stamper records: (event name, sector, ts, end) on CPU 0 of device 7:0."""
+    out = np.zeros(len(rows), dtype=[("ts", "<u8"), ("end", "<u8"), ("sector", "<u8"), ("dev", "<u4"),
+                                     ("cpu", "<u2"), ("event", "u1"), ("side", "u1")])
+    for i, (name, sector, ts, end) in enumerate(rows):
+        out[i] = (ts, end, sector, 7 << 20, 0, gt.STAMPED.index(name), 0)
+    return out
+
+
+def test_stamps_join_in_order_even_for_close_twins_at_one_sector():
+    # two reads of one block 700 ns apart on one CPU; each BPF stamp follows its ftrace event
+    # by 500 ns (one tracepoint call's callbacks finish before the next call's begin)
+    events = [start(1000, 8, 4096, "R", pid=1), start(1700, 8, 4096, "R", pid=2),
+              issue(3000, 8, 4096, "R"), issue(3700, 8, 4096, "R"),
+              complete(9000, 8, 8, "R"), complete(9900, 8, 8, "R")]
+    before = stamps(("block_io_start", 8, 1500, 1600), ("block_io_start", 8, 2200, 2300),
+                    ("block_rq_issue", 8, 3500, 3600), ("block_rq_issue", 8, 4200, 4300),
+                    ("block_rq_complete", 8, 9500, 9600), ("block_rq_complete", 8, 10400, 10500))
+    after = before.copy()
+    after["ts"] += 400
+    joined, notes = gt.attach_stamps(events, before, after)
+    assert [e.stamp.ts for e in joined] == [1600, 2300, 3600, 4300, 9600, 10500]
+    assert all(e.stamp.slack == 0 for e in joined) and not notes["stamp_unmatched_before"]
+    t = gt.Truth.from_events(joined)
+    by_pid = {r.tgid: r for r in t.requests}
+    assert by_pid[1].phase_bounds("queue") == (2000,) * 3            # 3600 - 1600
+    assert by_pid[2].phase_bounds("total") == (10500 - 2300,) * 3
+
+
+def test_a_missing_stamp_marks_the_event_unseen_and_its_request_out_of_reach():
+    events = [start(1000, 8, 4096, "R"), issue(2000, 8, 4096, "R"), complete(5000, 8, 8, "R"),
+              start(6000, 16, 4096, "R"), issue(7000, 16, 4096, "R"), complete(9000, 16, 8, "R")]
+    before = stamps(("block_io_start", 8, 1100, 1200), ("block_rq_issue", 8, 2100, 2200),
+                    ("block_io_start", 16, 6100, 6200), ("block_rq_issue", 16, 7100, 7200),
+                    ("block_rq_complete", 16, 9100, 9200))    # the first completion ran no BPF program
+    joined, notes = gt.attach_stamps(events, before, None)
+    assert notes["bpf_unseen_block_rq_complete"] == 1
+    t = gt.Truth.from_events(joined)
+    seen = {r.sector: r.bpf_seen for r in t.requests}
+    assert seen == {8: False, 16: True}
+
+
+def test_a_wide_bracket_widens_only_its_own_request():
+    events, before, after = [], [], []
+    for n in range(20):
+        sec, t0 = 8 * n, 100_000 * n
+        events += [start(t0, sec, 4096, "R"), issue(t0 + 2000, sec, 4096, "R"), complete(t0 + 50_000, sec, 8, "R")]
+        for name, ts in (("block_io_start", t0 + 100), ("block_rq_issue", t0 + 2100),
+                         ("block_rq_complete", t0 + 50_100)):
+            before.append((name, sec, ts, ts + 50))
+            # request 7's issue: something ran for 20 us between the two stamper copies
+            after.append((name, sec, ts + 50 + (20_000 if (n, name) == (7, "block_rq_issue") else 300), 0))
+    joined, notes = gt.attach_stamps(events, stamps(*before), stamps(*after))
+    assert notes["stamp_disturbed"] == 1
+    t = gt.Truth.from_events(joined)
+    r7 = next(r for r in t.requests if r.sector == 56)
+    assert r7.phase_bounds("queue") == (2000, 2000, 2000 + 20_000)
+    assert r7.phase_bounds("device") == (48_000, 48_000 - 20_000, 48_000)
+    assert all(r.phase_bounds("queue") == (2000,) * 3 for r in t.requests if r.sector != 56)
+
+
+def test_within_accepts_the_bounds_and_the_jitter_and_nothing_more():
+    assert gt._within(10_000, 10_000, 10_000, 10_150)[0]                      # 1.5%
+    assert not gt._within(10_000, 10_000, 10_000, 10_400)[0]                  # 4%, another bucket
+    assert gt._within(2_000, 2_000, 2_000, 2_200, noise=250)[0]               # the stamps' jitter
+    assert not gt._within(2_000, 2_000, 2_000, 2_300, noise=250)[0]
+    assert gt._within(20_000, 20_000, 40_000, 39_000)[0]                      # a disturbed sample's range
+    assert not gt._within(20_000, 20_000, 40_000, 45_000)[0]
