@@ -30,6 +30,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tracer.probe import USER_DROPS  # noqa: E402
+
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
 RSS_LIMIT_MB = 150
 GROWTH_LIMIT_MB = 5
@@ -111,7 +115,7 @@ def main() -> int:
         "seconds": args.seconds, "processes": spawned, "dumps": len(dumps), "expected_dumps_at_least": expected - 1,
         "rss_first_mb": rss[0] if rss else None, "rss_max_mb": max(rss) if rss else None,
         "growth_second_half_mb": round(growth, 1), "rows_per_dump_max": max(rows, default=0),
-        "lost_for_room": lost, "skipped_by_kernel": sum(d["dropped"].get("recursion", 0) for d in dumps),
+        "lost_for_room": lost, "skipped_by_kernel": sum(d["dropped"].get(r, 0) for d in dumps for r in USER_DROPS),
         "pid_filter_at_end": dumps[-1].get("traced_pids") if dumps else None,
     }
     pid_filter = verdict["pid_filter_at_end"]

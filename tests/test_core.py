@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, ROOT, assert_count, fio_cmd, read_dumps, run_iotrace, series_of
 
+from tracer.probe import USER_DROPS
+
 IOLOAD = str(Path(__file__).with_name("ioload.py"))
 bpf = pytest.mark.bpf
 
@@ -49,10 +51,10 @@ def test_command_mode_counts_fio_job_exactly(loop, tmp_path):
     row = rows[0]
     assert row["op"] == "read" and row["devno"].startswith("7:")
     assert fio_reads["total_ios"] == 4096 and fio_reads["io_bytes"] == 16 << 20
-    # Exact, except for requests the kernel did not show any BPF program: counted ones (it runs
-    # one tracepoint program per CPU at a time), and rare uncounted ones that the coverage
-    # against /proc/diskstats shows; nothing else may be missing.
-    skipped = dumps[0]["dropped"]["recursion"]
+    # Exact, except for requests the kernel did not show any BPF program (it runs one tracepoint
+    # program per CPU at a time; now and then a completion is lost before any), which iotrace
+    # counts; the coverage against /proc/diskstats must agree.  Nothing else may be missing.
+    skipped = sum(dumps[0]["dropped"][reason] for reason in USER_DROPS)
     assert_count(row["count"], 4096, dumps, device=loop.name)
     assert row["bytes"] == row["count"] * 4096
     # fio forks its job: the row's pid is a child of the command, which proves children are followed
@@ -63,7 +65,7 @@ def test_command_mode_counts_fio_job_exactly(loop, tmp_path):
     assert lat["queue"]["count"] == lat["device"]["count"] == lat["total"]["count"] == row["count"]
     assert lat["total"]["min"] <= lat["total"]["p50"] <= lat["total"]["p99"] <= lat["total"]["max"]
     assert set(row["hdr"]) == {"queue", "device", "total"}
-    assert not any(n for reason, n in dumps[0]["dropped"].items() if reason != "recursion"), dumps[0]["dropped"]
+    assert not any(n for reason, n in dumps[0]["dropped"].items() if reason not in USER_DROPS), dumps[0]["dropped"]
     if skipped:
         assert "events not recorded" in r.stdout + r.stderr   # the user is told
     # the terminal table names the device as users know it
@@ -261,6 +263,11 @@ def test_coverage_matches_diskstats_exactly(loop, tmp_path):
     c = cov["devices"][loop.name]
     ops = {s["op"] for d in dumps for s in series_of(d, device=loop.name)}
     assert {"read", "write"} <= ops
-    assert c["recorded"] == c["diskstats"] > 2000, c
+    # exact, but for requests iotrace counted as never shown it: completions found lost (this
+    # device's, under --dev) and skipped starts (any device's: an upper bound)
+    lost = sum(d["dropped"]["lost_completion"] for d in dumps)
+    skipped = sum(d["dropped"]["recursion"] for d in dumps)
+    assert c["recorded"] + lost <= c["diskstats"] <= c["recorded"] + lost + skipped, (c, lost, skipped)
+    assert c["diskstats"] > 2000
     assert not cov["filtered"]
     assert f"{loop.name} " in stdout and "coverage:" in stdout

@@ -343,11 +343,12 @@ def rep_from(dumps_path: Path, fio_path: Path | None, dev: Device) -> br.Rep:
                           {ph: st.summary_us() for ph, st in s.phases.items() if st.count})
            for s in rows}
     dropped = {k: v for k, v in merged.dropped.items() if v}
-    # requests the kernel completed on the device that reached no iotrace program and no counter
-    # (README, 'Coverage'): a repetition that lost some says so
+    # requests the kernel completed on the device that iotrace neither recorded nor counted as
+    # dropped (README, 'Coverage'): a repetition that lost some says so
     cov = merged.extra.get("coverage", {}).get("devices", {}).get(dev.name)
-    if cov and cov["diskstats"] > cov["recorded"]:
-        dropped["unseen"] = cov["diskstats"] - cov["recorded"]
+    unexplained = cov["diskstats"] - cov["recorded"] - sum(dropped.values()) if cov else 0
+    if unexplained > 0:
+        dropped["unseen"] = unexplained
     return br.Rep(ops, dropped)
 
 

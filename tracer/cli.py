@@ -381,7 +381,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         status = _loop(args, probe, clock, session, pidfds, child, sig, control)
         if control:     # markers sent just before the command exited are still queued
             _take_markers(control, probe, clock, session)
-        final = build_dump(probe.drain(), clock, "final")
+        final = build_dump(probe.drain(final=True), clock, "final")
         final.extra["bpf_programs"] = probe.program_costs()
         if args.pids or args.command:    # the pid filter's size at the end: flat over a long run
             final.extra["traced_pids"] = len(probe.traced_pids())

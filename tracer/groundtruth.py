@@ -1073,11 +1073,12 @@ UNSEEN = "the kernel ran no BPF program for its start or completion"
 def _unexplained_drops(dropped: dict[str, int], unseen: int) -> dict[str, int]:
     """iotrace's drops less those the reference saw happen: events the kernel ran no BPF program for.
 
-    Each such request costs iotrace one skipped event ("recursion", when the
-    kernel counted it) and, for a skipped start, its completion ("no_start").
+    A request whose start no program saw costs iotrace a "recursion" (when
+    the kernel counted the skip) and its completion a "no_start"; one whose
+    completion no program saw is a "lost_completion".
     """
     out = dict(dropped)
-    for reason in ("recursion", "no_start"):
+    for reason in ("recursion", "no_start", "lost_completion"):
         if reason in out:
             out[reason] = max(0, out[reason] - unseen)
     return out

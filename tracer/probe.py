@@ -42,6 +42,12 @@ BIO_FIELDS = {
     "block_bio_complete": ("dev", "sector", "nr_sector", "rwbs"),
 }
 TRACEFS_DIRS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
+# Drop reasons found by user space rather than counted by the BPF programs (see Probe.drain)
+USER_DROPS = ("recursion", "lost_completion")
+MINOR_BITS = 20     # the kernel's dev_t, as tracepoints give it: major << 20 | minor
+# A request left in the in-flight table is taken for lost only this long after its start:
+# long past any plug or scheduler delay on a device with nothing in flight
+LOST_MIN_AGE_NS = 100_000_000
 
 
 @dataclass
@@ -251,6 +257,26 @@ def bio_level_devices(devs: list[int]) -> list[int]:
     return [dev for name, dev in disks.items() if devices.bio_based(name) and devices.size_sectors(name) > 0]
 
 
+def _in_flight(dev: int) -> int | None:
+    """Requests the kernel has in flight on a device (sysfs), None if it cannot be read."""
+    try:
+        text = Path(f"/sys/dev/block/{dev >> MINOR_BITS}:{dev & ((1 << MINOR_BITS) - 1)}/inflight").read_text()
+        return sum(int(x) for x in text.split())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_array(table, keys: np.ndarray, vals: np.ndarray, lib) -> np.ndarray:
+    """Every element of a BPF array map, in one syscall, into the reused `vals` buffer."""
+    count, token = ct.c_uint32(len(vals)), ct.c_uint32(0)
+    res = lib.bpf_lookup_batch(table.map_fd, None, ct.byref(token), ct.c_void_p(keys.ctypes.data),
+                               ct.c_void_p(vals.ctypes.data), ct.byref(count))
+    err = ct.get_errno()
+    if res != 0 and err != errno.ENOENT:
+        raise OSError(err, f"reading BPF map {table.name!r}: {os.strerror(err)}")
+    return vals[:count.value]
+
+
 def _diskstats() -> dict | None:
     from .devices import read_diskstats
 
@@ -391,6 +417,10 @@ class Probe:
                      np.zeros((hist.max_entries, self.ncpu), np.uint64)),
         }
         self._config = self.bpf["config"]
+        slots = self.bpf["inflight"]
+        self._slot_buffers = (np.zeros(slots.max_entries, np.uint32), np.zeros(slots.max_entries, np.uint64),
+                              np.zeros(slots.max_entries, np.dtype(slots.Leaf)))
+        self._lost_seen: set[tuple[int, int]] = set()    # (slot, start_ns) already counted lost
         for pid in opts.pids:
             self.add_pid(pid)
         devs = self.bpf["devs"]
@@ -430,8 +460,12 @@ class Probe:
         table = self.bpf["reasons"]
         return np.array([sum(table[ct.c_int(i)]) for i in range(len(self._reasons_seen))], dtype=np.uint64)
 
-    def drain(self) -> RawInterval:
-        """Close the current interval and return everything recorded in it."""
+    def drain(self, final: bool = False) -> RawInterval:
+        """Close the current interval and return everything recorded in it.
+
+        `final`: the last one; it waits (up to LOST_MIN_AGE_NS) until requests
+        left in flight on idle devices are old enough to be told lost.
+        """
         old = self.gen
         self.gen ^= 1
         cfg = self._config[ct.c_int(0)]
@@ -448,9 +482,10 @@ class Probe:
         delta = totals - self._reasons_seen
         self._reasons_seen = totals
         reasons = {name: int(n) for name, n in zip(self.contract.reasons, delta, strict=True)}
-        misses = self.skipped_requests()
+        misses = self.skipped_starts()
         reasons["drop_recursion"] = misses - self._misses_seen
         self._misses_seen = misses
+        reasons["drop_lost_completion"] = self._lost_completions(final)
         raw = RawInterval(
             start_ns=self._interval_start, end_ns=end,
             series_keys=skeys, series_vals=_fold_series(svals),
@@ -477,19 +512,61 @@ class Probe:
         return {name: {"runs": st.run_cnt, "run_time_ns": st.run_time_ns, "missed": st.recursion_misses}
                 for name, st in self.prog_stats().items()}
 
-    def skipped_requests(self) -> int:
-        """Requests the kernel did not let us see start or end, since load.
+    def skipped_starts(self) -> int:
+        """Requests the kernel did not let us see start, since load.
 
         The kernel runs one tracepoint BPF program per CPU at a time and skips
         (and counts) any event that fires while another is running there: a
         completion softirq interrupting our block_io_start program, or an
         event in a task that was preempted while any process's BPF map
-        syscall held the same per-CPU guard.  A skipped start or completion
-        loses its request.  The count includes events of processes and
-        devices the filters would have left out: an upper bound.
+        syscall held the same per-CPU guard.  A skipped start loses its
+        request.  The count includes events of processes and devices the
+        filters would have left out: an upper bound.  Skipped completions
+        are found by _lost_completions() instead, with those lost uncounted.
         """
-        stats = self.prog_stats()
-        return stats[self.start_event].recursion_misses + stats["block_rq_complete"].recursion_misses
+        return self.prog_stats()[self.start_event].recursion_misses
+
+    def _lost_completions(self, final: bool = False) -> int:
+        """Requests newly found to have completed without iotrace seeing it.
+
+        Their slots stay taken: the kernel ran no block_rq_complete program
+        for them, either skipping it as above (and counting a miss) or, now
+        and then, losing it on its perf-event path without a trace (README,
+        Dropped events).  A taken slot at least LOST_MIN_AGE_NS old is such a
+        request when its device had nothing in flight both before and after
+        the table was read, or when it is older than IOTRACE_STALE_NS.  Each
+        is counted once; the BPF side reuses the slot once it is stale.
+        """
+        def taken() -> tuple[np.ndarray, np.ndarray]:
+            idx, tags, slots = self._slot_buffers
+            t = np.flatnonzero(_read_array(self.bpf["tags"], idx, tags, self._lib))
+            return t, (_read_array(self.bpf["inflight"], idx, slots, self._lib)[t] if len(t) else slots[:0])
+
+        def key_set(t: np.ndarray, sl: np.ndarray) -> set[tuple[int, int]]:
+            return set(zip(t.tolist(), sl["start_ns"].tolist(), strict=True))
+
+        before_ns = time.monotonic_ns()
+        t, sl = taken()
+        old = sl["start_ns"] < before_ns - LOST_MIN_AGE_NS
+        if final and not old.all():
+            young = sl["start_ns"][~old]
+            if any(_in_flight(int(d)) == 0 for d in set(sl["dev"][~old].tolist())):
+                time.sleep(max(0, int(young.max()) + LOST_MIN_AGE_NS - before_ns) / 1e9)
+                return self._lost_completions()
+        devs = {int(d) for d in sl["dev"][old]}
+        idle = {d for d in devs if _in_flight(d) == 0}
+        if idle:
+            t, sl = taken()     # anything started before the idle reading and still taken after it is lost
+            idle &= {d for d in devs if _in_flight(d) == 0}
+        present = key_set(t, sl)
+        stale = self.contract.const("STALE_NS")
+        lost = set()
+        for i, start, dev in zip(t.tolist(), sl["start_ns"].tolist(), sl["dev"].tolist(), strict=True):
+            if start < before_ns - LOST_MIN_AGE_NS and (dev in idle or before_ns - start > stale):
+                lost.add((i, start))
+        new = len(lost - self._lost_seen)
+        self._lost_seen = (self._lost_seen & present) | lost
+        return new
 
     def close(self) -> None:
         if self.bpf is None:

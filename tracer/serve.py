@@ -287,8 +287,9 @@ class Exporter:
 def _drop_reasons() -> list[str]:
     """Every drop reason, so each has a series (at 0) from the first scrape."""
     from . import contract
+    from .probe import USER_DROPS
 
-    return [r.removeprefix("drop_") for r in contract.load().reasons if r.startswith("drop_")] + ["recursion"]
+    return [r.removeprefix("drop_") for r in contract.load().reasons if r.startswith("drop_")] + list(USER_DROPS)
 
 
 # ---- the command -----------------------------------------------------------------
@@ -430,7 +431,7 @@ def _loop(interval: float, probe, clock, exporter: Exporter, sig, file) -> None:
         stop = signal.SIGINT in signals or signal.SIGTERM in signals
         now = time.monotonic()
         if stop or now >= next_tick or signal.SIGUSR1 in signals:
-            dump = build_dump(probe.drain(), clock, "final" if stop else "interval")
+            dump = build_dump(probe.drain(final=stop), clock, "final" if stop else "interval")
             resolve_containers(dump)
             exporter.fold(dump)
             if file:

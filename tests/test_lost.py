@@ -1,0 +1,96 @@
+"""Requests whose completion never reached iotrace are found in the in-flight table and counted.
+
+The kernel now and then runs no block_rq_complete program for a request
+(README, Dropped events), which no test can cause on demand; so these tests
+plant such a request's slot in the real in-flight table of a loaded probe
+and check what the collector makes of it.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import subprocess
+import time
+
+import pytest
+
+from tracer import groundtruth as gt
+from tracer.probe import LOST_MIN_AGE_NS, Probe, ProbeOptions, _in_flight
+
+bpf = pytest.mark.bpf
+
+
+@pytest.fixture
+def probe(loop):
+    p = Probe(ProbeOptions(devs=[gt.kdev_of_path(loop.path)]))
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def plant(probe: Probe, index: int, dev: int, start_ns: int) -> None:
+    """A taken slot of a request at `dev` that started at `start_ns` and never completed."""
+    slots = probe.bpf["inflight"]
+    s = slots.Leaf()
+    s.dev, s.sector, s.start_ns, s.remaining = dev, 8 * index, start_ns, 4096
+    slots[ct.c_int(index)] = s
+    probe.bpf["tags"][ct.c_int(index)] = ct.c_uint64(0xABCD0001 + 2 * index)
+
+
+def lost(raw) -> int:
+    return raw.reasons["drop_lost_completion"]
+
+
+@bpf
+def test_a_request_left_in_flight_on_an_idle_device_is_counted_once(probe, loop):
+    dev = gt.kdev_of_path(loop.path)
+    plant(probe, 5, dev, time.monotonic_ns() - 2 * LOST_MIN_AGE_NS)
+    assert lost(probe.drain()) == 1
+    assert lost(probe.drain()) == 0            # still there, already counted
+
+
+@bpf
+def test_a_young_request_waits_for_the_final_drain(probe, loop):
+    dev = gt.kdev_of_path(loop.path)
+    plant(probe, 9, dev, time.monotonic_ns())
+    assert lost(probe.drain()) == 0            # may still be on its way to the driver
+    t0 = time.monotonic()
+    assert lost(probe.drain(final=True)) == 1  # the last drain waits until it is old enough
+    assert time.monotonic() - t0 < 2 * LOST_MIN_AGE_NS / 1e9 + 0.5
+
+
+@bpf
+def test_a_request_slow_to_complete_is_not_taken_for_lost(make_loop, tmp_path):
+    """A write held in flight for seconds (its loop device's backing file system is frozen)."""
+    outer = make_loop(64)
+    subprocess.run(["mkfs.ext4", "-q", "-F", outer.path], check=True, capture_output=True)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", outer.path, str(mnt)], check=True, capture_output=True)
+    writer = probe = inner = None
+    try:
+        inner = make_loop(16, backing_dir=mnt)
+        dev = gt.kdev_of_path(inner.path)
+        probe = Probe(ProbeOptions(devs=[dev]))
+        subprocess.run(["fsfreeze", "-f", str(mnt)], check=True)
+        writer = subprocess.Popen(["dd", "if=/dev/zero", f"of={inner.path}", "bs=4k", "count=1", "oflag=direct"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(3 * LOST_MIN_AGE_NS / 1e9)
+        assert writer.poll() is None and _in_flight(dev), "the write should be stuck in flight"
+        assert lost(probe.drain()) == 0
+        subprocess.run(["fsfreeze", "-u", str(mnt)], check=True)
+        assert writer.wait(30) == 0
+        raw = probe.drain(final=True)
+        assert lost(raw) == 0
+        assert int(raw.series_vals["count"].sum()) == 1      # it completed, and was recorded
+    finally:
+        subprocess.run(["fsfreeze", "-u", str(mnt)], capture_output=True)
+        if writer and writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        if probe:
+            probe.close()
+        if inner:   # before the unmount: it holds a file there
+            subprocess.run(["losetup", "-d", inner.path], capture_output=True)
+        subprocess.run(["umount", str(mnt)], capture_output=True)
