@@ -4,7 +4,10 @@
 On a fast request-based device (a loop device over a file in /dev/shm),
 fio random 4 KiB reads with direct=1 run under: no tracer (the baseline),
 iotrace, bpftrace running an equivalent per-(pid, device) latency
-histogram, and blktrace recording to /dev/shm where it can run.  Runs are
+histogram, and blktrace recording to /dev/shm where it can run; and, to
+show where the cost lies, two floors: "empty" (bcc programs that return at
+once on the three tracepoints) and "floor" (bpftrace reading the clock
+there).  Runs are
 interleaved (each repetition runs every tracer once, in a rotating order),
 and each tracer's IOPS is divided by the baseline's *of the same
 repetition*, so slow drifts of this noisy VM cancel out.  The table shows
@@ -159,6 +162,45 @@ class IOTrace(Tracer):
         self.proc = None
 
 
+# Below the floor: programs on the same tracepoints that return at once, loaded with bcc as
+# iotrace's are.  What they cost is the kernel's price for running any BPF program there (the
+# perf-event path fills the tracepoint's record before calling it).
+EMPTY_PROG = """
+TRACEPOINT_PROBE(block, block_io_start) { return 0; }
+TRACEPOINT_PROBE(block, block_rq_issue) { return 0; }
+TRACEPOINT_PROBE(block, block_rq_complete) { return 0; }
+"""
+EMPTY_TRACEPOINTS = ("block_io_start", "block_rq_issue", "block_rq_complete")
+
+
+class Empty(Tracer):
+    name = "empty"
+
+    def __init__(self):
+        self.bpf = None
+        self._why: str | None = None
+
+    def why_not(self) -> str | None:
+        if self.bpf is None and self._why is None:
+            try:
+                import bcc  # noqa: PLC0415 - only this tracer needs it
+
+                self.bpf = bcc.BPF(text=EMPTY_PROG)
+                for tp in EMPTY_TRACEPOINTS:
+                    self.bpf.detach_tracepoint(f"block:{tp}".encode())
+            except Exception as exc:  # bcc raises bare Exception on compile/load errors
+                self._why = f"cannot load empty programs with bcc: {str(exc).strip().splitlines()[-1]}"
+        return self._why
+
+    def start(self, device: str) -> None:
+        for tp in EMPTY_TRACEPOINTS:
+            self.bpf.attach_tracepoint(tp=f"block:{tp}".encode(), fn_name=f"tracepoint__block__{tp}".encode())
+
+    def stop(self) -> None:
+        for tp in EMPTY_TRACEPOINTS:
+            self.bpf.detach_tracepoint(f"block:{tp}".encode())
+
+
 class BPFTrace(Tracer):
     name = "bpftrace"
 
@@ -291,8 +333,8 @@ def program_cost(device: str, w: Workload, seconds: float, shm: Path) -> dict[st
 def bench(args) -> Result:
     shm = Path(tempfile.mkdtemp(prefix="iotrace-bench-", dir="/dev/shm"))
     device, backing = make_device(shm)
-    tracers: list[Tracer] = [Untraced(), BPFTrace(FLOOR_PROG, "floor"), IOTrace(shm / "iotrace.jsonl"), BPFTrace(),
-                             BlkTrace(shm)]
+    tracers: list[Tracer] = [Untraced(), Empty(), BPFTrace(FLOOR_PROG, "floor"), IOTrace(shm / "iotrace.jsonl"),
+                             BPFTrace(), BlkTrace(shm)]
     tracers = [t for t in tracers if t.name in args.tracers]
     workloads = [w for w in WORKLOADS if w.name in args.workloads]
     res = Result(environment={**environment(), "device": f"{device} over {backing} (tmpfs)"},
@@ -374,9 +416,10 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=5, help="fio run time per run (default 5)")
     p.add_argument("--workloads", default=",".join(w.name for w in WORKLOADS),
                    help="comma-separated subset of " + ", ".join(w.name for w in WORKLOADS))
-    p.add_argument("--tracers", default="none,floor,iotrace,bpftrace,blktrace",
-                   help="comma-separated subset; floor = bpftrace reading only the clock at the three "
-                        "tracepoints, the least any latency tracer can cost")
+    p.add_argument("--tracers", default="none,empty,floor,iotrace,bpftrace,blktrace",
+                   help="comma-separated subset; empty = bcc programs that return at once on the three "
+                        "tracepoints (the kernel's price for running any BPF program there); floor = "
+                        "bpftrace reading only the clock there, the least any latency tracer can cost")
     p.add_argument("--json", metavar="FILE", help="also write the runs and the summary as JSON")
     p.add_argument("--quick", action="store_true", help="2 reps of 2 s, qd32 only: a smoke run")
     args = p.parse_args()
