@@ -44,6 +44,8 @@ BPF_ARRAY(config, struct iotrace_config, 1);
 BPF_ARRAY(tags, u64, IOTRACE_INFLIGHT_SLOTS);
 /* slot index -> struct iotrace_slot: requests between start and completion */
 BPF_ARRAY(inflight, struct iotrace_slot, IOTRACE_INFLIGHT_SLOTS);
+/* group -> u32: requests whose home is this group that sit in their second group */
+BPF_ARRAY(spills, u32, IOTRACE_INFLIGHT_GROUPS);
 /* cell index -> struct iotrace_hist_cell, per CPU, generation 0 / 1: the fast path */
 BPF_PERCPU_ARRAY(cells0, struct iotrace_hist_cell, IOTRACE_HIST_CELLS);
 BPF_PERCPU_ARRAY(cells1, struct iotrace_hist_cell, IOTRACE_HIST_CELLS);
@@ -110,11 +112,13 @@ static __always_inline u32 rwbs_op(const char *rwbs, u32 bytes)
  * A request's slot is found through its tag: a 64-bit fingerprint of
  * (dev, sector), odd so that 0 means free.  Its probe window is the 8
  * tags of one aligned group, a single cache line, so a lookup reads one
- * line of tags and then only the slot that matches, not 8 slots.
+ * line of tags and then only the slot that matches, not 8 slots; and the
+ * second group's line only when its home group has spilled there.
  */
 struct slot_ref {
 	struct iotrace_slot *s;
 	u64 *tag;
+	u32 idx;
 };
 
 static __always_inline u64 key_hash(u32 dev, u64 sector)
@@ -126,42 +130,77 @@ static __always_inline u64 key_hash(u32 dev, u64 sector)
 	return x ^ (x >> 32);
 }
 
+/* First slot of the home group of a key's hash. */
 static __always_inline u32 group_of(u64 h)
 {
 	return (u32)(h >> 32) & (IOTRACE_INFLIGHT_SLOTS - 1) & ~(IOTRACE_INFLIGHT_PROBES - 1);
+}
+
+/* First slot of the second group: other bits of the hash, never the home group (unless only one) */
+static __always_inline u32 second_group_of(u64 h)
+{
+	u32 g = (u32)h & (IOTRACE_INFLIGHT_SLOTS - 1) & ~(IOTRACE_INFLIGHT_PROBES - 1);
+
+	if (g == group_of(h))
+		g = (g + IOTRACE_INFLIGHT_PROBES) & (IOTRACE_INFLIGHT_SLOTS - 1);
+	return g;
+}
+
+static __always_inline u32 *spill_count(u32 home)
+{
+	u32 g = home / IOTRACE_INFLIGHT_PROBES;
+
+	return spills.lookup(&g);
 }
 
 static __always_inline bool ref_at(u32 idx, struct slot_ref *r)
 {
 	r->tag = tags.lookup(&idx);
 	r->s = inflight.lookup(&idx);
+	r->idx = idx;
 	return r->tag && r->s;
+}
+
+/* While its tag is ours: a slot outside its key's home group is a spill of that group. */
+static __always_inline void unspill(struct slot_ref *r)
+{
+	u32 home = group_of(key_hash(r->s->dev, r->s->sector)), *sp;
+
+	if ((r->idx & ~(IOTRACE_INFLIGHT_PROBES - 1)) == home)
+		return;
+	sp = spill_count(home);
+	if (sp)
+		__sync_fetch_and_add(sp, -1);	/* BPF has no atomic sub */
 }
 
 static __always_inline void slot_release(struct slot_ref *r)
 {
+	unspill(r);
 	/* a full barrier: the slot's fields are dead once its tag is 0 */
 	__sync_lock_test_and_set(r->tag, 0);
 }
 
-/*
- * Take a free slot in the group of (dev, sector), or else a stale one (busy
- * for over IOTRACE_STALE_NS: its completion was skipped by the kernel, and
- * counted as such, or will never come).  Returns false when the group is full.
- */
-static __always_inline bool slot_claim(u32 dev, u64 sector, u64 now, struct slot_ref *r)
+/* Claim a free slot of the group starting at `base` for `tag`. */
+static __always_inline bool claim_free(u32 base, u64 tag, struct slot_ref *r)
 {
-	u64 h = key_hash(dev, sector), tag = h | 1;
-	u32 base = group_of(h);
-
 #pragma unroll
 	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
 		if (!ref_at(base + i, r))
 			return false;
 		/* two CPUs may race for the same slot: one wins */
 		if (*r->tag == 0 && __sync_val_compare_and_swap(r->tag, 0, tag) == 0)
-			goto claimed;
+			return true;
 	}
+	return false;
+}
+
+/*
+ * Claim a slot of the group at `base` busy for over IOTRACE_STALE_NS: its
+ * completion was skipped by the kernel (user space has counted it lost) or
+ * will never come.
+ */
+static __always_inline bool claim_stale(u32 base, u64 tag, u64 now, struct slot_ref *r)
+{
 #pragma unroll
 	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
 		u64 old;
@@ -171,12 +210,41 @@ static __always_inline bool slot_claim(u32 dev, u64 sector, u64 now, struct slot
 		old = *r->tag;
 		if (old && now - r->s->start_ns > IOTRACE_STALE_NS &&
 		    __sync_val_compare_and_swap(r->tag, old, tag) == old) {
+			unspill(r);	/* the old request's key is still in the slot */
 			count_reason(IOTRACE_NOTE_RECLAIMED);
-			goto claimed;
+			return true;
 		}
 	}
 	return false;
-claimed:
+}
+
+/* Claim a slot of the second group, counting the spill first: a lookup that finds it looks there. */
+static __always_inline bool claim_spill(u32 home, u32 other, u64 tag, u64 now, bool stale,
+					struct slot_ref *r)
+{
+	u32 *sp = spill_count(home);
+
+	if (other == home || !sp)
+		return false;
+	__sync_fetch_and_add(sp, 1);
+	if (stale ? claim_stale(other, tag, now, r) : claim_free(other, tag, r))
+		return true;
+	__sync_fetch_and_add(sp, -1);	/* BPF has no atomic sub */
+	return false;
+}
+
+/*
+ * Take a free slot in the home group of (dev, sector), else in its second
+ * group, else a stale one in either.  Returns false when none is left.
+ */
+static __always_inline bool slot_claim(u32 dev, u64 sector, u64 now, struct slot_ref *r)
+{
+	u64 h = key_hash(dev, sector), tag = h | 1;
+	u32 home = group_of(h), other = second_group_of(h);
+
+	if (!claim_free(home, tag, r) && !claim_spill(home, other, tag, now, false, r) &&
+	    !claim_stale(home, tag, now, r) && !claim_spill(home, other, tag, now, true, r))
+		return false;
 	/* times before the key, so a CPU that sees the new key sees them too (in store
 	 * order, as on x86; elsewhere the window is a few instructions wide) */
 	r->s->start_ns = now;
@@ -193,6 +261,44 @@ enum pick {
 	PICK_LATEST,	/* completion: the latest issued (see block_rq_complete) */
 };
 
+/* What a lookup has found so far, over one or two groups. */
+struct find_state {
+	struct slot_ref best, late;
+	u64 best_issue;
+	bool found;
+};
+
+/* Scan one group; true when `st->best` is final (an early pick). */
+static __always_inline bool scan_group(u32 base, u32 dev, u64 sector, u64 tag, bool zero_bytes, u64 now,
+				       enum pick pick, struct find_state *st)
+{
+	struct slot_ref c;
+
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
+		if (!ref_at(base + i, &c))
+			break;
+		if (*c.tag != tag || c.s->dev != dev || c.s->sector != sector ||
+		    (c.s->remaining == 0) != zero_bytes)
+			continue;
+		if (c.s->start_ns > now || c.s->issue_ns > now) {
+			if (!st->late.s)
+				st->late = c;
+			continue;
+		}
+		if (pick == PICK_FIRST || (pick == PICK_UNISSUED && c.s->issue_ns == 0)) {
+			st->best = c;
+			return true;
+		}
+		if (!st->found || (pick == PICK_LATEST && c.s->issue_ns > st->best_issue)) {
+			st->best = c;
+			st->best_issue = c.s->issue_ns;
+			st->found = true;
+		}
+	}
+	return false;
+}
+
 /*
  * The slot of the request at (dev, sector) for an event at time `now`.
  * Empty flushes all sit at sector 0 with no data; zero-byte events only
@@ -205,39 +311,25 @@ enum pick {
 static __always_inline bool slot_find(u32 dev, u64 sector, bool zero_bytes, u64 now, enum pick pick,
 				      struct slot_ref *r)
 {
-	u64 h = key_hash(dev, sector), tag = h | 1, best_issue = 0;
-	u32 base = group_of(h);
-	struct slot_ref c, late = {};
-	bool found = false;
+	u64 h = key_hash(dev, sector), tag = h | 1;
+	u32 home = group_of(h), other = second_group_of(h), *sp;
+	struct find_state st = {};
 
-#pragma unroll
-	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
-		if (!ref_at(base + i, &c))
-			break;
-		if (*c.tag != tag || c.s->dev != dev || c.s->sector != sector ||
-		    (c.s->remaining == 0) != zero_bytes)
-			continue;
-		if (c.s->start_ns > now || c.s->issue_ns > now) {
-			if (!late.s)
-				late = c;
-			continue;
-		}
-		if (pick == PICK_FIRST || (pick == PICK_UNISSUED && c.s->issue_ns == 0)) {
-			*r = c;
-			return true;
-		}
-		if (!found || (pick == PICK_LATEST && c.s->issue_ns > best_issue)) {
-			*r = c;
-			best_issue = c.s->issue_ns;
-			found = true;
-		}
-	}
-	if (!found && late.s) {
+	if (scan_group(home, dev, sector, tag, zero_bytes, now, pick, &st))
+		goto picked;
+	sp = spill_count(home);
+	if (other != home && sp && *sp && scan_group(other, dev, sector, tag, zero_bytes, now, pick, &st))
+		goto picked;
+	if (!st.found && st.late.s) {
 		/* the only match: the CPUs' clocks disagree by a little, it is no twin */
-		*r = late;
+		*r = st.late;
 		return true;
 	}
-	return found;
+	if (!st.found)
+		return false;
+picked:
+	*r = st.best;
+	return true;
 }
 
 /*
