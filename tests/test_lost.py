@@ -15,7 +15,8 @@ import time
 import pytest
 
 from tracer import groundtruth as gt
-from tracer.probe import LOST_MIN_AGE_NS, Probe, ProbeOptions, _in_flight
+from tracer.devices import in_flight
+from tracer.probe import LOST_MIN_AGE_NS, Probe, ProbeOptions
 
 bpf = pytest.mark.bpf
 
@@ -77,7 +78,7 @@ def test_a_request_slow_to_complete_is_not_taken_for_lost(make_loop, tmp_path):
         writer = subprocess.Popen(["dd", "if=/dev/zero", f"of={inner.path}", "bs=4k", "count=1", "oflag=direct"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(3 * LOST_MIN_AGE_NS / 1e9)
-        assert writer.poll() is None and _in_flight(dev), "the write should be stuck in flight"
+        assert writer.poll() is None and in_flight(dev), "the write should be stuck in flight"
         assert lost(probe.drain()) == 0
         subprocess.run(["fsfreeze", "-u", str(mnt)], check=True)
         assert writer.wait(30) == 0

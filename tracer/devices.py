@@ -42,6 +42,14 @@ def name_of(dev: int) -> str:
     return devno(dev)
 
 
+def in_flight(dev: int) -> int | None:
+    """Requests the kernel has in flight on a device (sysfs), None if it cannot be read."""
+    try:
+        return sum(int(x) for x in (SYS_DEV_BLOCK / devno(dev) / "inflight").read_text().split())
+    except (OSError, ValueError):
+        return None
+
+
 def whole_disks() -> dict[str, int]:
     """Name -> kernel dev_t of every whole block device (partitions excluded)."""
     out = {}

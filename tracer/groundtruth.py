@@ -82,6 +82,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .devices import devno, kdev, name_of
+
 TRACEFS = Path("/sys/kernel/tracing")
 BLOCK_EVENTS = ("block_io_start", "block_rq_issue", "block_rq_complete", "block_rq_merge",
                 "block_bio_frontmerge", "block_rq_requeue")
@@ -92,35 +94,14 @@ PHASES = ("queue", "device", "total")
 PCTS = (50.0, 90.0, 99.0, 99.9)
 PCT_KEYS = ("p50", "p90", "p99", "p99.9")
 REL_TOL = 0.02                         # percentiles: within 2% of the exact value, or the same bucket
-MINOR_BITS = 20                        # the kernel's dev_t: major << 20 | minor
-
-
 class TruthError(RuntimeError):
     """The reference could not be recorded exactly (lost events, bad decode, no tracefs)."""
-
-
-def kdev(major: int, minor: int) -> int:
-    return (major << MINOR_BITS) | minor
-
-
-def devno(dev: int) -> str:
-    return f"{dev >> MINOR_BITS}:{dev & ((1 << MINOR_BITS) - 1)}"
 
 
 def kdev_of_path(path: str) -> int:
     """Kernel dev_t of a block device node such as /dev/loop3."""
     rdev = os.stat(path).st_rdev
     return kdev(os.major(rdev), os.minor(rdev))
-
-
-def device_name(dev: int) -> str:
-    try:
-        for line in Path(f"/sys/dev/block/{devno(dev)}/uevent").read_text().splitlines():
-            if line.startswith("DEVNAME="):
-                return line.split("=", 1)[1]
-    except OSError:
-        pass
-    return devno(dev)
 
 
 # ---------------------------------------------------------------------------- event formats
@@ -1113,7 +1094,7 @@ def compare(requests: Iterable[Request], dumps, scope: Scope, notes: Counter | N
     results = []
     for key in sorted(set(truth) | set(iot), key=lambda k: (k[0], k[1], k[2])):
         t, s = truth.get(key), iot.get(key)
-        name = device_name(t.dev) if t else s.device
+        name = name_of(t.dev) if t else s.device
         if t and s:
             results.append(SeriesResult(key, t.comm, name, "compared", compare_series(t, s), t, s))
         elif t:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import contract
+from . import contract, devices
 from .errors import UserError
 
 # Programs that began on the old generation finish within microseconds
@@ -44,7 +44,6 @@ BIO_FIELDS = {
 TRACEFS_DIRS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 # Drop reasons found by user space rather than counted by the BPF programs (see Probe.drain)
 USER_DROPS = ("recursion", "lost_completion")
-MINOR_BITS = 20     # the kernel's dev_t, as tracepoints give it: major << 20 | minor
 # A request left in the in-flight table is taken for lost only this long after its start:
 # long past any plug or scheduler delay on a device with nothing in flight
 LOST_MIN_AGE_NS = 100_000_000
@@ -255,15 +254,6 @@ def bio_level_devices(devs: list[int]) -> list[int]:
     if devs:
         return [d for d in devs if d in names and devices.bio_based(names[d])]
     return [dev for name, dev in disks.items() if devices.bio_based(name) and devices.size_sectors(name) > 0]
-
-
-def _in_flight(dev: int) -> int | None:
-    """Requests the kernel has in flight on a device (sysfs), None if it cannot be read."""
-    try:
-        text = Path(f"/sys/dev/block/{dev >> MINOR_BITS}:{dev & ((1 << MINOR_BITS) - 1)}/inflight").read_text()
-        return sum(int(x) for x in text.split())
-    except (OSError, ValueError):
-        return None
 
 
 def _read_array(table, keys: np.ndarray, vals: np.ndarray, lib) -> np.ndarray:
@@ -542,23 +532,20 @@ class Probe:
             t = np.flatnonzero(_read_array(self.bpf["tags"], idx, tags, self._lib))
             return t, (_read_array(self.bpf["inflight"], idx, slots, self._lib)[t] if len(t) else slots[:0])
 
-        def key_set(t: np.ndarray, sl: np.ndarray) -> set[tuple[int, int]]:
-            return set(zip(t.tolist(), sl["start_ns"].tolist(), strict=True))
-
         before_ns = time.monotonic_ns()
         t, sl = taken()
         old = sl["start_ns"] < before_ns - LOST_MIN_AGE_NS
         if final and not old.all():
             young = sl["start_ns"][~old]
-            if any(_in_flight(int(d)) == 0 for d in set(sl["dev"][~old].tolist())):
+            if any(devices.in_flight(int(d)) == 0 for d in set(sl["dev"][~old].tolist())):
                 time.sleep(max(0, int(young.max()) + LOST_MIN_AGE_NS - before_ns) / 1e9)
                 return self._lost_completions()
         devs = {int(d) for d in sl["dev"][old]}
-        idle = {d for d in devs if _in_flight(d) == 0}
+        idle = {d for d in devs if devices.in_flight(d) == 0}
         if idle:
             t, sl = taken()     # anything started before the idle reading and still taken after it is lost
-            idle &= {d for d in devs if _in_flight(d) == 0}
-        present = key_set(t, sl)
+            idle &= {d for d in devs if devices.in_flight(d) == 0}
+        present = set(zip(t.tolist(), sl["start_ns"].tolist(), strict=True))
         stale = self.contract.const("STALE_NS")
         lost = set()
         for i, start, dev in zip(t.tolist(), sl["start_ns"].tolist(), sl["dev"].tolist(), strict=True):
