@@ -997,10 +997,11 @@ def _within(exact: float, low: float, high: float, reported: float, rel: float =
         return True, f"{rel:.0%}" if rel else "equal"
     if bucket(exact) == bucket(reported):
         return True, "bucket"
-    if low - noise <= reported <= high + noise:
+    if abs(reported - exact) <= noise:
         return True, f"within {noise:.0f} ns, the stamps' jitter"
     if (low, high) != (exact, exact):
-        if low * (1 - rel) <= reported <= high * (1 + rel) or bucket(low) <= bucket(reported) <= bucket(high):
+        if (low * (1 - rel) - noise <= reported <= high * (1 + rel) + noise
+                or bucket(low) <= bucket(reported) <= bucket(high)):
             return True, "within the disturbed stamps' bounds"
         return False, (f"off by {reported - exact:+.0f} ns ({(reported - exact) / max(exact, 1):+.1%}), "
                        f"outside [{low:.0f}, {high:.0f}] ns")
