@@ -349,11 +349,11 @@ class Stamper:
         b = self.sides.get(side)
         if b is None:
             return None
-        claimed = [int(v) for v in b["claimed"][ct.c_int(0)]]
+        claimed = [int(v) for v in b[b"claimed"][ct.c_int(0)]]
         if max(claimed) > self.per_cpu:
             raise TruthError(f"the {side} stamper overflowed: {max(claimed)} events on one CPU for "
                              f"{self.per_cpu} records")
-        table = b["stamps"]
+        table = b[b"stamps"]
         size = self.ncpu * self.per_cpu
         recs = np.zeros(size, dtype=np.dtype(table.Leaf))
         keys = np.zeros(size, dtype=np.uint32)
