@@ -392,18 +392,24 @@ static __always_inline u16 bucket_of(u64 ns)
 }
 
 /*
- * A histogram's cells sit side by side, one per bucket from a base hashed
- * from (pid, dev, op, phase): a series' latencies cluster in a few
- * neighbouring buckets, so its updates keep hitting the same cache lines
- * (a hash of the whole key, bucket included, scattered them over the table
- * and cost ~140 ns more per completion, measured).
+ * A histogram's buckets take cells in runs of IOTRACE_HIST_CELL_RUN, one
+ * cache line of cells: a run is placed by a hash of (pid, dev, op, phase,
+ * bucket / run), and a bucket sits at its offset in the run.  A series'
+ * latencies cluster in a few neighbouring buckets, so its updates keep
+ * hitting the same lines, while the runs of different series and phases
+ * spread over the whole table.  (Measured: a hash of the whole key
+ * scattered neighbours and cost ~140 ns more per completion; one base per
+ * series and phase with all its buckets side by side let the three
+ * phases' ranges, ~3000 cells each, overlap in most runs, and up to 20% of
+ * the samples of a single fio job then spilled into the hash map.)
  */
-static __always_inline u32 cell_hash(const struct iotrace_hist_key *k)
+static __always_inline u32 cell_run(const struct iotrace_hist_key *k)
 {
 	u64 series = ((u64)k->pid << 32) | k->dev;
-	u64 x = (series ^ (((u64)k->op << 8 | k->phase) * IOTRACE_HASH_MUL)) * IOTRACE_HASH_MUL;
+	u64 where = ((u64)k->op << 8 | k->phase) << 16 | (k->bucket / IOTRACE_HIST_CELL_RUN);
+	u64 x = (series ^ (where * IOTRACE_HASH_MUL)) * IOTRACE_HASH_MUL;
 
-	return (u32)(x >> 32) + k->bucket;
+	return (u32)(x >> 32);
 }
 
 static __always_inline bool same_key(const struct iotrace_hist_key *a, const struct iotrace_hist_key *b)
@@ -415,11 +421,12 @@ static __always_inline bool same_key(const struct iotrace_hist_key *a, const str
 /* Count one sample in its cell; false if no cell could take it. */
 static __always_inline bool cell_add(u32 gen, const struct iotrace_hist_key *k)
 {
-	u32 h = cell_hash(k);
+	u32 run = cell_run(k), off = k->bucket % IOTRACE_HIST_CELL_RUN;
 
+	/* the probe window: the same offset in the next runs */
 #pragma unroll
 	for (u32 i = 0; i < IOTRACE_HIST_CELL_PROBES; i++) {
-		u32 idx = (h + i) & (IOTRACE_HIST_CELLS - 1);
+		u32 idx = ((run + i) * IOTRACE_HIST_CELL_RUN + off) & (IOTRACE_HIST_CELLS - 1);
 		struct iotrace_hist_cell *c = gen ? cells1.lookup(&idx) : cells0.lookup(&idx);
 
 		if (!c)

@@ -47,6 +47,7 @@
 #define IOTRACE_HIST_CELLS 16384	/* (tunable) power of two: per-CPU fast histogram cells */
 #endif
 #define IOTRACE_HIST_CELL_PROBES 4	/* open-addressing window of the cells */
+#define IOTRACE_HIST_CELL_RUN 4	/* neighbouring buckets per run of cells: one cache line */
 #ifndef IOTRACE_HIST_ENTRIES
 #define IOTRACE_HIST_ENTRIES 65536	/* (tunable) buckets that found no cell, per interval */
 #endif
