@@ -46,9 +46,10 @@ BPF_ARRAY(tags, u64, IOTRACE_INFLIGHT_SLOTS);
 BPF_ARRAY(inflight, struct iotrace_slot, IOTRACE_INFLIGHT_SLOTS);
 /* group -> u32: requests whose home is this group that sit in their second group */
 BPF_ARRAY(spills, u32, IOTRACE_INFLIGHT_GROUPS);
-/* cell index -> struct iotrace_hist_cell, per CPU, generation 0 / 1: the fast path */
-BPF_PERCPU_ARRAY(cells0, struct iotrace_hist_cell, IOTRACE_HIST_CELLS);
-BPF_PERCPU_ARRAY(cells1, struct iotrace_hist_cell, IOTRACE_HIST_CELLS);
+/* cpu * IOTRACE_HIST_CELLS + cell -> struct iotrace_hist_cell, generation 0 / 1: the fast
+ * path, each CPU in its own part of one plain array (see struct iotrace_hist_cell) */
+BPF_ARRAY(cells0, struct iotrace_hist_cell, IOTRACE_CPUS * IOTRACE_HIST_CELLS);
+BPF_ARRAY(cells1, struct iotrace_hist_cell, IOTRACE_CPUS * IOTRACE_HIST_CELLS);
 /* struct iotrace_hist_key -> u64 count, per CPU, generation 0 / 1: keys with no cell */
 BPF_PERCPU_HASH(hist0, struct iotrace_hist_key, u64, IOTRACE_HIST_ENTRIES);
 BPF_PERCPU_HASH(hist1, struct iotrace_hist_key, u64, IOTRACE_HIST_ENTRIES);
@@ -421,12 +422,15 @@ static __always_inline bool same_key(const struct iotrace_hist_key *a, const str
 /* Count one sample in its cell; false if no cell could take it. */
 static __always_inline bool cell_add(u32 gen, const struct iotrace_hist_key *k)
 {
-	u32 run = cell_run(k), off = k->bucket % IOTRACE_HIST_CELL_RUN;
+	u32 run = cell_run(k), off = k->bucket % IOTRACE_HIST_CELL_RUN, cpu = bpf_get_smp_processor_id();
 
-	/* the probe window: the same offset in the next runs */
+	if (cpu >= IOTRACE_CPUS)
+		return false;
+	/* the probe window: the same offset in the next runs of this CPU's part */
 #pragma unroll
 	for (u32 i = 0; i < IOTRACE_HIST_CELL_PROBES; i++) {
-		u32 idx = ((run + i) * IOTRACE_HIST_CELL_RUN + off) & (IOTRACE_HIST_CELLS - 1);
+		u32 idx = cpu * IOTRACE_HIST_CELLS +
+			  (((run + i) * IOTRACE_HIST_CELL_RUN + off) & (IOTRACE_HIST_CELLS - 1));
 		struct iotrace_hist_cell *c = gen ? cells1.lookup(&idx) : cells0.lookup(&idx);
 
 		if (!c)

@@ -48,6 +48,9 @@
 #endif
 #define IOTRACE_HIST_CELL_PROBES 4	/* open-addressing window of the cells */
 #define IOTRACE_HIST_CELL_RUN 4	/* neighbouring buckets per run of cells: one cache line */
+#ifndef IOTRACE_CPUS
+#define IOTRACE_CPUS 1		/* (set by user space) possible CPUs: parts of the cell array */
+#endif
 #ifndef IOTRACE_HIST_ENTRIES
 #define IOTRACE_HIST_ENTRIES 65536	/* (tunable) buckets that found no cell, per interval */
 #endif
@@ -159,12 +162,15 @@ struct iotrace_hist_key {
 };
 
 /*
- * Histogram cell: the fast path for bucket counts.  A per-CPU array of
- * these, indexed by a hash of the key with a short linear probe, is a hash
- * table the program can walk without a helper call, a lock or an atomic
- * (per-CPU, and programs do not nest on a CPU); it stays small enough to
- * live in cache.  count == 0 marks a free cell; user space zeroes the cells
- * it drains.  A key that finds no cell goes to the hist hash map instead.
+ * Histogram cell: the fast path for bucket counts.  Each CPU has
+ * IOTRACE_HIST_CELLS of these, indexed by a hash of the key with a short
+ * probe: a hash table the program walks without a helper call, a lock or
+ * an atomic (programs do not nest on a CPU).  The CPUs' parts sit in one
+ * plain array (IOTRACE_CPUS of them, set by user space) rather than a
+ * per-CPU array, whose elements are separate allocations reached through
+ * a pointer table: neighbouring cells then share cache lines for real.
+ * count == 0 marks a free cell; user space zeroes the cells it drains.  A
+ * key that finds no cell goes to the hist hash map instead.
  */
 struct iotrace_hist_cell {
 	struct iotrace_hist_key key;

@@ -306,29 +306,19 @@ def _drain_cells(table, idx: np.ndarray, cells: np.ndarray, lib) -> tuple[np.nda
     """Read every CPU's histogram cells, zero the populated ones, return (keys, counts).
 
     A key may come back once per CPU; the aggregator sums repeats.  `idx`
-    (cap,) uint32 and `cells` (cap, ncpu) are reused buffers.
+    and `cells` (cap,) are reused buffers.
     """
-    cap, ncpu = cells.shape
-    cell_dtype = cells.dtype
-    count = ct.c_uint32(cap)
-    token = ct.c_uint32(0)
-    res = lib.bpf_lookup_batch(table.map_fd, None, ct.byref(token), ct.c_void_p(idx.ctypes.data),
-                               ct.c_void_p(cells.ctypes.data), ct.byref(count))
-    err = ct.get_errno()
-    if res != 0 and err != errno.ENOENT:
-        raise OSError(err, f"reading BPF map {table.name!r}: {os.strerror(err)}")
-    cells = cells[:count.value]
-    used = cells["count"] > 0
-    rows = np.flatnonzero(used.any(axis=1))
+    cells = _read_array(table, idx, cells, lib)
+    rows = np.flatnonzero(cells["count"])
     if len(rows):
-        zeros = np.zeros((len(rows), ncpu), dtype=cell_dtype)
+        zeros = np.zeros(len(rows), dtype=cells.dtype)
         keys = np.ascontiguousarray(idx[rows])
         n = ct.c_uint32(len(rows))
         if lib.bpf_update_batch(table.map_fd, ct.c_void_p(keys.ctypes.data), ct.c_void_p(zeros.ctypes.data),
                                 ct.byref(n)) != 0:
             err = ct.get_errno()
             raise OSError(err, f"clearing BPF map {table.name!r}: {os.strerror(err)}")
-    picked = cells[used]
+    picked = cells[rows]
     return picked["key"], picked["count"].astype(np.uint64)
 
 
@@ -373,6 +363,9 @@ class Probe:
         if self.bio_devs:
             check_tracepoints(BIO_FIELDS)
             cflags.append("-DIOTRACE_BIO_LEVEL")
+        possible = bcc.utils.get_possible_cpus()
+        self.ncpu = len(possible)       # values per key of a per-CPU map
+        cflags.append(f"-DIOTRACE_CPUS={max(possible) + 1}")
         for name, value in (("INFLIGHT_SLOTS", opts.inflight_slots), ("HIST_ENTRIES", opts.hist_entries),
                             ("SERIES_ENTRIES", opts.series_entries), ("HIST_CELLS", opts.hist_cells)):
             if value:
@@ -386,7 +379,6 @@ class Probe:
         except Exception as exc:  # bcc raises bare Exception for compile/load errors
             raise UserError(f"could not load the BPF programs: {str(exc).strip().splitlines()[-1]}") from None
         self._lib = bcc.libbcc.lib
-        self.ncpu = len(bcc.utils.get_possible_cpus())
         _return_compiler_memory()
         self.gen = 0
         self._reasons_seen = np.zeros(len(self.contract.reasons), dtype=np.uint64)
@@ -394,7 +386,7 @@ class Probe:
         hist = self.bpf["hist0"]
         series = self.bpf["series0"]
         self._hist_key = np.dtype(hist.Key)
-        self._hist_cell = np.dtype(self.bpf["cells0"].sLeaf)   # one CPU's cell
+        self._hist_cell = np.dtype(self.bpf["cells0"].Leaf)
         self._series_key = np.dtype(series.Key)
         self._series_val = np.dtype(series.sLeaf)
         # drain buffers, made once: fresh ones every interval would ratchet malloc's heap up
@@ -402,7 +394,7 @@ class Probe:
             "series": (np.zeros(series.max_entries, self._series_key),
                        np.zeros((series.max_entries, self.ncpu), self._series_val)),
             "cells": (np.zeros(self.bpf["cells0"].max_entries, np.uint32),
-                      np.zeros((self.bpf["cells0"].max_entries, self.ncpu), self._hist_cell)),
+                      np.zeros(self.bpf["cells0"].max_entries, self._hist_cell)),
             "hist": (np.zeros(hist.max_entries, self._hist_key),
                      np.zeros((hist.max_entries, self.ncpu), np.uint64)),
         }
