@@ -12,20 +12,19 @@
  *   block_io_start    submitter's context: claim an in-flight slot, note
  *                     tgid, tid, comm, cgroup and the op
  *   block_rq_issue    handed to the driver: note the time and final size
- *   block_rq_complete account queue / device / total latency into the
- *                     per-CPU histograms of the current generation, and
+ *   block_rq_complete account queue / device / total latency into this
+ *                     CPU's histograms of the current generation, and
  *                     free the slot
  *
  * The kernel runs one tracepoint BPF program per CPU at a time and skips
  * (and counts, in the program's recursion_misses) an event that fires while
  * any is running there, e.g. a completion softirq interrupting our
- * block_io_start.  tracer/probe.py reports those skipped starts and
- * completions as dropped; their slots are reused once stale
- * (IOTRACE_STALE_NS).  Rarely a completion reaches no program and no
- * counter at all; only the coverage against /proc/diskstats shows it
- * (see the README).  Every
- * program here is kept short partly for that reason: the shorter they run,
- * the fewer events land on top of them.
+ * block_io_start.  tracer/probe.py reports the skipped starts as dropped;
+ * a completion that no program saw (skipped, or now and then lost by the
+ * kernel without a count) leaves its slot taken, which tracer/probe.py
+ * finds and counts, and which is reused once stale (IOTRACE_STALE_NS).
+ * Every program here is kept short partly for that reason: the shorter
+ * they run, the fewer events land on top of them.
  * User space flips the generation, waits out programs still running on
  * the old one, then drains it: intervals are exact and nothing races a
  * delete.  Keys, values and codes live in iotrace.h.
