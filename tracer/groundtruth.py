@@ -269,11 +269,12 @@ class Event:
 class Stamp:
     """An event's time at iotrace's instant: BPF stamps taken just before and just after iotrace's.
 
-    `ts` is the stamp of the program attached before iotrace, None if no BPF
-    program ran for the event (the kernel skipped it).  `slack` is how much
-    later iotrace's own stamp may be: 0 normally (the programs run back to
-    back), the whole bracket (after - before) when it was unusually wide
-    because something ran in between (an interrupt, the hypervisor).
+    `ts` is the return stamp of the copy attached before iotrace, None if no
+    BPF program ran for the event (the kernel skipped it).  `slack` is how
+    much later iotrace's own stamp may be: 0 normally (the programs run back
+    to back), the whole bracket (the after-copy's entry stamp - ts) when it
+    was unusually wide because something ran in between (an interrupt, the
+    hypervisor).
     """
 
     ts: int | None
@@ -389,7 +390,7 @@ def attach_stamps(events: Sequence[Event], before: np.ndarray,
     """
     notes: Counter = Counter()
 
-    def index(recs: np.ndarray | None, side: str) -> dict[tuple, list[tuple[int, int]]]:
+    def index(recs: np.ndarray | None) -> dict[tuple, list[tuple[int, int]]]:
         out: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
         for r in ([] if recs is None else np.sort(recs, order="ts")):
             key = (STAMPED[r["event"]], int(r["dev"]), int(r["sector"]), int(r["cpu"]))
@@ -401,8 +402,9 @@ def attach_stamps(events: Sequence[Event], before: np.ndarray,
         if ev.name in STAMPED:
             groups[(ev.name, ev.f["dev"], ev.f["sector"], ev.cpu)].append(i)
     found: list[dict[int, tuple[int, int]]] = [{}, {}]
-    for side, stamps in enumerate((index(before, "before"), index(after, "after"))):
+    for side, stamps in enumerate((index(before), index(after))):
         unmatched = f"stamp_unmatched_{('before', 'after')[side]}"
+        notes[unmatched] += sum(len(pool) for key, pool in stamps.items() if key not in groups)
         for key, idxs in groups.items():
             pool = stamps.get(key, [])
             j = 0
