@@ -53,6 +53,26 @@ def wait_tracer(proc: subprocess.Popen, timeout: float = 60) -> str:
     return out
 
 
+def trace_held(tmp_path: Path, load: list[str], tracer_args) -> tuple[dict, dict, subprocess.Popen, Path]:
+    """Run `attrload.py LOAD --go FILE`, which prints its first line and waits for FILE; start
+    the tracer with tracer_args(that line), release the load and wait for it to end.
+
+    Returns the load's first and last lines, the tracer (still running) and its output file.
+    """
+    go, out = tmp_path / "go", tmp_path / "out.jsonl"
+    target = subprocess.Popen([PYTHON, ATTRLOAD, *load, "--go", str(go)], stdout=subprocess.PIPE, text=True)
+    try:
+        started = json.loads(target.stdout.readline())
+        tracer = start_tracer([*tracer_args(started), "-o", str(out)])
+        go.touch()
+        done = json.loads(target.stdout.readline())
+        assert target.wait(30) == 0
+    finally:
+        target.kill()
+        target.wait()
+    return started, done, tracer, out
+
+
 def final_dump(path: Path) -> tuple[dict, list[dict]]:
     dumps = read_dumps(path)
     assert [d["kind"] for d in dumps] == ["final"], [d["kind"] for d in dumps]
@@ -433,21 +453,10 @@ def test_pid_follows_only_forks_made_while_tracing(loop, tmp_path, name_early):
     *before* the tracer started is not followed: the tracer does not walk the process tree
     at start.  Naming it with a second --pid is how to include it.
     """
-    go = tmp_path / "go"
     counts = {"early": 100, "late": 200, "parent": 300, "thread": 50}
-    target = subprocess.Popen([PYTHON, ATTRLOAD, "prefork", loop.path, "--go", str(go),
-                               *(f"--{k}={v}" for k, v in counts.items())], stdout=subprocess.PIPE, text=True)
-    try:
-        started = json.loads(target.stdout.readline())
-        out = tmp_path / "out.jsonl"
-        tracer = start_tracer(["--pid", str(started["pid"]), "-o", str(out)]
-                              + (["--pid", str(started["early"])] if name_early else []))
-        go.touch()
-        done = json.loads(target.stdout.readline())
-        assert target.wait(30) == 0
-    finally:
-        target.kill()
-        target.wait()
+    _, done, tracer, out = trace_held(
+        tmp_path, ["prefork", loop.path, *(f"--{k}={v}" for k, v in counts.items())],
+        lambda started: ["--pid", str(started["pid"])] + (["--pid", str(started["early"])] if name_early else []))
     wait_tracer(tracer)        # ends by itself: every target exited
     final, dumps = final_dump(out)
     rows = by_pid(series_of(final, device=loop.name))
@@ -472,19 +481,10 @@ def test_pid_survives_its_main_thread_exiting(loop, tmp_path, follow, how):
     included, and the process continues under the same pid.  Either way the
     reads are the traced process's and belong in its row.
     """
-    go = tmp_path / "go"
-    target = subprocess.Popen([PYTHON, ATTRLOAD, how, loop.path, "--go", str(go), "100"],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        pid = json.loads(target.stdout.readline())["pid"]
-        out = tmp_path / "out.jsonl"
-        tracer = start_tracer(["--pid", str(pid), "-o", str(out), *([] if follow else ["--no-children"])])
-        go.touch()
-        done = json.loads(target.stdout.readline())
-        assert target.wait(30) == 0
-    finally:
-        target.kill()
-        target.wait()
+    started, done, tracer, out = trace_held(
+        tmp_path, [how, loop.path, "100"],
+        lambda started: ["--pid", str(started["pid"]), *([] if follow else ["--no-children"])])
+    pid = started["pid"]
     assert done["pid"] == pid
     wait_tracer(tracer)
     final, dumps = final_dump(out)
