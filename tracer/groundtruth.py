@@ -67,7 +67,6 @@ a zero-byte flush is never issued itself and has only ``total``.
 from __future__ import annotations
 
 import ctypes as ct
-import errno
 import heapq
 import math
 import os
@@ -354,17 +353,17 @@ class Stamper:
         if max(claimed) > self.per_cpu:
             raise TruthError(f"the {side} stamper overflowed: {max(claimed)} events on one CPU for "
                              f"{self.per_cpu} records")
+        from .probe import read_array
+
         table = b[b"stamps"]
         size = self.ncpu * self.per_cpu
-        recs = np.zeros(size, dtype=np.dtype(table.Leaf))
-        keys = np.zeros(size, dtype=np.uint32)
-        count, token = ct.c_uint32(size), ct.c_uint32(0)
-        res = self._bcc.libbcc.lib.bpf_lookup_batch(table.map_fd, None, ct.byref(token),
-                                                     ct.c_void_p(keys.ctypes.data), ct.c_void_p(recs.ctypes.data),
-                                                     ct.byref(count))
-        err = ct.get_errno()
-        if (res != 0 and err != errno.ENOENT) or count.value != size:
-            raise TruthError(f"cannot read the {side} stamps: {os.strerror(err)}")
+        try:
+            recs = read_array(table, np.zeros(size, np.uint32), np.zeros(size, np.dtype(table.Leaf)),
+                              self._bcc.libbcc.lib)
+        except OSError as e:
+            raise TruthError(f"cannot read the {side} stamps: {e.strerror}") from None
+        if len(recs) != size:
+            raise TruthError(f"read {len(recs)} of the {side} stamper's {size} records")
         return np.concatenate([recs[c * self.per_cpu:c * self.per_cpu + n] for c, n in enumerate(claimed)])
 
     def detach(self) -> None:

@@ -256,7 +256,7 @@ def bio_level_devices(devs: list[int]) -> list[int]:
     return [dev for name, dev in disks.items() if devices.bio_based(name) and devices.size_sectors(name) > 0]
 
 
-def _read_array(table, keys: np.ndarray, vals: np.ndarray, lib) -> np.ndarray:
+def read_array(table, keys: np.ndarray, vals: np.ndarray, lib) -> np.ndarray:
     """Every element of a BPF array map, in one syscall, into the reused `vals` buffer."""
     count, token = ct.c_uint32(len(vals)), ct.c_uint32(0)
     res = lib.bpf_lookup_batch(table.map_fd, None, ct.byref(token), ct.c_void_p(keys.ctypes.data),
@@ -308,7 +308,7 @@ def _drain_cells(table, idx: np.ndarray, cells: np.ndarray, lib) -> tuple[np.nda
     A key may come back once per CPU; the aggregator sums repeats.  `idx`
     and `cells` (cap,) are reused buffers.
     """
-    cells = _read_array(table, idx, cells, lib)
+    cells = read_array(table, idx, cells, lib)
     rows = np.flatnonzero(cells["count"])
     if len(rows):
         zeros = np.zeros(len(rows), dtype=cells.dtype)
@@ -521,8 +521,8 @@ class Probe:
         """
         def taken() -> tuple[np.ndarray, np.ndarray]:
             idx, tags, slots = self._slot_buffers
-            t = np.flatnonzero(_read_array(self.bpf["tags"], idx, tags, self._lib))
-            return t, (_read_array(self.bpf["inflight"], idx, slots, self._lib)[t] if len(t) else slots[:0])
+            t = np.flatnonzero(read_array(self.bpf["tags"], idx, tags, self._lib))
+            return t, (read_array(self.bpf["inflight"], idx, slots, self._lib)[t] if len(t) else slots[:0])
 
         before_ns = time.monotonic_ns()
         t, sl = taken()
