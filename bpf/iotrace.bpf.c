@@ -2,38 +2,46 @@
 /*
  * iotrace.bpf.c - per-process, per-device block I/O latency histograms.
  *
- * Portability rule: these programs read nothing but tracepoint fields
- * (args->...) and BPF helpers.  No kprobes, no kernel struct layouts: every
- * field offset comes from the running kernel's tracepoint format, so the
- * program means the same whichever kernel header tree bcc compiles it
- * against.  Keep it that way.
- *
  * A request's life:
  *   block_io_start    submitter's context: claim an in-flight slot, note
  *                     tgid, tid, comm, cgroup and the op
- *   block_rq_issue    handed to the driver: note the time and final size
+ *   block_rq_issue    handed to the driver: note the time
  *   block_rq_complete account queue / device / total latency into this
  *                     CPU's histograms of the current generation, and
  *                     free the slot
  *
- * The kernel runs one tracepoint BPF program per CPU at a time and skips
- * (and counts, in the program's recursion_misses) an event that fires while
- * any is running there, e.g. a completion softirq interrupting our
- * block_io_start.  tracer/probe.py reports the skipped starts as dropped;
- * a completion that no program saw (skipped, or now and then lost by the
- * kernel without a count) leaves its slot taken, which tracer/probe.py
- * finds and counts, and which is reused once stale (IOTRACE_STALE_NS).
- * Every program here is kept short partly for that reason: the shorter
- * they run, the fewer events land on top of them.
- * User space flips the generation, waits out programs still running on
- * the old one, then drains it: intervals are exact and nothing races a
- * delete.  Keys, values and codes live in iotrace.h.
+ * Two ways to attach, chosen by tracer/probe.py at load (one source, the
+ * other path compiled out):
  *
- * IOTRACE_START_CATEGORY / IOTRACE_START_EVENT name the start tracepoint
- * (block_io_start, or block_rq_insert on kernels before 6.5); tracer/probe.py
- * substitutes them before compiling, and defines IOTRACE_BIO_LEVEL when a
- * bio-based disk is to be traced, and IOTRACE_HAVE_GROUP_DEAD where
- * sched_process_exit says whether a thread group died.
+ *   IOTRACE_RAW_TP    raw tracepoints.  A request is its struct request *:
+ *                     no matching, nothing to re-key on merges or partial
+ *                     completions.  Kernel structs are read at offsets taken
+ *                     from the running kernel's BTF (IOTRACE_K_*).  Each
+ *                     program has its own recursion guard.
+ *   otherwise         perf-event tracepoints, for kernels without BTF.  They
+ *                     read tracepoint fields only (args->...), whose layout
+ *                     bcc takes from the running kernel's format files, so
+ *                     any header tree compiles to the same meaning.  A
+ *                     request is its (dev, sector), with the heuristics
+ *                     that takes.  The kernel runs one such program per CPU
+ *                     at a time and skips (counting it in the program's
+ *                     recursion misses) an event that fires while any
+ *                     perf-event or kprobe program runs there, ours or
+ *                     another tool's; a completion skipped, or now and then
+ *                     lost without a count, leaves its slot taken, which
+ *                     tracer/probe.py finds and counts.
+ *
+ * Every program's skipped events (recursion misses) are reported by
+ * tracer/probe.py; everything else that goes wrong is counted here in the
+ * reasons map.  User space flips the generation, waits out programs still
+ * running on the old one, then drains it: intervals are exact and nothing
+ * races a delete.  Keys, values and codes live in iotrace.h.
+ *
+ * tracer/probe.py substitutes IOTRACE_START_CATEGORY / IOTRACE_START_EVENT
+ * (block_io_start, or block_rq_insert on kernels before 6.5) and defines
+ * IOTRACE_BIO_LEVEL when a bio-based disk is to be traced, and
+ * IOTRACE_HAVE_GROUP_DEAD where sched_process_exit says whether a thread
+ * group died.
  */
 #include "iotrace.h"
 
@@ -82,38 +90,30 @@ static __always_inline struct iotrace_config *get_config(void)
 	return config.lookup(&zero);
 }
 
-/* rwbs as blk_fill_rwbs() writes it: [F]op[F][A][S][M] */
-static __always_inline u32 rwbs_op(const char *rwbs, u32 bytes)
+/* A completion with no slot: why, as far as can be told. */
+static __always_inline void count_unmatched(bool flush_tail)
 {
-	char c = rwbs[0];
+	struct iotrace_config *cfg = get_config();
 
-	if (c == 'F') {
-		/* a preflush: with no data it is a flush, else look at the op */
-		if (bytes == 0)
-			return IOTRACE_OP_FLUSH;
-		c = rwbs[1];
-	}
-	switch (c) {
-	case 'R':
-		return IOTRACE_OP_READ;
-	case 'W':
-		return IOTRACE_OP_WRITE;
-	case 'D':
-		return IOTRACE_OP_DISCARD;
-	case 'F':
-		return IOTRACE_OP_FLUSH;
-	}
-	return IOTRACE_OP_OTHER;
+	if (!cfg || !cfg->enabled)
+		return;
+	if (flush_tail)
+		count_reason(IOTRACE_NOTE_FLUSH_TAIL);
+	else if (cfg->filter_pids || cfg->filter_devs || cfg->filter_cgroup)
+		count_reason(IOTRACE_NOTE_UNTRACKED);
+	else
+		count_reason(IOTRACE_DROP_NO_START);
 }
 
 /* ---- the in-flight table ------------------------------------------------ */
 
 /*
- * A request's slot is found through its tag: a 64-bit fingerprint of
- * (dev, sector), odd so that 0 means free.  Its probe window is the 8
- * tags of one aligned group, a single cache line, so a lookup reads one
- * line of tags and then only the slot that matches, not 8 slots; and the
- * second group's line only when its home group has spilled there.
+ * A request's slot is found through its tag, 0 when free: the request's
+ * own address on the raw-tracepoint path, a 64-bit odd fingerprint of
+ * (dev, sector) on the tracepoint path.  Its probe window is the 8 tags of
+ * one aligned group, a single cache line, so a lookup reads one line of
+ * tags and then only the slot that matches, not 8 slots; and the second
+ * group's line only when its home group has spilled there.
  */
 struct slot_ref {
 	struct iotrace_slot *s;
@@ -121,6 +121,7 @@ struct slot_ref {
 	u32 idx;
 };
 
+/* (dev, sector) on the tracepoint path; (0, address) on the raw one */
 static __always_inline u64 key_hash(u32 dev, u64 sector)
 {
 	u64 x = (sector * IOTRACE_HASH_MUL) ^ dev;
@@ -161,10 +162,12 @@ static __always_inline bool ref_at(u32 idx, struct slot_ref *r)
 	return r->tag && r->s;
 }
 
+static __always_inline u64 slot_hash(const struct slot_ref *r);
+
 /* While its tag is ours: a slot outside its key's home group is a spill of that group. */
 static __always_inline void unspill(struct slot_ref *r)
 {
-	u32 home = group_of(key_hash(r->s->dev, r->s->sector)), *sp;
+	u32 home = group_of(slot_hash(r)), *sp;
 
 	if ((r->idx & ~(IOTRACE_INFLIGHT_PROBES - 1)) == home)
 		return;
@@ -234,12 +237,12 @@ static __always_inline bool claim_spill(u32 home, u32 other, u64 tag, u64 now, b
 }
 
 /*
- * Take a free slot in the home group of (dev, sector), else in its second
- * group, else a stale one in either.  Returns false when none is left.
+ * Take a free slot for `tag` in the home group of hash `h`, else in its
+ * second group, else a stale one in either.  Returns false when none is
+ * left.  The caller fills in the key's fields.
  */
-static __always_inline bool slot_claim(u32 dev, u64 sector, u64 now, struct slot_ref *r)
+static __always_inline bool slot_claim(u64 h, u64 tag, u64 now, struct slot_ref *r)
 {
-	u64 h = key_hash(dev, sector), tag = h | 1;
 	u32 home = group_of(h), other = second_group_of(h);
 
 	if (!claim_free(home, tag, r) && !claim_spill(home, other, tag, now, false, r) &&
@@ -249,115 +252,7 @@ static __always_inline bool slot_claim(u32 dev, u64 sector, u64 now, struct slot
 	 * order, as on x86; elsewhere the window is a few instructions wide) */
 	r->s->start_ns = now;
 	r->s->issue_ns = 0;
-	r->s->dev = dev;
-	r->s->sector = sector;
 	return true;
-}
-
-/* Which of several requests in flight at one (dev, sector) an event is for. */
-enum pick {
-	PICK_FIRST,	/* any: merges, which are rare and have no order */
-	PICK_UNISSUED,	/* issue: the request not issued yet, else a re-issue */
-	PICK_LATEST,	/* completion: the latest issued (see block_rq_complete) */
-};
-
-/* What a lookup has found so far, over one or two groups. */
-struct find_state {
-	struct slot_ref best, late;
-	u64 best_issue;
-	bool found;
-};
-
-/* Scan one group; true when `st->best` is final (an early pick). */
-static __always_inline bool scan_group(u32 base, u32 dev, u64 sector, u64 tag, bool zero_bytes, u64 now,
-				       enum pick pick, struct find_state *st)
-{
-	struct slot_ref c;
-
-#pragma unroll
-	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
-		if (!ref_at(base + i, &c))
-			break;
-		if (*c.tag != tag || c.s->dev != dev || c.s->sector != sector ||
-		    (c.s->remaining == 0) != zero_bytes)
-			continue;
-		if (c.s->start_ns > now || c.s->issue_ns > now) {
-			if (!st->late.s)
-				st->late = c;
-			continue;
-		}
-		if (pick == PICK_FIRST || (pick == PICK_UNISSUED && c.s->issue_ns == 0)) {
-			st->best = c;
-			return true;
-		}
-		if (!st->found || (pick == PICK_LATEST && c.s->issue_ns > st->best_issue)) {
-			st->best = c;
-			st->best_issue = c.s->issue_ns;
-			st->found = true;
-		}
-	}
-	return false;
-}
-
-/*
- * The slot of the request at (dev, sector) for an event at time `now`.
- * Empty flushes all sit at sector 0 with no data; zero-byte events only
- * match slots with nothing left to complete, so a flush never steals a
- * data request's slot and vice versa.  Of two requests in flight at one
- * sector, one that started or was issued after `now` (on another CPU,
- * while this program ran) is not the one this event is about; alone, it
- * is, and the CPUs' clocks differ slightly.
- */
-static __always_inline bool slot_find(u32 dev, u64 sector, bool zero_bytes, u64 now, enum pick pick,
-				      struct slot_ref *r)
-{
-	u64 h = key_hash(dev, sector), tag = h | 1;
-	u32 home = group_of(h), other = second_group_of(h), *sp;
-	struct find_state st = {};
-
-	if (scan_group(home, dev, sector, tag, zero_bytes, now, pick, &st))
-		goto picked;
-	sp = spill_count(home);
-	if (other != home && sp && *sp && scan_group(other, dev, sector, tag, zero_bytes, now, pick, &st))
-		goto picked;
-	if (!st.found && st.late.s) {
-		/* the only match: the CPUs' clocks disagree by a little, it is no twin */
-		*r = st.late;
-		return true;
-	}
-	if (!st.found)
-		return false;
-picked:
-	*r = st.best;
-	return true;
-}
-
-/*
- * Re-key a request whose start sector moved (front merge, partial
- * completion).  Returns 0 on success; on failure the request is lost and
- * counted, since its next event could not be matched anyway.
- */
-static __always_inline int slot_move(struct slot_ref *from, u64 sector)
-{
-	struct iotrace_slot *s = from->s;
-	struct slot_ref to;
-
-	if (!slot_claim(s->dev, sector, s->start_ns, &to)) {
-		slot_release(from);
-		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
-		return -1;
-	}
-	to.s->op = s->op;
-	to.s->issue_ns = s->issue_ns;
-	to.s->cgroup = s->cgroup;
-	to.s->tgid = s->tgid;
-	to.s->tid = s->tid;
-	to.s->comm_ns = s->comm_ns;
-	to.s->remaining = s->remaining;
-	to.s->done = s->done;
-	__builtin_memcpy(to.s->comm, s->comm, sizeof(to.s->comm));
-	slot_release(from);
-	return 0;
 }
 
 /* ---- histograms --------------------------------------------------------- */
@@ -548,36 +443,39 @@ static __always_inline void record(struct iotrace_slot *s, u64 now)
 	phase_add(gen, v, &hk, IOTRACE_PHASE_TOTAL, elapsed(s->start_ns, now));
 }
 
-/* ---- tracepoints -------------------------------------------------------- */
+/* ---- request start, shared by both paths -------------------------------- */
 
-/* A request (or, on bio-based disks, a bio) starts, in its submitter's context. */
-static __always_inline int track_start(u64 now, u32 dev, u64 sector, u32 bytes, const char *rwbs)
+/*
+ * Whether the current task's I/O on `dev` is traced; *tgid is its process.
+ * Programs attach before the filters are written, and wait for them.
+ */
+static __always_inline bool start_wanted(u32 dev, u32 *tgid)
 {
 	struct iotrace_config *cfg = get_config();
-	u64 id = bpf_get_current_pid_tgid();
-	u32 tgid = id >> 32;
-	struct iotrace_slot *s;
-	struct slot_ref r;
 
-	/* programs attach before the filters are written: wait for them */
+	*tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!cfg || !cfg->enabled)
-		return 0;
-	if (cfg->filter_pids && !pids.lookup(&tgid))
-		return 0;
+		return false;
+	if (cfg->filter_pids && !pids.lookup(tgid))
+		return false;
 	if (cfg->filter_devs && !devs.lookup(&dev))
-		return 0;
+		return false;
 	/* in the cgroup or below it: then its ancestor at the cgroup's depth is the cgroup */
 	if (cfg->filter_cgroup &&
 	    bpf_get_current_ancestor_cgroup_id(cfg->cgroup_level) != cfg->filter_cgroup)
-		return 0;
-	if (!slot_claim(dev, sector, now, &r)) {
-		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
-		return 0;
-	}
-	s = r.s;
-	s->op = rwbs_op(rwbs, bytes);
+		return false;
+	return true;
+}
+
+/* Note who started the request in its freshly claimed slot. */
+static __always_inline void slot_fill(struct iotrace_slot *s, u64 now, u32 dev, u32 op, u32 bytes)
+{
+	u64 id = bpf_get_current_pid_tgid();
+
+	s->dev = dev;
+	s->op = op;
 	s->cgroup = bpf_get_current_cgroup_id();
-	s->tgid = tgid;
+	s->tgid = id >> 32;
 	/*
 	 * Reading comm is a third of this program's cost; a slot last used by
 	 * this very thread moments ago already holds it.  The bound keeps a
@@ -590,6 +488,459 @@ static __always_inline int track_start(u64 now, u32 dev, u64 sector, u32 bytes, 
 	s->tid = (u32)id;
 	s->remaining = bytes;
 	s->done = 0;
+}
+
+/* Follow forks of traced processes (the filter's children). */
+static __always_inline void on_fork(u32 child)
+{
+	struct iotrace_config *cfg = get_config();
+	/* the forking thread's process, not its thread id */
+	u32 parent = bpf_get_current_pid_tgid() >> 32;
+	u8 one = 1;
+
+	if (!cfg || !cfg->filter_pids || !cfg->follow_children)
+		return;
+	if (!pids.lookup(&parent))
+		return;
+	if (pids.update(&child, &one))
+		count_reason(IOTRACE_DROP_PID_FULL);
+}
+
+/* Keeps the filter bounded, and a reused pid from being traced. */
+static __always_inline void on_exit(bool group_dead)
+{
+	struct iotrace_config *cfg = get_config();
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tid = (u32)id, tgid = id >> 32;
+
+	if (!cfg || !cfg->filter_pids || !cfg->follow_children)
+		return;
+	/* a thread's own entry (from its clone) goes; the process's only with its last thread */
+	if (tid != tgid)
+		pids.delete(&tid);
+	if (group_dead)
+		pids.delete(&tgid);
+}
+
+#ifdef IOTRACE_RAW_TP
+/*
+ * ---- raw tracepoints: a request is its struct request * -----------------
+ *
+ * The programs get the tracepoint's own arguments (ctx->args[]) and read
+ * the kernel structs behind them at the offsets, and compare with the enum
+ * values, that tracer/kernel.py took from the running kernel's BTF and
+ * passed as IOTRACE_K_* (the list is IOTRACE_KERNEL_* in iotrace.h): bcc
+ * applies no CO-RE relocation, and its header tree may be another
+ * kernel's.  A raw tracepoint program has a recursion guard of its own,
+ * so no other BPF program running on the CPU makes the kernel skip it.
+ */
+
+/* Copy a kernel object's bytes; a failed read is counted and leaves zeroes. */
+static __always_inline int kread(void *dst, u32 size, u64 addr)
+{
+	int err = bpf_probe_read_kernel(dst, size, (const void *)addr);
+
+	if (err)
+		count_reason(IOTRACE_NOTE_KERNEL_READ);
+	return err;
+}
+
+/* The start of a struct request up to its last member read at start: one read, not three. */
+struct rq_head {
+	u64 w[(IOTRACE_K_RQ_HEAD_LEN + 7) / 8];
+};
+#define HEAD_FIELD(h, type, off) (*(type *)((u8 *)(h)->w + (off)))
+
+/* The whole disk's dev_t, as the block tracepoints give it: rq->q->disk's major and first minor. */
+static __always_inline u32 queue_dev(u64 q)
+{
+	u64 disk = 0;
+	u32 mm[2] = {};		/* gendisk.major, gendisk.first_minor: side by side */
+
+	if (!q || kread(&disk, sizeof(disk), q + IOTRACE_K_Q_DISK) || !disk)
+		return 0;
+	if (kread(mm, sizeof(mm), disk + IOTRACE_K_DISK_MAJOR))
+		return 0;
+	return (mm[0] << 20) | mm[1];	/* the kernel's MKDEV */
+}
+
+/* enum iotrace_op from cmd_flags / bi_opf, as rwbs would name it */
+static __always_inline u32 opf_op(u32 opf, u32 bytes)
+{
+	u32 op = opf & ((1U << IOTRACE_K_REQ_OP_BITS) - 1);
+
+	if (op == IOTRACE_K_REQ_OP_FLUSH || ((opf & (1U << IOTRACE_K_REQ_PREFLUSH)) && bytes == 0))
+		return IOTRACE_OP_FLUSH;
+	if (op == IOTRACE_K_REQ_OP_READ)
+		return IOTRACE_OP_READ;
+	if (op == IOTRACE_K_REQ_OP_WRITE)
+		return IOTRACE_OP_WRITE;
+	if (op == IOTRACE_K_REQ_OP_DISCARD || op == IOTRACE_K_REQ_OP_SECURE_ERASE)
+		return IOTRACE_OP_DISCARD;
+	return IOTRACE_OP_OTHER;
+}
+
+static __always_inline bool scan_for(u32 base, u64 addr, struct slot_ref *r)
+{
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
+		if (!ref_at(base + i, r))
+			return false;
+		if (*r->tag == addr)
+			return true;
+	}
+	return false;
+}
+
+/* The slot of the request (or bio) at `addr`. */
+static __always_inline bool addr_find(u64 addr, struct slot_ref *r)
+{
+	u64 h = key_hash(0, addr);
+	u32 home = group_of(h), other = second_group_of(h), *sp;
+
+	if (scan_for(home, addr, r))
+		return true;
+	sp = spill_count(home);
+	return other != home && sp && *sp && scan_for(other, addr, r);
+}
+
+static __always_inline u64 slot_hash(const struct slot_ref *r)
+{
+	return key_hash(0, *r->tag);
+}
+
+/*
+ * A slot for a starting request.  Its address may still hold a slot: the
+ * request object's previous life ended unseen (a skipped completion,
+ * counted in the program's recursion misses, or a free without one); the
+ * new life takes it over.
+ */
+static __always_inline bool addr_claim(u64 addr, u64 now, struct slot_ref *r)
+{
+	if (addr_find(addr, r)) {
+		count_reason(IOTRACE_NOTE_RECLAIMED);
+		r->s->start_ns = now;
+		r->s->issue_ns = 0;
+		return true;
+	}
+	return slot_claim(key_hash(0, addr), addr, now, r);
+}
+
+RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
+{
+	/* first: every lookup below would otherwise show up as latency */
+	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0];
+	struct rq_head h;
+	struct slot_ref r;
+	u32 dev, tgid, bytes;
+
+	if (kread(&h, sizeof(h), rq))
+		return 0;
+	dev = queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q));
+	if (!start_wanted(dev, &tgid))
+		return 0;
+	if (!addr_claim(rq, now, &r)) {
+		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
+		return 0;
+	}
+	bytes = HEAD_FIELD(&h, u32, IOTRACE_K_RQ_DATA_LEN);
+	slot_fill(r.s, now, dev, opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_RQ_CMD_FLAGS), bytes), bytes);
+	return 0;
+}
+
+RAW_TRACEPOINT_PROBE(block_rq_issue)
+{
+	u64 now = bpf_ktime_get_ns();
+	struct slot_ref r;
+
+	/* a requeued request is issued again: its device time starts anew */
+	if (addr_find(ctx->args[0], &r))
+		r.s->issue_ns = now;
+	return 0;
+}
+
+/* A completion with no slot: the flush machinery's own request, or count_unmatched's reasons. */
+static __always_inline void rq_unmatched(u64 rq)
+{
+	u32 opf = 0;
+
+	kread(&opf, sizeof(opf), rq + IOTRACE_K_RQ_CMD_FLAGS);
+	if ((opf & ((1U << IOTRACE_K_REQ_OP_BITS) - 1)) == IOTRACE_K_REQ_OP_FLUSH)
+		count_reason(IOTRACE_NOTE_INTERNAL_FLUSH);
+	else
+		count_unmatched(false);
+}
+
+/* block_rq_complete(rq, error, nr_bytes): the last one for a request brings it to 0 bytes left. */
+RAW_TRACEPOINT_PROBE(block_rq_complete)
+{
+	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0];
+	u32 nr_bytes = ctx->args[2], left = 0;
+	struct slot_ref r;
+
+	if (!addr_find(rq, &r)) {
+		rq_unmatched(rq);
+		return 0;
+	}
+	r.s->done += nr_bytes;
+	/* the request's bytes left before this completion (unreadable: taken as the last) */
+	kread(&left, sizeof(left), rq + IOTRACE_K_RQ_DATA_LEN);
+	if (nr_bytes < left) {
+		count_reason(IOTRACE_NOTE_PARTIAL);
+		return 0;
+	}
+	record(r.s, now);
+	slot_release(&r);
+	return 0;
+}
+
+RAW_TRACEPOINT_PROBE(block_rq_merge)
+{
+	struct slot_ref r;
+
+	/* this request was folded into another and will never complete */
+	if (!addr_find(ctx->args[0], &r))
+		return 0;
+	count_reason(IOTRACE_NOTE_MERGED);
+	slot_release(&r);
+	return 0;
+}
+
+RAW_TRACEPOINT_PROBE(block_rq_requeue)
+{
+	count_reason(IOTRACE_NOTE_REQUEUE);
+	return 0;
+}
+
+/* sched_process_fork(parent, child) */
+RAW_TRACEPOINT_PROBE(sched_process_fork)
+{
+	u32 child = 0;
+
+	if (kread(&child, sizeof(child), ctx->args[1] + IOTRACE_K_TASK_PID) == 0)
+		on_fork(child);
+	return 0;
+}
+
+/* sched_process_exit(task[, group_dead]) */
+RAW_TRACEPOINT_PROBE(sched_process_exit)
+{
+#ifdef IOTRACE_HAVE_GROUP_DEAD
+	on_exit(ctx->args[1] & 1);
+#else
+	on_exit(false);
+#endif
+	return 0;
+}
+
+#ifdef IOTRACE_BIO_LEVEL
+/* The start of a struct bio up to its last member read: one read. */
+struct bio_head {
+	u64 w[(IOTRACE_K_BIO_HEAD_LEN + 7) / 8];
+};
+
+/*
+ * Bio-based disks (zram, device-mapper, md) have no requests: their bios
+ * are timed from block_bio_queue to block_bio_complete, keyed by the bio's
+ * address, total phase only.  Attached only when such a disk is traced;
+ * every other disk's bios return after the bio_devs lookup.
+ */
+RAW_TRACEPOINT_PROBE(block_bio_queue)
+{
+	u64 now = bpf_ktime_get_ns(), bio = ctx->args[0], bdev;
+	struct bio_head h;
+	struct slot_ref r;
+	u32 dev = 0, tgid, bytes;
+
+	if (kread(&h, sizeof(h), bio))
+		return 0;
+	bdev = HEAD_FIELD(&h, u64, IOTRACE_K_BIO_BDEV);
+	if (!bdev || kread(&dev, sizeof(dev), bdev + IOTRACE_K_BDEV_DEV))
+		return 0;
+	if (!bio_devs.lookup(&dev) || !start_wanted(dev, &tgid))
+		return 0;
+	if (!addr_claim(bio, now, &r)) {
+		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
+		return 0;
+	}
+	bytes = HEAD_FIELD(&h, u32, IOTRACE_K_BIO_SIZE);
+	slot_fill(r.s, now, dev, opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_BIO_OPF), bytes), bytes);
+	return 0;
+}
+
+/* block_bio_complete(q, bio); every disk's bios come here, so a miss is silent */
+RAW_TRACEPOINT_PROBE(block_bio_complete)
+{
+	u64 now = bpf_ktime_get_ns();
+	struct slot_ref r;
+
+	if (!addr_find(ctx->args[1], &r))
+		return 0;
+	r.s->done = r.s->remaining;
+	record(r.s, now);
+	slot_release(&r);
+	return 0;
+}
+#endif /* IOTRACE_BIO_LEVEL */
+
+#else /* !IOTRACE_RAW_TP */
+/*
+ * ---- perf-event tracepoints: a request is its (dev, sector) --------------
+ */
+
+/* rwbs as blk_fill_rwbs() writes it: [F]op[F][A][S][M] */
+static __always_inline u32 rwbs_op(const char *rwbs, u32 bytes)
+{
+	char c = rwbs[0];
+
+	if (c == 'F') {
+		/* a preflush: with no data it is a flush, else look at the op */
+		if (bytes == 0)
+			return IOTRACE_OP_FLUSH;
+		c = rwbs[1];
+	}
+	switch (c) {
+	case 'R':
+		return IOTRACE_OP_READ;
+	case 'W':
+		return IOTRACE_OP_WRITE;
+	case 'D':
+		return IOTRACE_OP_DISCARD;
+	case 'F':
+		return IOTRACE_OP_FLUSH;
+	}
+	return IOTRACE_OP_OTHER;
+}
+
+static __always_inline u64 slot_hash(const struct slot_ref *r)
+{
+	return key_hash(r->s->dev, r->s->sector);
+}
+
+/* Which of several requests in flight at one (dev, sector) an event is for. */
+enum pick {
+	PICK_FIRST,	/* any: merges, which are rare and have no order */
+	PICK_UNISSUED,	/* issue: the request not issued yet, else a re-issue */
+	PICK_LATEST,	/* completion: the latest issued (see block_rq_complete) */
+};
+
+/* What a lookup has found so far, over one or two groups. */
+struct find_state {
+	struct slot_ref best, late;
+	u64 best_issue;
+	bool found;
+};
+
+/* Scan one group; true when `st->best` is final (an early pick). */
+static __always_inline bool scan_group(u32 base, u32 dev, u64 sector, u64 tag, bool zero_bytes, u64 now,
+				       enum pick pick, struct find_state *st)
+{
+	struct slot_ref c;
+
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
+		if (!ref_at(base + i, &c))
+			break;
+		if (*c.tag != tag || c.s->dev != dev || c.s->sector != sector ||
+		    (c.s->remaining == 0) != zero_bytes)
+			continue;
+		if (c.s->start_ns > now || c.s->issue_ns > now) {
+			if (!st->late.s)
+				st->late = c;
+			continue;
+		}
+		if (pick == PICK_FIRST || (pick == PICK_UNISSUED && c.s->issue_ns == 0)) {
+			st->best = c;
+			return true;
+		}
+		if (!st->found || (pick == PICK_LATEST && c.s->issue_ns > st->best_issue)) {
+			st->best = c;
+			st->best_issue = c.s->issue_ns;
+			st->found = true;
+		}
+	}
+	return false;
+}
+
+/*
+ * The slot of the request at (dev, sector) for an event at time `now`.
+ * Empty flushes all sit at sector 0 with no data; zero-byte events only
+ * match slots with nothing left to complete, so a flush never steals a
+ * data request's slot and vice versa.  Of two requests in flight at one
+ * sector, one that started or was issued after `now` (on another CPU,
+ * while this program ran) is not the one this event is about; alone, it
+ * is, and the CPUs' clocks differ slightly.
+ */
+static __always_inline bool slot_find(u32 dev, u64 sector, bool zero_bytes, u64 now, enum pick pick,
+				      struct slot_ref *r)
+{
+	u64 h = key_hash(dev, sector), tag = h | 1;
+	u32 home = group_of(h), other = second_group_of(h), *sp;
+	struct find_state st = {};
+
+	if (scan_group(home, dev, sector, tag, zero_bytes, now, pick, &st))
+		goto picked;
+	sp = spill_count(home);
+	if (other != home && sp && *sp && scan_group(other, dev, sector, tag, zero_bytes, now, pick, &st))
+		goto picked;
+	if (!st.found && st.late.s) {
+		/* the only match: the CPUs' clocks disagree by a little, it is no twin */
+		*r = st.late;
+		return true;
+	}
+	if (!st.found)
+		return false;
+picked:
+	*r = st.best;
+	return true;
+}
+
+/*
+ * Re-key a request whose start sector moved (front merge, partial
+ * completion).  Returns 0 on success; on failure the request is lost and
+ * counted, since its next event could not be matched anyway.
+ */
+static __always_inline int slot_move(struct slot_ref *from, u64 sector)
+{
+	struct iotrace_slot *s = from->s;
+	struct slot_ref to;
+
+	if (!slot_claim(key_hash(s->dev, sector), key_hash(s->dev, sector) | 1, s->start_ns, &to)) {
+		slot_release(from);
+		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
+		return -1;
+	}
+	to.s->dev = s->dev;
+	to.s->sector = sector;
+	to.s->op = s->op;
+	to.s->issue_ns = s->issue_ns;
+	to.s->cgroup = s->cgroup;
+	to.s->tgid = s->tgid;
+	to.s->tid = s->tid;
+	to.s->comm_ns = s->comm_ns;
+	to.s->remaining = s->remaining;
+	to.s->done = s->done;
+	__builtin_memcpy(to.s->comm, s->comm, sizeof(to.s->comm));
+	slot_release(from);
+	return 0;
+}
+
+
+/* A request (or, on bio-based disks, a bio) starts, in its submitter's context. */
+static __always_inline int track_start(u64 now, u32 dev, u64 sector, u32 bytes, const char *rwbs)
+{
+	u64 h = key_hash(dev, sector);
+	struct slot_ref r;
+	u32 tgid;
+
+	if (!start_wanted(dev, &tgid))
+		return 0;
+	if (!slot_claim(h, h | 1, now, &r)) {
+		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
+		return 0;
+	}
+	r.s->sector = sector;
+	slot_fill(r.s, now, dev, rwbs_op(rwbs, bytes), bytes);
 	return 0;
 }
 
@@ -626,21 +977,6 @@ TRACEPOINT_PROBE(block, block_rq_issue)
 	return 0;
 }
 
-/* A completion with no slot: why, as far as can be told. */
-static __always_inline void count_unmatched(u32 bytes)
-{
-	struct iotrace_config *cfg = get_config();
-
-	if (!cfg || !cfg->enabled)
-		return;
-	if (bytes == 0)
-		count_reason(IOTRACE_NOTE_FLUSH_TAIL);
-	else if (cfg->filter_pids || cfg->filter_devs || cfg->filter_cgroup)
-		count_reason(IOTRACE_NOTE_UNTRACKED);
-	else
-		count_reason(IOTRACE_DROP_NO_START);
-}
-
 /*
  * Should two requests at one sector be in flight, the completion takes the
  * latest issued: that is right for the common case, where the other is a
@@ -658,7 +994,7 @@ TRACEPOINT_PROBE(block, block_rq_complete)
 	if (internal_flush(args->rwbs))
 		return 0;	/* counted at its issue */
 	if (!slot_find(args->dev, args->sector, bytes == 0, now, PICK_LATEST, &r)) {
-		count_unmatched(bytes);
+		count_unmatched(bytes == 0);
 		return 0;
 	}
 	s = r.s;
@@ -707,35 +1043,16 @@ TRACEPOINT_PROBE(block, block_rq_requeue)
 
 TRACEPOINT_PROBE(sched, sched_process_fork)
 {
-	struct iotrace_config *cfg = get_config();
-	/* the forking thread's process, not its thread id (args->parent_pid) */
-	u32 parent = bpf_get_current_pid_tgid() >> 32, child = args->child_pid;
-	u8 one = 1;
-
-	if (!cfg || !cfg->filter_pids || !cfg->follow_children)
-		return 0;
-	if (!pids.lookup(&parent))
-		return 0;
-	if (pids.update(&child, &one))
-		count_reason(IOTRACE_DROP_PID_FULL);
+	on_fork(args->child_pid);
 	return 0;
 }
 
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
-	struct iotrace_config *cfg = get_config();
-	u64 id = bpf_get_current_pid_tgid();
-	u32 tid = (u32)id, tgid = id >> 32;
-
-	/* keeps the filter bounded, and a reused pid from being traced */
-	if (!cfg || !cfg->filter_pids || !cfg->follow_children)
-		return 0;
-	/* a thread's own entry (from its clone) goes; the process's only with its last thread */
-	if (tid != tgid)
-		pids.delete(&tid);
 #ifdef IOTRACE_HAVE_GROUP_DEAD
-	if (args->group_dead)
-		pids.delete(&tgid);
+	on_exit(args->group_dead);
+#else
+	on_exit(false);
 #endif
 	return 0;
 }
@@ -767,7 +1084,7 @@ TRACEPOINT_PROBE(block, block_bio_complete)
 	if (!bio_devs.lookup(&dev))
 		return 0;
 	if (!slot_find(dev, args->sector, bytes == 0, now, PICK_FIRST, &r)) {
-		count_unmatched(bytes);
+		count_unmatched(bytes == 0);
 		return 0;
 	}
 	r.s->done = bytes;
@@ -776,3 +1093,5 @@ TRACEPOINT_PROBE(block, block_bio_complete)
 	return 0;
 }
 #endif /* IOTRACE_BIO_LEVEL */
+
+#endif /* IOTRACE_RAW_TP */

@@ -102,10 +102,62 @@ enum iotrace_reason {
 	IOTRACE_NOTE_RECLAIMED = 13,	/* a stale in-flight slot reused (see IOTRACE_STALE_NS) */
 	IOTRACE_NOTE_HIST_OVERFLOW = 14,	/* a bucket found no free cell: counted in the hash map */
 	IOTRACE_NOTE_CLOCK_SKEW = 15,	/* two CPUs' clocks disagreed: a phase taken as 0 */
-	IOTRACE_REASON_COUNT = 16,
+	IOTRACE_NOTE_KERNEL_READ = 16,	/* a read of a kernel struct failed (raw tracepoints) */
+	IOTRACE_REASON_COUNT = 17,
 };
 
 #define IOTRACE_HASH_MUL 0x9E3779B97F4A7C15ULL	/* Fibonacci hashing */
+
+/*
+ * What the raw-tracepoint programs read of the kernel.  bcc applies no
+ * CO-RE relocation, and the header tree it compiles against may be another
+ * kernel's, so tracer/kernel.py looks every entry up in the running
+ * kernel's BTF at start, names whatever is missing, and passes the values
+ * as -DIOTRACE_K_<NAME>=<value>.  The block is never compiled: it is read
+ * by tracer/contract.py, one entry per line.
+ *   KMEMBER(NAME, struct, member[.member], bytes)  byte offset of a member the
+ *                                                  programs read as `bytes`
+ *   KENUM(NAME, enumerator)                        an enumerator's value
+ *   KHEAD(NAME, struct, MEMBER_NAME...)            bytes from the struct's start
+ *                                                  to the end of the last of
+ *                                                  these members: one read
+ *   KRAWTP(event, argument types...)               a raw tracepoint and its
+ *                                                  arguments as the programs
+ *                                                  take them (ctx->args[i])
+ */
+#ifdef IOTRACE_KERNEL_TABLE
+KMEMBER(RQ_Q, request, q, 8)
+KMEMBER(RQ_CMD_FLAGS, request, cmd_flags, 4)
+KMEMBER(RQ_DATA_LEN, request, __data_len, 4)
+KMEMBER(RQ_SECTOR, request, __sector, 8)	/* the ground-truth stamper only */
+KMEMBER(Q_DISK, request_queue, disk, 8)
+KMEMBER(DISK_MAJOR, gendisk, major, 4)
+KMEMBER(DISK_FIRST_MINOR, gendisk, first_minor, 4)	/* read with major: must follow it */
+KMEMBER(BIO_BDEV, bio, bi_bdev, 8)
+KMEMBER(BIO_OPF, bio, bi_opf, 4)
+KMEMBER(BIO_SIZE, bio, bi_iter.bi_size, 4)
+KMEMBER(BDEV_DEV, block_device, bd_dev, 4)
+KMEMBER(TASK_PID, task_struct, pid, 4)
+KENUM(REQ_OP_READ, REQ_OP_READ)
+KENUM(REQ_OP_WRITE, REQ_OP_WRITE)
+KENUM(REQ_OP_FLUSH, REQ_OP_FLUSH)
+KENUM(REQ_OP_DISCARD, REQ_OP_DISCARD)
+KENUM(REQ_OP_SECURE_ERASE, REQ_OP_SECURE_ERASE)
+KENUM(REQ_OP_BITS, __REQ_FAILFAST_DEV)	/* the flag bits begin right above the op bits */
+KENUM(REQ_PREFLUSH, __REQ_PREFLUSH)
+KHEAD(RQ_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN)
+KHEAD(BIO_HEAD_LEN, bio, BIO_BDEV, BIO_OPF, BIO_SIZE)
+KRAWTP(block_io_start, struct request *)
+KRAWTP(block_rq_insert, struct request *)
+KRAWTP(block_rq_issue, struct request *)
+KRAWTP(block_rq_complete, struct request *, blk_status_t, unsigned int)
+KRAWTP(block_rq_merge, struct request *)
+KRAWTP(block_rq_requeue, struct request *)
+KRAWTP(block_bio_queue, struct bio *)
+KRAWTP(block_bio_complete, struct request_queue *, struct bio *)
+KRAWTP(sched_process_fork, struct task_struct *, struct task_struct *)
+KRAWTP(sched_process_exit, struct task_struct *)
+#endif
 
 /*
  * One request between its start and its completion.  The in-flight table

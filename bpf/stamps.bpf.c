@@ -18,9 +18,13 @@
  * program reading the clock); the after-copy's entry stamp bounds it from
  * above, should anything have run in between.
  *
- * Like iotrace's programs they read tracepoint fields only.  Each CPU
- * fills its own part of the array, so the stamps cost no shared cache
- * line; STAMP_DEVS is the device filter, a C expression of `dev`.
+ * Like iotrace's programs they attach the way iotrace did, so that both
+ * copies run in line with it: perf-event tracepoints reading tracepoint
+ * fields, or (STAMP_RAW_TP) raw tracepoints reading struct request at the
+ * BTF offsets iotrace uses (IOTRACE_K_*, from tracer/kernel.py), which also
+ * record the request's address.  Each CPU fills its own part of the array,
+ * so the stamps cost no shared cache line; STAMP_DEVS is the device
+ * filter, a C expression of `dev`.
  */
 
 #ifndef STAMP_SIDE
@@ -46,6 +50,7 @@ struct stamp {
 	u64 ts;			/* bpf_ktime_get_ns() on entry */
 	u64 end;		/* and on return */
 	u64 sector;
+	u64 rq;			/* the struct request's address (raw tracepoints), else 0 */
 	u32 dev;		/* kernel dev_t, as the tracepoint gives it */
 	u16 cpu;
 	u8 event;		/* enum stamp_event */
@@ -57,7 +62,7 @@ BPF_ARRAY(stamps, struct stamp, STAMP_CPUS * STAMP_PER_CPU);
 /* [0] -> u64 stamps this CPU claimed, including those that did not fit (per CPU) */
 BPF_PERCPU_ARRAY(claimed, u64, 1);
 
-static __always_inline int stamp(u64 now, u8 event, u32 dev, u64 sector)
+static __always_inline int stamp(u64 now, u8 event, u32 dev, u64 sector, u64 rq)
 {
 	u32 zero = 0, cpu = bpf_get_smp_processor_id(), idx;
 	struct stamp *s;
@@ -78,6 +83,7 @@ static __always_inline int stamp(u64 now, u8 event, u32 dev, u64 sector)
 		return 0;
 	s->ts = now;
 	s->sector = sector;
+	s->rq = rq;
 	s->dev = dev;
 	s->cpu = cpu;
 	s->event = event;
@@ -86,17 +92,49 @@ static __always_inline int stamp(u64 now, u8 event, u32 dev, u64 sector)
 	return 0;
 }
 
+#ifdef STAMP_RAW_TP
+/* The request's disk and sector, read as iotrace reads them; then the stamp. */
+static __always_inline int stamp_rq(u64 now, u8 event, u64 rq)
+{
+	u64 q = 0, disk = 0, sector = 0;
+	u32 mm[2] = {};		/* gendisk.major, gendisk.first_minor */
+
+	bpf_probe_read_kernel(&q, sizeof(q), (void *)(rq + IOTRACE_K_RQ_Q));
+	bpf_probe_read_kernel(&sector, sizeof(sector), (void *)(rq + IOTRACE_K_RQ_SECTOR));
+	if (q)
+		bpf_probe_read_kernel(&disk, sizeof(disk), (void *)(q + IOTRACE_K_Q_DISK));
+	if (disk)
+		bpf_probe_read_kernel(mm, sizeof(mm), (void *)(disk + IOTRACE_K_DISK_MAJOR));
+	return stamp(now, event, (mm[0] << 20) | mm[1], sector, rq);
+}
+
+RAW_TRACEPOINT_PROBE(block_io_start)
+{
+	return stamp_rq(bpf_ktime_get_ns(), STAMP_START, ctx->args[0]);
+}
+
+RAW_TRACEPOINT_PROBE(block_rq_issue)
+{
+	return stamp_rq(bpf_ktime_get_ns(), STAMP_ISSUE, ctx->args[0]);
+}
+
+RAW_TRACEPOINT_PROBE(block_rq_complete)
+{
+	return stamp_rq(bpf_ktime_get_ns(), STAMP_COMPLETE, ctx->args[0]);
+}
+#else
 TRACEPOINT_PROBE(block, block_io_start)
 {
-	return stamp(bpf_ktime_get_ns(), STAMP_START, args->dev, args->sector);
+	return stamp(bpf_ktime_get_ns(), STAMP_START, args->dev, args->sector, 0);
 }
 
 TRACEPOINT_PROBE(block, block_rq_issue)
 {
-	return stamp(bpf_ktime_get_ns(), STAMP_ISSUE, args->dev, args->sector);
+	return stamp(bpf_ktime_get_ns(), STAMP_ISSUE, args->dev, args->sector, 0);
 }
 
 TRACEPOINT_PROBE(block, block_rq_complete)
 {
-	return stamp(bpf_ktime_get_ns(), STAMP_COMPLETE, args->dev, args->sector);
+	return stamp(bpf_ktime_get_ns(), STAMP_COMPLETE, args->dev, args->sector, 0);
 }
+#endif

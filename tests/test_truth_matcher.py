@@ -85,11 +85,11 @@ def test_truth_percentiles_are_nearest_rank():
 # ---- joining the BPF stamps onto ftrace's events (no root) ----
 
 def stamps(*rows) -> np.ndarray:
-    """Stamper records: (event name, sector, ts, end) on CPU 0 of device 7:0."""
-    out = np.zeros(len(rows), dtype=[("ts", "<u8"), ("end", "<u8"), ("sector", "<u8"), ("dev", "<u4"),
-                                     ("cpu", "<u2"), ("event", "u1"), ("side", "u1")])
-    for i, (name, sector, ts, end) in enumerate(rows):
-        out[i] = (ts, end, sector, 7 << 20, 0, gt.STAMPED.index(name), 0)
+    """Stamper records: (event name, sector, ts, end[, request address]) on CPU 0 of device 7:0."""
+    out = np.zeros(len(rows), dtype=[("ts", "<u8"), ("end", "<u8"), ("sector", "<u8"), ("rq", "<u8"),
+                                     ("dev", "<u4"), ("cpu", "<u2"), ("event", "u1"), ("side", "u1")])
+    for i, (name, sector, ts, end, *rq) in enumerate(rows):
+        out[i] = (ts, end, sector, rq[0] if rq else 0, 7 << 20, 0, gt.STAMPED.index(name), 0)
     return out
 
 
@@ -111,6 +111,29 @@ def test_stamps_join_in_order_even_for_close_twins_at_one_sector():
     by_pid = {r.tgid: r for r in t.requests}
     assert by_pid[1].phase_bounds("queue") == (2000,) * 3            # 3600 - 1600
     assert by_pid[2].phase_bounds("total") == (10500 - 2300,) * 3
+
+
+def test_request_addresses_tell_twins_at_one_sector_apart():
+    # two processes read one block at once; the one started second is issued and completed first.
+    # ftrace's fields alone match first in, first out (and swap them); the raw stamps' request
+    # addresses (0xa, 0xb) give each completion its own request
+    events = [start(1000, 8, 4096, "R", pid=1), start(1700, 8, 4096, "R", pid=2),
+              issue(3000, 8, 4096, "R"), issue(3700, 8, 4096, "R"),
+              complete(9000, 8, 8, "R"), complete(20000, 8, 8, "R")]
+    before = stamps(("block_io_start", 8, 1500, 1600, 0xa), ("block_io_start", 8, 2200, 2300, 0xb),
+                    ("block_rq_issue", 8, 3500, 3600, 0xb), ("block_rq_issue", 8, 4200, 4300, 0xa),
+                    ("block_rq_complete", 8, 9500, 9600, 0xb), ("block_rq_complete", 8, 20500, 20600, 0xa))
+    joined, notes = gt.attach_stamps(events, before, None)
+    t = gt.Truth.from_events(joined)
+    by_pid = {r.tgid: r for r in t.requests}
+    assert by_pid[1].phase_bounds("total") == (20600 - 1600,) * 3
+    assert by_pid[2].phase_bounds("total") == (9600 - 2300,) * 3
+    assert by_pid[2].phase_bounds("queue") == (3600 - 2300,) * 3
+    assert t.notes["same_sector_by_request"] >= 2 and not t.notes["same_sector_overlap"]
+    # without the addresses the same events are matched in order: pid 1 takes the first completion
+    t = gt.Truth.from_events(gt.attach_stamps(events, before[["ts", "end", "sector", "dev", "cpu", "event",
+                                                                "side"]], None)[0])
+    assert {r.tgid: r for r in t.requests}[1].phase_bounds("total") == (9600 - 1600,) * 3
 
 
 def test_a_missing_stamp_marks_the_event_unseen_and_its_request_out_of_reach():

@@ -86,6 +86,7 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None) -> Dump:
     d = Dump(kind=kind, label=label, start=clock.wall(raw.start_ns), end=clock.wall(raw.end_ns),
              host=socket.gethostname(), kernel=platform.release(), series=series,
              dropped=dropped, events=events)
+    d.extra["attach"] = raw.attach
     cov = coverage(raw, series)
     if cov is not None:
         d.extra["coverage"] = cov

@@ -84,6 +84,7 @@ class TraceArgs:
     alerts: list[str] = field(default_factory=list)
     fail_on_alert: bool = False
     diskstats: bool = False
+    attach: str = "auto"
 
 
 def _positive(text: str) -> float:
@@ -116,6 +117,17 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see '{self.prog} --help')")
 
 
+def add_attach_option(p: argparse.ArgumentParser) -> None:
+    """--attach, shared by every command that loads the BPF programs."""
+    default = os.environ.get("IOTRACE_ATTACH", "auto")
+    p.add_argument("--attach", choices=("auto", "raw_tp", "tracepoint"), default=default,
+                   help="how the BPF programs attach: raw_tp (raw tracepoints: a request is known by its "
+                        "struct request, kernel structs are read at offsets from the kernel's BTF, and other BPF "
+                        "tools running make the kernel skip nothing), tracepoint (perf-event tracepoints, for "
+                        "kernels without BTF), or auto: raw_tp where /sys/kernel/btf/vmlinux has all it needs. "
+                        "Default: $IOTRACE_ATTACH, else auto. Every dump says which ran (\"attach\")")
+
+
 def trace_parser() -> argparse.ArgumentParser:
     from . import contract
 
@@ -146,6 +158,7 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("--hist-cells", type=int, metavar="N",
                    help=f"per-CPU fast histogram cells (power of two, default {con.const('HIST_CELLS')}); "
                         "buckets that find no cell still count, in a slower hash map")
+    add_attach_option(p)
     p.add_argument("--csv", metavar="FILE.csv", help="append a row per report, device and op: iostat -x's columns "
                    "(r/s, w/s, rkB/s, wkB/s, r_await, w_await, aqu-sz, %%util) from /proc/diskstats beside "
                    "iotrace's count, MB/s, p50 and p99")
@@ -175,7 +188,8 @@ def parse_trace_args(argv: list[str]) -> TraceArgs:
     return TraceArgs(pids=ns.pids, no_children=ns.no_children, threads=ns.threads, devs=ns.devs,
                      interval=ns.interval, duration=ns.duration, output=ns.output, hist=ns.hist,
                      inflight_slots=ns.inflight_slots, hist_cells=ns.hist_cells, cgroup=ns.cgroup, command=command,
-                     csv=ns.csv, alerts=ns.alerts, fail_on_alert=ns.fail_on_alert, diskstats=ns.diskstats)
+                     csv=ns.csv, alerts=ns.alerts, fail_on_alert=ns.fail_on_alert, diskstats=ns.diskstats,
+                     attach=ns.attach)
 
 
 # ---- command mode ------------------------------------------------------------
@@ -354,7 +368,8 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
 
         opts = ProbeOptions(pids=list(args.pids) + ([child] if child else []), follow_children=not args.no_children,
                             per_thread=args.threads, devs=devs, inflight_slots=args.inflight_slots,
-                            hist_cells=args.hist_cells, cgroup_id=cgroup_id, cgroup_level=cgroup_level)
+                            hist_cells=args.hist_cells, cgroup_id=cgroup_id, cgroup_level=cgroup_level,
+                            attach=args.attach)
         try:
             probe = Probe(opts)
         except UserError as exc:
@@ -375,6 +390,8 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
                 f"pid {', '.join(map(str, args.pids))}" if args.pids else "all processes")
         print(f"iotrace: tracing block I/O of {what}"
               f"{' on ' + ', '.join(args.devs) if args.devs else ''}; Ctrl-C to end", file=sys.stderr)
+        if probe.attach_note:
+            print(f"iotrace: attached to perf-event tracepoints, not raw ones: {probe.attach_note}", file=sys.stderr)
         print(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "
               f"(control socket {control.path})" if control else
               f"iotrace: warning: no control socket, markers are off ({control_error})", file=sys.stderr)

@@ -12,13 +12,15 @@ from __future__ import annotations
 import ast
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 _DEFINE = re.compile(r"^\s*#define\s+(IOTRACE_\w+)\s+(.+?)\s*(?:/\*.*)?$", re.M)
 _ENUM = re.compile(r"enum\s+(iotrace_\w+)\s*\{(.*?)\};", re.S)
 _MEMBER = re.compile(r"^\s*(IOTRACE_\w+)\s*=\s*(\d+)\s*,", re.M)
+_KERNEL_TABLE = re.compile(r"^#ifdef IOTRACE_KERNEL_TABLE\b(.*?)^#endif", re.M | re.S)
+_KERNEL_ENTRY = re.compile(r"^(KMEMBER|KENUM|KHEAD|KRAWTP)\((.*?)\)\s*(?:/\*.*\*/)?\s*$")
 
 
 def bpf_dir() -> Path:
@@ -43,11 +45,22 @@ def _eval_int(expr: str, known: dict[str, int]) -> int:
 
 
 @dataclass(frozen=True)
+class KernelReads:
+    """What the raw-tracepoint programs read of the kernel (iotrace.h's IOTRACE_KERNEL_TABLE)."""
+
+    members: dict[str, tuple[str, str, int]]   # NAME -> (struct, member path, bytes read)
+    enums: dict[str, str]                      # NAME -> enumerator
+    heads: dict[str, tuple[str, list[str]]]    # NAME -> (struct, member NAMEs read in one go)
+    raw_tps: dict[str, list[str]]              # event -> argument types, as ctx->args[] holds them
+
+
+@dataclass(frozen=True)
 class Contract:
     """Constants and code tables shared with the BPF programs."""
 
     defines: dict[str, int]
     enums: dict[str, dict[str, int]]
+    kernel: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
 
     def const(self, name: str) -> int:
         return self.defines["IOTRACE_" + name]
@@ -88,6 +101,27 @@ class Contract:
         return self.const("HIST_BUCKETS")
 
 
+def _parse_kernel(text: str) -> KernelReads:
+    reads = KernelReads({}, {}, {}, {})
+    block = _KERNEL_TABLE.search(text)
+    for line in (block.group(1).splitlines() if block else ()):
+        if not line.strip():
+            continue
+        m = _KERNEL_ENTRY.match(line.strip())
+        if not m:
+            raise ValueError(f"iotrace.h: bad line in IOTRACE_KERNEL_TABLE: {line.strip()!r}")
+        kind, args = m.group(1), [a.strip() for a in m.group(2).split(",")]
+        if kind == "KMEMBER":
+            reads.members[args[0]] = (args[1], args[2], int(args[3]))
+        elif kind == "KENUM":
+            reads.enums[args[0]] = args[1]
+        elif kind == "KHEAD":
+            reads.heads[args[0]] = (args[1], args[2:])
+        else:
+            reads.raw_tps[args[0]] = args[1:]
+    return reads
+
+
 def parse(text: str) -> Contract:
     defines: dict[str, int] = {}
     for name, expr in _DEFINE.findall(text):
@@ -100,7 +134,7 @@ def parse(text: str) -> Contract:
         count = [v for m, v in members.items() if m.endswith("_COUNT")]
         if not count or sorted(v for m, v in members.items() if not m.endswith("_COUNT")) != list(range(count[0])):
             raise ValueError(f"enum {name} in iotrace.h must number its members 0..N-1 and end with *_COUNT = N")
-    return Contract(defines, enums)
+    return Contract(defines, enums, _parse_kernel(text))
 
 
 @lru_cache(maxsize=1)

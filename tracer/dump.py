@@ -181,6 +181,9 @@ def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None
     bio = sorted({name for d in dumps for name in d.extra.get("bio_devices", [])})
     if bio:
         merged.extra["bio_devices"] = bio
+    attach = sorted({d.extra["attach"] for d in dumps if "attach" in d.extra})
+    if attach:
+        merged.extra["attach"] = "+".join(attach)     # one, unless runs of both kinds were merged
     return merged
 
 

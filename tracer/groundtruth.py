@@ -273,11 +273,14 @@ class Stamp:
     much later iotrace's own stamp may be: 0 normally (the programs run back
     to back), the whole bracket (the after-copy's entry stamp - ts) when it
     was unusually wide because something ran in between (an interrupt, the
-    hypervisor).
+    hypervisor).  `rq` is the struct request's address where the stamper ran
+    on raw tracepoints (0 otherwise): it tells apart requests in flight at
+    the same sector, which ftrace's fields cannot.
     """
 
     ts: int | None
     slack: int = 0
+    rq: int = 0
 
 
 #: Stamper programs, in the order of bpf/stamps.bpf.c's enum stamp_event.
@@ -315,13 +318,16 @@ class Stamper:
     attached, so the two copies bracket iotrace's own stamp of every event.
     """
 
-    def __init__(self, devs: Sequence[int], per_cpu: int = STAMP_PER_CPU):
+    def __init__(self, devs: Sequence[int], per_cpu: int = STAMP_PER_CPU, attach: str = "auto"):
         from . import probe
         from .contract import bpf_dir
 
         probe.check_privileges()
         self._bcc = probe.import_bcc()
         probe.kernel_headers()
+        # the way iotrace attaches (probe.ATTACH_MODES): programs run in attach order only among their kind
+        self.attach, layout, _ = probe.choose_attach(attach, bio=False)
+        self._cflags = ["-DSTAMP_RAW_TP", *layout.cflags()] if layout else []
         self.devs = list(devs)
         self.per_cpu = per_cpu
         self.ncpu = max(self._bcc.utils.get_possible_cpus()) + 1
@@ -333,7 +339,7 @@ class Stamper:
             devs = " || ".join(f"dev == {d}" for d in self.devs) or "1"
             b = self._bcc.BPF(src_file=str(self.src).encode(),
                               cflags=[f"-DSTAMP_SIDE={int(side == 'after')}", f"-DSTAMP_PER_CPU={self.per_cpu}",
-                                      f"-DSTAMP_CPUS={self.ncpu}", f"-DSTAMP_DEVS=({devs})"])
+                                      f"-DSTAMP_CPUS={self.ncpu}", f"-DSTAMP_DEVS=({devs})", *self._cflags])
         except Exception as exc:  # bcc raises bare Exception for compile/load errors
             raise TruthError(f"cannot load {self.src.name}: {str(exc).strip().splitlines()[-1]}") from None
         self.sides[side] = b
@@ -370,7 +376,10 @@ class Stamper:
         """Stop stamping; the records stay readable until close()."""
         for b in self.sides.values():
             for tp in STAMPED:
-                b.detach_tracepoint(f"block:{tp}".encode())
+                if self.attach == "raw_tp":
+                    b.detach_raw_tracepoint(tp.encode())
+                else:
+                    b.detach_tracepoint(f"block:{tp}".encode())
 
     def close(self) -> None:
         for b in self.sides.values():
@@ -389,18 +398,19 @@ def attach_stamps(events: Sequence[Event], before: np.ndarray,
     """
     notes: Counter = Counter()
 
-    def index(recs: np.ndarray | None) -> dict[tuple, list[tuple[int, int]]]:
-        out: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+    def index(recs: np.ndarray | None) -> dict[tuple, list[tuple[int, int, int]]]:
+        out: dict[tuple, list[tuple[int, int, int]]] = defaultdict(list)
+        has_rq = recs is not None and "rq" in recs.dtype.names
         for r in ([] if recs is None else np.sort(recs, order="ts")):
             key = (STAMPED[r["event"]], int(r["dev"]), int(r["sector"]), int(r["cpu"]))
-            out[key].append((int(r["ts"]), int(r["end"])))
+            out[key].append((int(r["ts"]), int(r["end"]), int(r["rq"]) if has_rq else 0))
         return out
 
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, ev in enumerate(events):
         if ev.name in STAMPED:
             groups[(ev.name, ev.f["dev"], ev.f["sector"], ev.cpu)].append(i)
-    found: list[dict[int, tuple[int, int]]] = [{}, {}]
+    found: list[dict[int, tuple[int, int, int]]] = [{}, {}]
     for side, stamps in enumerate((index(before), index(after))):
         unmatched = f"stamp_unmatched_{('before', 'after')[side]}"
         notes[unmatched] += sum(len(pool) for key, pool in stamps.items() if key not in groups)
@@ -435,7 +445,7 @@ def attach_stamps(events: Sequence[Event], before: np.ndarray,
         if i in width and width[i] > usual[ev.name] + DISTURBED_NS:
             slack = width[i]
             notes["stamp_disturbed"] += 1
-        out[i] = replace(ev, stamp=Stamp(found[0][i][1], slack))
+        out[i] = replace(ev, stamp=Stamp(found[0][i][1], slack, found[0][i][2]))
     return out, notes
 
 
@@ -447,10 +457,10 @@ class TruthRecorder:
     """
 
     def __init__(self, devs: Iterable[int] = (), buffer_kb: int = DEFAULT_BUFFER_KB,
-                 tracefs: Path = TRACEFS, name: str | None = None, stamps: bool = True):
+                 tracefs: Path = TRACEFS, name: str | None = None, stamps: bool = True, attach: str = "auto"):
         self.devs = sorted(set(devs))
-        # BPF stamps at iotrace's instant (Stamper); needs devs, and bcc
-        self.stamper: Stamper | None = Stamper(self.devs) if stamps and self.devs else None
+        # BPF stamps at iotrace's instant (Stamper, attached as iotrace is); needs devs, and bcc
+        self.stamper: Stamper | None = Stamper(self.devs, attach=attach) if stamps and self.devs else None
         self.buffer_kb = buffer_kb
         self.tracefs = Path(tracefs)
         self.dir = self.tracefs / "instances" / (name or f"iotrace-truth-{os.getpid()}")
@@ -683,8 +693,8 @@ class Request:
 
 
 class _Live:
-    __slots__ = ("comm", "dev", "done", "issue_ns", "issue_stamp", "issued", "op", "remaining", "rwbs", "sector",
-                 "start_ns", "start_sector", "start_stamp", "tgid", "tid")
+    __slots__ = ("comm", "dev", "done", "issue_ns", "issue_stamp", "issued", "op", "remaining", "rq", "rwbs",
+                 "sector", "start_ns", "start_sector", "start_stamp", "tgid", "tid")
 
     def __init__(self, ev: Event):
         f = ev.f
@@ -697,6 +707,7 @@ class _Live:
         self.sector = self.start_sector = f["sector"]
         self.start_ns = ev.ts
         self.start_stamp = ev.stamp
+        self.rq = ev.stamp.rq if ev.stamp else 0
         self.issue_ns: int | None = None
         self.issue_stamp: Stamp | None = None   # of the last issue a BPF program saw
         self.issued = False            # issued and not requeued since
@@ -726,7 +737,14 @@ class Truth:
         notes: Counter = Counter()
         recent_tail_keys: Counter = Counter()   # (dev, sector) of preflush/FUA data writes just completed
 
-        def find(key, zero: bool, prefer_unissued: bool = False) -> _Live | None:
+        def find(key, zero: bool, prefer_unissued: bool = False, stamp: Stamp | None = None) -> _Live | None:
+            if stamp is not None and stamp.rq:
+                # the request's own address, where the stamps carry it: exact
+                same = [r for r in pending.get(key, ()) if r.rq == stamp.rq]
+                if same:
+                    if len(pending[key]) > 1:
+                        notes["same_sector_by_request"] += 1
+                    return same[0]
             cands = [r for r in pending.get(key, ()) if (r.remaining == 0) == zero]
             if len(cands) > 1:
                 notes["same_sector_overlap"] += 1
@@ -759,7 +777,7 @@ class Truth:
                     notes["internal_flush"] += 1
                     continue
                 key = (f["dev"], f["sector"])
-                r = find(key, f["bytes"] == 0, prefer_unissued=True)
+                r = find(key, f["bytes"] == 0, prefer_unissued=True, stamp=ev.stamp)
                 if r is None:
                     notes["issue_no_start"] += 1
                     continue
@@ -775,7 +793,7 @@ class Truth:
                     continue
                 nbytes = f["nr_sector"] * SECTOR
                 key = (f["dev"], f["sector"])
-                r = find(key, nbytes == 0)
+                r = find(key, nbytes == 0, stamp=ev.stamp)
                 if r is None:
                     if nbytes == 0:
                         notes["flush_tail"] += 1
@@ -1339,6 +1357,19 @@ class Run:
     iotrace_stderr: str
 
 
+def _attach_of(iotrace_args: Sequence[str]) -> str:
+    """The --attach iotrace is given, else what it would default to."""
+    args = list(iotrace_args)
+    if "--attach" in args[:-1]:
+        return args[args.index("--attach") + 1]
+    return os.environ.get("IOTRACE_ATTACH", "auto")
+
+
+def _attach_args(rec: TruthRecorder) -> list[str]:
+    """iotrace attaches as the stamper did, so that the stamps bracket its programs."""
+    return ["--attach", rec.stamper.attach] if rec.stamper else []
+
+
 def run_command(iotrace_args: Sequence[str], command: Sequence[str], devs: Sequence[int], python: str,
                 cwd: str | Path, workdir: str | Path, timeout_s: float = 300) -> Run:
     """`iotrace ARGS -o FILE -- COMMAND` (its process tree) against the reference.
@@ -1349,9 +1380,9 @@ def run_command(iotrace_args: Sequence[str], command: Sequence[str], devs: Seque
     import subprocess
 
     out, gate = Path(workdir) / "iotrace.jsonl", Path(workdir) / "gate"
-    argv = [python, "-m", "tracer.cli", "-o", str(out), *iotrace_args, "--", "sh", "-c", _GATE, str(gate),
-            *command]
-    with TruthRecorder(devs) as rec:
+    with TruthRecorder(devs, attach=_attach_of(iotrace_args)) as rec:
+        argv = [python, "-m", "tracer.cli", "-o", str(out), *iotrace_args, *_attach_args(rec), "--",
+                "sh", "-c", _GATE, str(gate), *command]
         launched = time.monotonic_ns()
         proc = subprocess.Popen(argv, cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -1388,8 +1419,8 @@ def run_system(iotrace_args: Sequence[str], command: Sequence[str], devs: Sequen
     out = Path(workdir) / "iotrace.jsonl"
     subprocess.run(["sync"], check=True)
     wait_quiet(devs)
-    with TruthRecorder(devs) as rec:
-        it = SystemIotrace(["-o", str(out), *iotrace_args], python, cwd, timeout_s)
+    with TruthRecorder(devs, attach=_attach_of(iotrace_args)) as rec:
+        it = SystemIotrace(["-o", str(out), *iotrace_args, *_attach_args(rec)], python, cwd, timeout_s)
         it.start()
         try:
             rec.bracket()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import contract, devices
+from . import contract, devices, kernel
 from .errors import UserError
 
 # Programs that began on the old generation finish within microseconds
@@ -28,7 +28,7 @@ GENERATION_GRACE_S = 0.005
 
 # The start tracepoint: block_io_start fires in the submitter's context
 # (Linux 6.5+); block_rq_insert is the closest older equivalent.
-START_EVENTS = ("block_io_start", "block_rq_insert")
+START_EVENTS = kernel.START_EVENTS
 REQUIRED_FIELDS = {
     "block_rq_issue": ("dev", "sector", "bytes", "rwbs"),
     "block_rq_complete": ("dev", "sector", "nr_sector", "rwbs"),
@@ -42,8 +42,21 @@ BIO_FIELDS = {
     "block_bio_complete": ("dev", "sector", "nr_sector", "rwbs"),
 }
 TRACEFS_DIRS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
-# Drop reasons found by user space rather than counted by the BPF programs (see Probe.drain)
-USER_DROPS = ("recursion", "lost_completion")
+# How the programs attach (bpf/iotrace.bpf.c): raw tracepoints keyed by the request, reading
+# kernel structs at BTF offsets, or perf-event tracepoints keyed by (dev, sector) where no BTF is
+ATTACH_MODES = ("raw_tp", "tracepoint")
+# Each program by the short name its skipped events are reported under: "skipped_<name>"
+PROGRAMS = {"block_rq_issue": "issue", "block_rq_complete": "complete", "block_rq_merge": "merge",
+            "block_bio_frontmerge": "frontmerge", "block_rq_requeue": "requeue", "sched_process_fork": "fork",
+            "sched_process_exit": "exit", "block_bio_queue": "bio_queue", "block_bio_complete": "bio_complete",
+            **{ev: "start" for ev in START_EVENTS}}
+# Raw tracepoints of the raw_tp path, beside the start event (bio ones only for bio-based disks)
+RAW_EVENTS = ("block_rq_issue", "block_rq_complete", "block_rq_merge", "block_rq_requeue",
+              "sched_process_fork", "sched_process_exit")
+RAW_BIO_EVENTS = ("block_bio_queue", "block_bio_complete")
+# Drop reasons found by user space rather than counted by the BPF programs (see Probe.drain): every
+# program's events the kernel skipped, and (tracepoint path) completions found lost in the in-flight table
+USER_DROPS = (*dict.fromkeys(f"skipped_{name}" for name in PROGRAMS.values()), "lost_completion")
 # A request left in the in-flight table is taken for lost only this long after its start:
 # long past any plug or scheduler delay on a device with nothing in flight
 LOST_MIN_AGE_NS = 100_000_000
@@ -61,6 +74,7 @@ class ProbeOptions:
     cgroup_id: int = 0          # cgroup v2 id (inode number); 0: every cgroup
     cgroup_level: int = 0       # its depth below the cgroup v2 root
     series_entries: int | None = None
+    attach: str = "auto"        # "raw_tp", "tracepoint", or "auto": raw_tp where the kernel's BTF allows
 
 
 @dataclass
@@ -80,6 +94,7 @@ class RawInterval:
     traced_devs: list[int] | None = None   # the --dev filter; None: every device
     filtered: bool = False                 # a pid or cgroup filter leaves some I/O out by design
     bio_devs: list[int] = field(default_factory=list)   # disks traced per bio, not per request
+    attach: str = "tracepoint"             # ATTACH_MODES: how the programs were attached
 
 
 # struct bpf_prog_info of the kernel's UAPI (linux/bpf.h), up to the fields
@@ -169,6 +184,24 @@ def check_tracepoints(required: dict[str, tuple[str, ...]] = REQUIRED_FIELDS) ->
         missing = [f for f in needed if f not in fields]
         if missing:
             raise UserError(f"tracepoint block:{ev} lacks field(s) {', '.join(missing)} on this kernel")
+
+
+def choose_attach(mode: str, bio: bool) -> tuple[str, kernel.Layout | None, str]:
+    """How to attach: (one of ATTACH_MODES, the kernel layout for raw_tp, why raw_tp was not taken).
+
+    `mode` "auto" takes raw_tp wherever the running kernel's BTF has everything
+    the programs read, else falls back to perf-event tracepoints and says why.
+    """
+    if mode == "tracepoint":
+        return "tracepoint", None, ""
+    if mode not in ("auto", "raw_tp"):
+        raise UserError(f"--attach takes auto, {' or '.join(ATTACH_MODES)}, not {mode!r}")
+    try:
+        return "raw_tp", kernel.load(RAW_EVENTS + (RAW_BIO_EVENTS if bio else ())), ""
+    except kernel.LayoutError as exc:
+        if mode == "raw_tp":
+            raise UserError(f"--attach raw_tp: this kernel's BTF lacks what iotrace reads: {exc}") from None
+        return "tracepoint", None, str(exc)
 
 
 def kernel_headers() -> Path:
@@ -350,19 +383,28 @@ class Probe:
         check_privileges()
         bcc = import_bcc()
         kernel_headers()
-        check_tracepoints()
         self.contract = contract.load()
-        self.start_event = choose_start_event()
         src_dir = contract.bpf_dir()
         text = (src_dir / "iotrace.bpf.c").read_text()
-        text = text.replace("IOTRACE_START_CATEGORY", "block").replace("IOTRACE_START_EVENT", self.start_event)
         cflags = [f"-I{src_dir}"]
-        if "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()):
-            cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
         self.bio_devs = bio_level_devices(opts.devs)
         if self.bio_devs:
-            check_tracepoints(BIO_FIELDS)
             cflags.append("-DIOTRACE_BIO_LEVEL")
+        # attach_note: why raw tracepoints were not used, when "auto" fell back
+        self.attach, layout, self.attach_note = choose_attach(opts.attach, bool(self.bio_devs))
+        if layout is not None:
+            self.start_event = layout.start_event
+            cflags += ["-DIOTRACE_RAW_TP", *layout.cflags()]
+            if layout.group_dead:
+                cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
+        else:
+            check_tracepoints()
+            if self.bio_devs:
+                check_tracepoints(BIO_FIELDS)
+            self.start_event = choose_start_event()
+            if "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()):
+                cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
+        text = text.replace("IOTRACE_START_CATEGORY", "block").replace("IOTRACE_START_EVENT", self.start_event)
         possible = bcc.utils.get_possible_cpus()
         self.ncpu = len(possible)       # values per key of a per-CPU map
         cflags.append(f"-DIOTRACE_CPUS={max(possible) + 1}")
@@ -382,7 +424,7 @@ class Probe:
         _return_compiler_memory()
         self.gen = 0
         self._reasons_seen = np.zeros(len(self.contract.reasons), dtype=np.uint64)
-        self._misses_seen = 0
+        self._misses_seen: dict[str, int] = {}
         hist = self.bpf["hist0"]
         series = self.bpf["series0"]
         self._hist_key = np.dtype(hist.Key)
@@ -464,10 +506,10 @@ class Probe:
         delta = totals - self._reasons_seen
         self._reasons_seen = totals
         reasons = {name: int(n) for name, n in zip(self.contract.reasons, delta, strict=True)}
-        misses = self.skipped_starts()
-        reasons["drop_recursion"] = misses - self._misses_seen
-        self._misses_seen = misses
-        reasons["drop_lost_completion"] = self._lost_completions(final)
+        reasons.update({f"drop_{reason}": 0 for reason in USER_DROPS})
+        reasons.update(self._skipped())
+        if self.attach == "tracepoint":
+            reasons["drop_lost_completion"] = self._lost_completions(final)
         raw = RawInterval(
             start_ns=self._interval_start, end_ns=end,
             series_keys=skeys, series_vals=_fold_series(svals),
@@ -475,7 +517,7 @@ class Probe:
             hist_counts=np.concatenate([ccounts, hvals.sum(axis=1)]),
             reasons=reasons, diskstats_start=self._diskstats, diskstats_end=diskstats,
             traced_devs=list(self._opts.devs) or None, filtered=bool(self._opts.pids or self._opts.cgroup_id),
-            bio_devs=list(self.bio_devs),
+            bio_devs=list(self.bio_devs), attach=self.attach,
         )
         self._interval_start = end
         self._diskstats = diskstats
@@ -494,19 +536,30 @@ class Probe:
         return {name: {"runs": st.run_cnt, "run_time_ns": st.run_time_ns, "missed": st.recursion_misses}
                 for name, st in self.prog_stats().items()}
 
-    def skipped_starts(self) -> int:
-        """Requests the kernel did not let us see start, since load.
+    def _skipped(self) -> dict[str, int]:
+        """Events the kernel skipped since the last drain, per program: {"drop_skipped_<name>": n}.
 
-        The kernel runs one tracepoint BPF program per CPU at a time and skips
-        (and counts) any event that fires while another is running there: a
-        completion softirq interrupting our block_io_start program, or an
-        event in a task that was preempted while any process's BPF map
-        syscall held the same per-CPU guard.  A skipped start loses its
-        request.  The count includes events of processes and devices the
-        filters would have left out: an upper bound.  Skipped completions
-        are found by _lost_completions() instead, with those lost uncounted.
+        A program runs with a recursion guard, and the kernel skips (and
+        counts, in the program's recursion_misses) an event that fires while
+        the guard is held on that CPU: on raw tracepoints only while the same
+        program runs there (one completion interrupting another's program);
+        on perf-event tracepoints while any perf-event or kprobe program runs
+        there, any tool's, or a task was preempted while a BPF map syscall
+        held the same guard.  A skipped start or completion loses its
+        request; a skipped issue its queue/device split.  The counts include
+        events of processes and devices the filters would have left out: an
+        upper bound.  On the tracepoint path skipped completions are left to
+        _lost_completions(), which also finds those lost without a count.
         """
-        return self.prog_stats()[self.start_event].recursion_misses
+        totals: dict[str, int] = {}
+        for event, st in self.prog_stats().items():
+            name = PROGRAMS.get(event)
+            if name is None or (name == "complete" and self.attach == "tracepoint"):
+                continue
+            totals[name] = totals.get(name, 0) + st.recursion_misses
+        out = {f"drop_skipped_{name}": n - self._misses_seen.get(name, 0) for name, n in totals.items()}
+        self._misses_seen = totals
+        return out
 
     def _lost_completions(self, final: bool = False) -> int:
         """Requests newly found to have completed without iotrace seeing it.

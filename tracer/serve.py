@@ -349,7 +349,7 @@ def _start_server(prom, host: str, port: int, registry):
 
 
 def parser():
-    from .cli import _at_least, _Parser, _positive
+    from .cli import _at_least, _Parser, _positive, add_attach_option
 
     p = _Parser(prog="iotrace serve", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
                 description="Export block I/O latency to Prometheus: histograms per device, op and latency "
@@ -363,6 +363,7 @@ def parser():
                    help="(comm, container) pairs with labels of their own; the rest is comm=\"other\" (default 20)")
     p.add_argument("--idle", type=_positive, default=600.0, metavar="SECONDS",
                    help="fold a pair into \"other\" after this long without I/O (default 600)")
+    add_attach_option(p)
     p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
                    help="only this disk (loop0, /dev/nvme0n1, 7:0); repeatable. Default: every device")
     p.add_argument("--cgroup", metavar="PATH",
@@ -395,7 +396,7 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
         from .aggregate import Clock
         from .probe import Probe, ProbeOptions
 
-        probe = Probe(ProbeOptions(devs=devs, cgroup_id=cgroup_id, cgroup_level=cgroup_level))
+        probe = Probe(ProbeOptions(devs=devs, cgroup_id=cgroup_id, cgroup_level=cgroup_level, attach=ns.attach))
         clock = Clock()
         bound = server.server_address[1]
         where = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"

@@ -153,7 +153,7 @@ sort.  Ctrl-C quits too.  For a log instead of a screen: sudo iotrace -i 1.
 
 def main(argv: list[str], out: TextIO) -> int:
     from . import devices
-    from .cli import _Parser, _positive
+    from .cli import _Parser, _positive, add_attach_option
 
     p = _Parser(prog="iotrace top", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
                 description="A live view of block I/O per process, device and op, with latency percentiles, "
@@ -163,6 +163,7 @@ def main(argv: list[str], out: TextIO) -> int:
     p.add_argument("--sort", choices=SORTS, default="p99", help="order of the rows (default p99; s changes it)")
     p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
                    help="only this disk (loop0, /dev/nvme0n1, 7:0); repeatable")
+    add_attach_option(p)
     ns = p.parse_args(argv)
     if not (sys.stdin.isatty() and out.isatty()):
         raise UserError("top needs a terminal; for a log, run 'sudo iotrace -i 1' instead")
@@ -173,7 +174,7 @@ def main(argv: list[str], out: TextIO) -> int:
 
     print("iotrace top: loading the BPF programs ...", file=sys.stderr, flush=True)
     try:
-        probe = Probe(ProbeOptions(devs=devs))
+        probe = Probe(ProbeOptions(devs=devs, attach=ns.attach))
     except UserError as exc:
         raise offer_diskstats(exc) from None
     old = signal.signal(signal.SIGTERM, _interrupt)

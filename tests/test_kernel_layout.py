@@ -1,0 +1,109 @@
+"""tracer.kernel: iotrace.h's kernel table resolved against a BTF, and every gap named (no root)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tracer import contract, kernel
+from tracer.btf import Btf, BtfError, Member
+
+READS = contract.load().kernel
+EVENTS = ("block_rq_issue", "block_rq_complete", "sched_process_exit")
+
+
+class FakeBtf:
+    """The few lookups tracer.kernel makes, answered from tables (the real reader has its own tests)."""
+
+    def __init__(self, members: dict, enums: dict, protos: dict):
+        self.members, self.enums, self.protos = members, enums, protos
+
+    def member(self, struct: str, path: str) -> Member:
+        if (struct, path) not in self.members:
+            raise BtfError(f"struct {struct} has no member {path!r}")
+        off, size = self.members[struct, path]
+        return Member(off, size, off * 8, 0)
+
+    def enumerator(self, name: str) -> int:
+        if name not in self.enums:
+            raise BtfError(f"no enumerator {name!r}")
+        return self.enums[name]
+
+    def func_proto(self, typedef: str) -> list[str]:
+        if typedef not in self.protos:
+            raise BtfError(f"no typedef {typedef!r}")
+        return self.protos[typedef]
+
+
+def complete_btf() -> FakeBtf:
+    """Every entry of the table, at made-up offsets: a struct's members 8 bytes apart, in table order."""
+    members, seen = {}, {}
+    for s, p, size in READS.members.values():
+        seen[s] = seen.get(s, -1) + 1
+        members[s, p] = (8 * seen[s], size)
+    members["gendisk", "major"], members["gendisk", "first_minor"] = (0, 4), (4, 4)
+    enums = {name: 10 + i for i, name in enumerate(READS.enums.values())}
+    protos = {f"btf_trace_{ev}": ["void *", *args] for ev, args in READS.raw_tps.items()}
+    protos["btf_trace_sched_process_exit"].append("bool")
+    return FakeBtf(members, enums, protos)
+
+
+def test_every_entry_becomes_a_flag():
+    fake = complete_btf()
+    layout = kernel.resolve(fake, READS, EVENTS)
+    for name, (s, p, _) in READS.members.items():
+        assert layout.values[name] == fake.members[s, p][0]
+    assert layout.values["REQ_PREFLUSH"] == fake.enums["__REQ_PREFLUSH"]
+    # a head ends where the furthest of its members ends
+    q, flags, size = (layout.values[m] for m in ("RQ_Q", "RQ_CMD_FLAGS", "RQ_DATA_LEN"))
+    assert layout.values["RQ_HEAD_LEN"] == max(q + 8, flags + 4, size + 4)
+    assert layout.start_event == "block_io_start" and layout.group_dead
+    assert f"-DIOTRACE_K_RQ_Q={layout.values['RQ_Q']}" in layout.cflags()
+
+
+@pytest.mark.parametrize("spoil, named", [
+    (lambda b: b.members.pop(("request", "cmd_flags")), "cmd_flags"),
+    (lambda b: b.members.__setitem__(("request", "__data_len"), (44, 8)), "__data_len is 8 bytes"),
+    (lambda b: b.enums.pop("__REQ_PREFLUSH"), "__REQ_PREFLUSH"),
+    (lambda b: b.protos.pop("btf_trace_block_rq_issue"), "raw tracepoint block_rq_issue"),
+    (lambda b: b.protos.__setitem__("btf_trace_block_rq_complete", ["void *", "struct request *", "int"]),
+     "block_rq_complete takes (struct request *, int)"),
+    (lambda b: [b.protos.pop(f"btf_trace_{ev}") for ev in kernel.START_EVENTS], "block_io_start or block_rq_insert"),
+    (lambda b: b.members.__setitem__(("gendisk", "first_minor"), (8, 4)), "first_minor does not follow major"),
+    (lambda b: b.members.__setitem__(("request", "__data_len"), (200, 4)), "beyond the 64 read in one go"),
+])
+def test_a_gap_is_named(spoil, named):
+    fake = complete_btf()
+    spoil(fake)
+    with pytest.raises(kernel.LayoutError, match=named.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
+        kernel.resolve(fake, READS, EVENTS)
+
+
+def test_all_gaps_named_at_once():
+    fake = complete_btf()
+    fake.members.pop(("bio", "bi_opf"))
+    fake.enums.pop("REQ_OP_FLUSH")
+    with pytest.raises(kernel.LayoutError) as e:
+        kernel.resolve(fake, READS, EVENTS)
+    assert "bi_opf" in str(e.value) and "REQ_OP_FLUSH" in str(e.value)
+
+
+def test_older_start_event_and_no_group_dead():
+    fake = complete_btf()
+    fake.protos.pop("btf_trace_block_io_start")
+    fake.protos["btf_trace_sched_process_exit"].pop()
+    layout = kernel.resolve(fake, READS, EVENTS)
+    assert layout.start_event == "block_rq_insert" and not layout.group_dead
+
+
+@pytest.mark.skipif(not os.access(kernel.BTF_PATH, os.R_OK), reason="no kernel BTF here")
+def test_the_running_kernel():
+    """The real table against the real BTF: each value is what the BTF reader says."""
+    btf = Btf.load()
+    layout = kernel.load(EVENTS)
+    for name, (struct, path, size) in READS.members.items():
+        m = btf.member(struct, path)
+        assert (layout.values[name], m.size) == (m.offset, size), name
+    for name, enumerator in READS.enums.items():
+        assert layout.values[name] == btf.enumerator(enumerator)

@@ -1,0 +1,109 @@
+"""The kernel layout the raw-tracepoint programs read, from the running kernel's BTF.
+
+Owns one step: turning bpf/iotrace.h's IOTRACE_KERNEL_TABLE (struct members,
+enum values, one-read struct heads, raw tracepoints and their arguments) into
+the compiler flags ``-DIOTRACE_K_<NAME>=<value>``, or a LayoutError that
+names everything the running kernel lacks.  bcc compiles against whatever
+header tree is installed and applies no CO-RE relocation, so these values
+are the only kernel layout the programs may rely on.  Pure Python over
+tracer.btf: no bcc, no root (the BTF file is world-readable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from . import contract
+from .btf import Btf, BtfError
+
+BTF_PATH = "/sys/kernel/btf/vmlinux"
+# A head is read into the program's stack in one go: keep it small
+MAX_HEAD_BYTES = 64
+# The start of a request on kernels before block_io_start (6.5), if its arguments fit
+START_EVENTS = ("block_io_start", "block_rq_insert")
+
+
+class LayoutError(Exception):
+    """The running kernel lacks something the raw-tracepoint programs read."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    values: dict[str, int]      # NAME -> byte offset, enum value or head length
+    start_event: str            # block_io_start, or block_rq_insert
+    group_dead: bool            # sched_process_exit passes group_dead (its second argument)
+
+    def cflags(self) -> list[str]:
+        return [f"-DIOTRACE_K_{name}={value}" for name, value in sorted(self.values.items())]
+
+
+def _matches(proto: list[str], want: list[str]) -> bool:
+    # proto[0] is the tracepoint's private data pointer, which ctx->args[] does not hold
+    return proto[1:1 + len(want)] == want
+
+
+def resolve(btf: Btf, reads: contract.KernelReads, events: Iterable[str]) -> Layout:
+    """Every value of `reads`, and the raw tracepoints `events` (START_EVENTS[0] stands for the start).
+
+    Collects every problem before raising, so one run names them all.
+    """
+    values: dict[str, int] = {}
+    missing: list[str] = []
+    for name, (struct, path, size) in reads.members.items():
+        try:
+            m = btf.member(struct, path)
+        except BtfError as exc:
+            missing.append(str(exc))
+            continue
+        if m.bitfield_size or m.size != size:
+            missing.append(f"struct {struct} member {path} is {m.size} bytes"
+                           f"{' (a bitfield)' if m.bitfield_size else ''}; iotrace reads {size}")
+            continue
+        values[name] = m.offset
+    for name, enumerator in reads.enums.items():
+        try:
+            values[name] = btf.enumerator(enumerator)
+        except BtfError as exc:
+            missing.append(str(exc))
+    for name, (struct, members) in reads.heads.items():
+        if all(m in values for m in members):
+            values[name] = max(values[m] + reads.members[m][2] for m in members)
+            if values[name] > MAX_HEAD_BYTES:
+                missing.append(f"struct {struct}: the members {', '.join(members)} end {values[name]} bytes "
+                               f"in, beyond the {MAX_HEAD_BYTES} read in one go")
+    if {"DISK_MAJOR", "DISK_FIRST_MINOR"} <= values.keys() and values["DISK_FIRST_MINOR"] != values["DISK_MAJOR"] + 4:
+        missing.append("struct gendisk: first_minor does not follow major (they are read together)")
+
+    def proto(event: str) -> list[str] | None:
+        try:
+            return btf.func_proto(f"btf_trace_{event}")
+        except BtfError:
+            return None
+
+    start = next((ev for ev in START_EVENTS if (p := proto(ev)) and _matches(p, reads.raw_tps[ev])), None)
+    if start is None:
+        missing.append(f"raw tracepoint {' or '.join(START_EVENTS)} taking a struct request *")
+    group_dead = False
+    for event in events:
+        if event in START_EVENTS:
+            continue
+        p, want = proto(event), reads.raw_tps[event]
+        if p is None:
+            missing.append(f"raw tracepoint {event}")
+        elif not _matches(p, want):
+            missing.append(f"raw tracepoint {event} takes ({', '.join(p[1:])}), not ({', '.join(want)})")
+        elif event == "sched_process_exit":
+            group_dead = p[2:3] == ["bool"]
+    if missing:
+        raise LayoutError("; ".join(missing))
+    return Layout(values, start, group_dead)
+
+
+def load(events: Iterable[str], path: str = BTF_PATH) -> Layout:
+    """The layout of the running kernel for the raw tracepoints `events`; LayoutError if it cannot be had."""
+    try:
+        btf = Btf.load(path)
+    except BtfError as exc:
+        raise LayoutError(str(exc)) from None
+    return resolve(btf, contract.load().kernel, events)
