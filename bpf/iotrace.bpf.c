@@ -65,6 +65,8 @@ BPF_PERCPU_HASH(series0, struct iotrace_series_key, struct iotrace_series_val, I
 BPF_PERCPU_HASH(series1, struct iotrace_series_key, struct iotrace_series_val, IOTRACE_SERIES_ENTRIES);
 /* enum iotrace_reason -> u64 events, per CPU, never reset */
 BPF_PERCPU_ARRAY(reasons, u64, IOTRACE_REASON_COUNT);
+/* cpu * IOTRACE_WHO_SLOTS + tid % IOTRACE_WHO_SLOTS -> struct iotrace_who: a thread's comm and cgroup */
+BPF_ARRAY(who, struct iotrace_who, IOTRACE_CPUS * IOTRACE_WHO_SLOTS);
 /* tgid (or forked tid) -> 1: the processes traced when filter_pids is set */
 BPF_HASH(pids, u32, u8, IOTRACE_PID_ENTRIES);
 /* dev_t -> 1: the devices traced when filter_devs is set */
@@ -307,16 +309,16 @@ static __always_inline u32 cell_run(const struct iotrace_hist_key *k)
 	return (u32)(x >> 32);
 }
 
+/* The 12-byte keys compared as a u64 and a u32: (pid, dev), then (bucket, op, phase). */
 static __always_inline bool same_key(const struct iotrace_hist_key *a, const struct iotrace_hist_key *b)
 {
-	return a->pid == b->pid && a->dev == b->dev && a->bucket == b->bucket &&
-	       a->op == b->op && a->phase == b->phase;
+	return *(const u64 *)a == *(const u64 *)b && *((const u32 *)a + 2) == *((const u32 *)b + 2);
 }
 
 /* Count one sample in its cell; false if no cell could take it. */
-static __always_inline bool cell_add(u32 gen, const struct iotrace_hist_key *k)
+static __always_inline bool cell_add(u32 gen, u32 cpu, const struct iotrace_hist_key *k)
 {
-	u32 run = cell_run(k), off = k->bucket % IOTRACE_HIST_CELL_RUN, cpu = bpf_get_smp_processor_id();
+	u32 run = cell_run(k), off = k->bucket % IOTRACE_HIST_CELL_RUN;
 
 	if (cpu >= IOTRACE_CPUS)
 		return false;
@@ -343,11 +345,11 @@ static __always_inline bool cell_add(u32 gen, const struct iotrace_hist_key *k)
 	return false;
 }
 
-static __always_inline void hist_add(u32 gen, struct iotrace_hist_key *k)
+static __always_inline void hist_add(u32 gen, u32 cpu, struct iotrace_hist_key *k)
 {
 	u64 one = 1, *n;
 
-	if (cell_add(gen, k))
+	if (cell_add(gen, cpu, k))
 		return;
 	count_reason(IOTRACE_NOTE_HIST_OVERFLOW);
 	n = gen ? hist1.lookup(k) : hist0.lookup(k);
@@ -380,7 +382,7 @@ static __always_inline struct iotrace_series_val *series_get(u32 gen, struct iot
 	return gen ? series1.lookup(k) : series0.lookup(k);
 }
 
-static __always_inline void phase_add(u32 gen, struct iotrace_series_val *v,
+static __always_inline void phase_add(u32 gen, u32 cpu, struct iotrace_series_val *v,
 				      struct iotrace_hist_key *hk, u32 phase, u64 ns)
 {
 	if (phase >= IOTRACE_PHASE_COUNT)
@@ -393,7 +395,7 @@ static __always_inline void phase_add(u32 gen, struct iotrace_series_val *v,
 		v->max_ns[phase] = ns;
 	hk->phase = phase;
 	hk->bucket = bucket_of(ns);
-	hist_add(gen, hk);
+	hist_add(gen, cpu, hk);
 }
 
 /* b - a, or 0 (counted) when two CPUs' clocks put b before a */
@@ -412,7 +414,7 @@ static __always_inline void record(struct iotrace_slot *s, u64 now)
 	struct iotrace_series_key sk = {};
 	struct iotrace_hist_key hk = {};
 	struct iotrace_series_val *v;
-	u32 gen;
+	u32 gen, cpu = bpf_get_smp_processor_id();
 
 	if (!cfg)
 		return;
@@ -437,26 +439,25 @@ static __always_inline void record(struct iotrace_slot *s, u64 now)
 	hk.op = sk.op;
 	/* a request the flush machinery finished was never issued itself */
 	if (s->issue_ns) {
-		phase_add(gen, v, &hk, IOTRACE_PHASE_QUEUE, elapsed(s->start_ns, s->issue_ns));
-		phase_add(gen, v, &hk, IOTRACE_PHASE_DEVICE, elapsed(s->issue_ns, now));
+		phase_add(gen, cpu, v, &hk, IOTRACE_PHASE_QUEUE, elapsed(s->start_ns, s->issue_ns));
+		phase_add(gen, cpu, v, &hk, IOTRACE_PHASE_DEVICE, elapsed(s->issue_ns, now));
 	}
-	phase_add(gen, v, &hk, IOTRACE_PHASE_TOTAL, elapsed(s->start_ns, now));
+	phase_add(gen, cpu, v, &hk, IOTRACE_PHASE_TOTAL, elapsed(s->start_ns, now));
 }
 
 /* ---- request start, shared by both paths -------------------------------- */
 
 /*
- * Whether the current task's I/O on `dev` is traced; *tgid is its process.
- * Programs attach before the filters are written, and wait for them.
+ * Whether the current task's I/O on `dev` is traced.  Programs attach
+ * before the filters are written, and wait for them.
  */
-static __always_inline bool start_wanted(u32 dev, u32 *tgid)
+static __always_inline bool start_wanted(u32 dev, u32 tgid)
 {
 	struct iotrace_config *cfg = get_config();
 
-	*tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!cfg || !cfg->enabled)
 		return false;
-	if (cfg->filter_pids && !pids.lookup(tgid))
+	if (cfg->filter_pids && !pids.lookup(&tgid))
 		return false;
 	if (cfg->filter_devs && !devs.lookup(&dev))
 		return false;
@@ -467,25 +468,42 @@ static __always_inline bool start_wanted(u32 dev, u32 *tgid)
 	return true;
 }
 
-/* Note who started the request in its freshly claimed slot. */
-static __always_inline void slot_fill(struct iotrace_slot *s, u64 now, u32 dev, u32 op, u32 bytes)
+/* The current thread's comm and cgroup, from this CPU's cache (struct iotrace_who). */
+static __always_inline struct iotrace_who *who_is(u32 tid, u64 now)
 {
-	u64 id = bpf_get_current_pid_tgid();
+	u32 cpu = bpf_get_smp_processor_id(), idx = cpu * IOTRACE_WHO_SLOTS + tid % IOTRACE_WHO_SLOTS;
+	struct iotrace_who *w;
+
+	if (cpu >= IOTRACE_CPUS)
+		return 0;
+	w = who.lookup(&idx);
+	if (!w)
+		return 0;
+	if (w->tid != tid || now - w->ns > IOTRACE_COMM_REUSE_NS) {
+		w->cgroup = bpf_get_current_cgroup_id();
+		bpf_get_current_comm(w->comm, sizeof(w->comm));
+		w->tid = tid;
+		w->ns = now;
+	}
+	return w;
+}
+
+/* Note who started the request (pid_tgid `id`) in its freshly claimed slot. */
+static __always_inline void slot_fill(struct iotrace_slot *s, u64 now, u64 id, u32 dev, u32 op, u32 bytes)
+{
+	struct iotrace_who *w = who_is((u32)id, now);
 
 	s->dev = dev;
 	s->op = op;
-	s->cgroup = bpf_get_current_cgroup_id();
 	s->tgid = id >> 32;
-	/*
-	 * Reading comm is a third of this program's cost; a slot last used by
-	 * this very thread moments ago already holds it.  The bound keeps a
-	 * rename (exec, prctl) from lingering in a slot for longer than that.
-	 */
-	if (s->tid != (u32)id || now - s->comm_ns > IOTRACE_COMM_REUSE_NS) {
-		bpf_get_current_comm(s->comm, sizeof(s->comm));
-		s->comm_ns = now;
-	}
 	s->tid = (u32)id;
+	if (w) {
+		s->cgroup = w->cgroup;
+		__builtin_memcpy(s->comm, w->comm, sizeof(s->comm));
+	} else {
+		s->cgroup = bpf_get_current_cgroup_id();
+		bpf_get_current_comm(s->comm, sizeof(s->comm));
+	}
 	s->remaining = bytes;
 	s->done = 0;
 }
@@ -551,8 +569,11 @@ struct rq_head {
 };
 #define HEAD_FIELD(h, type, off) (*(type *)((u8 *)(h)->w + (off)))
 
+/* cpu * IOTRACE_QDEV_SLOTS + hash of the queue -> struct iotrace_qdev: a queue's disk, read lately */
+BPF_ARRAY(qdevs, struct iotrace_qdev, IOTRACE_CPUS * IOTRACE_QDEV_SLOTS);
+
 /* The whole disk's dev_t, as the block tracepoints give it: rq->q->disk's major and first minor. */
-static __always_inline u32 queue_dev(u64 q)
+static __always_inline u32 read_queue_dev(u64 q)
 {
 	u64 disk = 0;
 	u32 mm[2] = {};		/* gendisk.major, gendisk.first_minor: side by side */
@@ -562,6 +583,25 @@ static __always_inline u32 queue_dev(u64 q)
 	if (kread(mm, sizeof(mm), disk + IOTRACE_K_DISK_MAJOR))
 		return 0;
 	return (mm[0] << 20) | mm[1];	/* the kernel's MKDEV */
+}
+
+/* queue_dev() through this CPU's cache of queues (struct iotrace_qdev says why that is safe) */
+static __always_inline u32 queue_dev(u64 q, u64 part, u64 now)
+{
+	u32 cpu = bpf_get_smp_processor_id(), idx;
+	struct iotrace_qdev *c;
+
+	idx = cpu * IOTRACE_QDEV_SLOTS + (u32)(key_hash(0, q) >> 32) % IOTRACE_QDEV_SLOTS;
+	c = cpu < IOTRACE_CPUS ? qdevs.lookup(&idx) : 0;
+	if (!c)
+		return read_queue_dev(q);
+	if (c->q != q || c->part != part || now - c->ns > IOTRACE_QDEV_TTL_NS) {
+		c->dev = read_queue_dev(q);
+		c->q = q;
+		c->part = part;
+		c->ns = now;
+	}
+	return c->dev;
 }
 
 /* enum iotrace_op from cmd_flags / bi_opf, as rwbs would name it */
@@ -613,38 +653,90 @@ static __always_inline u64 slot_hash(const struct slot_ref *r)
  * A slot for a starting request.  Its address may still hold a slot: the
  * request object's previous life ended unseen (a skipped completion,
  * counted in the program's recursion misses, or a free without one); the
- * new life takes it over.
+ * new life takes it over.  One pass over the home group finds either that
+ * or the first free slot; the rest of slot_claim() only when the group is full.
  */
 static __always_inline bool addr_claim(u64 addr, u64 now, struct slot_ref *r)
 {
-	if (addr_find(addr, r)) {
-		count_reason(IOTRACE_NOTE_RECLAIMED);
+	u64 h = key_hash(0, addr);
+	u32 home = group_of(h), free = IOTRACE_INFLIGHT_SLOTS, *sp;
+
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
+		if (!ref_at(home + i, r))
+			return false;
+		if (*r->tag == addr)
+			goto reclaim;
+		if (*r->tag == 0 && free == IOTRACE_INFLIGHT_SLOTS)
+			free = home + i;
+	}
+	sp = spill_count(home);
+	if (sp && *sp && scan_for(second_group_of(h), addr, r))
+		goto reclaim;
+	/* two CPUs may race for the same free slot: one wins, the other looks further */
+	if (free < IOTRACE_INFLIGHT_SLOTS && ref_at(free, r) && __sync_val_compare_and_swap(r->tag, 0, addr) == 0) {
 		r->s->start_ns = now;
 		r->s->issue_ns = 0;
 		return true;
 	}
-	return slot_claim(key_hash(0, addr), addr, now, r);
+	return slot_claim(h, addr, now, r);
+reclaim:
+	count_reason(IOTRACE_NOTE_RECLAIMED);
+	r->s->start_ns = now;
+	r->s->issue_ns = 0;
+	return true;
 }
+
+#ifdef IOTRACE_BIO_LEVEL
+/* cpu -> u32: 1 while a completion program of this path accounts a request on that CPU */
+BPF_ARRAY(busy, u32, IOTRACE_CPUS);
+
+/*
+ * record(), unless another completion program is accounting on this CPU
+ * right now.  A raw tracepoint program guards only against itself, so
+ * with bio-level tracing a bio completion may interrupt a request
+ * completion's accounting (or the reverse), and the per-CPU cells and
+ * series values are updated without atomics.  Counted as dropped.
+ */
+static __always_inline void record_once(struct iotrace_slot *s, u64 now)
+{
+	u32 cpu = bpf_get_smp_processor_id();
+	u32 *b = busy.lookup(&cpu);
+
+	if (b && *b) {
+		count_reason(IOTRACE_DROP_NESTED);
+		return;
+	}
+	if (b)
+		*b = 1;
+	record(s, now);
+	if (b)
+		*b = 0;
+}
+#else
+/* only block_rq_complete accounts, and the kernel never runs it nested on a CPU */
+#define record_once record
+#endif
 
 RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 {
 	/* first: every lookup below would otherwise show up as latency */
-	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0];
+	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0], id = bpf_get_current_pid_tgid();
 	struct rq_head h;
 	struct slot_ref r;
-	u32 dev, tgid, bytes;
+	u32 dev, bytes;
 
 	if (kread(&h, sizeof(h), rq))
 		return 0;
-	dev = queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q));
-	if (!start_wanted(dev, &tgid))
+	dev = queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now);
+	if (!start_wanted(dev, id >> 32))
 		return 0;
 	if (!addr_claim(rq, now, &r)) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		return 0;
 	}
 	bytes = HEAD_FIELD(&h, u32, IOTRACE_K_RQ_DATA_LEN);
-	slot_fill(r.s, now, dev, opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_RQ_CMD_FLAGS), bytes), bytes);
+	slot_fill(r.s, now, id, dev, opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_RQ_CMD_FLAGS), bytes), bytes);
 	return 0;
 }
 
@@ -689,7 +781,7 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 		count_reason(IOTRACE_NOTE_PARTIAL);
 		return 0;
 	}
-	record(r.s, now);
+	record_once(r.s, now);
 	slot_release(&r);
 	return 0;
 }
@@ -747,24 +839,25 @@ struct bio_head {
  */
 RAW_TRACEPOINT_PROBE(block_bio_queue)
 {
-	u64 now = bpf_ktime_get_ns(), bio = ctx->args[0], bdev;
+	u64 now = bpf_ktime_get_ns(), bio = ctx->args[0], bdev, id;
 	struct bio_head h;
 	struct slot_ref r;
-	u32 dev = 0, tgid, bytes;
+	u32 dev = 0, bytes;
 
 	if (kread(&h, sizeof(h), bio))
 		return 0;
 	bdev = HEAD_FIELD(&h, u64, IOTRACE_K_BIO_BDEV);
 	if (!bdev || kread(&dev, sizeof(dev), bdev + IOTRACE_K_BDEV_DEV))
 		return 0;
-	if (!bio_devs.lookup(&dev) || !start_wanted(dev, &tgid))
+	id = bpf_get_current_pid_tgid();
+	if (!bio_devs.lookup(&dev) || !start_wanted(dev, id >> 32))
 		return 0;
 	if (!addr_claim(bio, now, &r)) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		return 0;
 	}
 	bytes = HEAD_FIELD(&h, u32, IOTRACE_K_BIO_SIZE);
-	slot_fill(r.s, now, dev, opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_BIO_OPF), bytes), bytes);
+	slot_fill(r.s, now, id, dev, opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_BIO_OPF), bytes), bytes);
 	return 0;
 }
 
@@ -777,7 +870,7 @@ RAW_TRACEPOINT_PROBE(block_bio_complete)
 	if (!addr_find(ctx->args[1], &r))
 		return 0;
 	r.s->done = r.s->remaining;
-	record(r.s, now);
+	record_once(r.s, now);
 	slot_release(&r);
 	return 0;
 }
@@ -917,7 +1010,6 @@ static __always_inline int slot_move(struct slot_ref *from, u64 sector)
 	to.s->cgroup = s->cgroup;
 	to.s->tgid = s->tgid;
 	to.s->tid = s->tid;
-	to.s->comm_ns = s->comm_ns;
 	to.s->remaining = s->remaining;
 	to.s->done = s->done;
 	__builtin_memcpy(to.s->comm, s->comm, sizeof(to.s->comm));
@@ -929,18 +1021,17 @@ static __always_inline int slot_move(struct slot_ref *from, u64 sector)
 /* A request (or, on bio-based disks, a bio) starts, in its submitter's context. */
 static __always_inline int track_start(u64 now, u32 dev, u64 sector, u32 bytes, const char *rwbs)
 {
-	u64 h = key_hash(dev, sector);
+	u64 h = key_hash(dev, sector), id = bpf_get_current_pid_tgid();
 	struct slot_ref r;
-	u32 tgid;
 
-	if (!start_wanted(dev, &tgid))
+	if (!start_wanted(dev, id >> 32))
 		return 0;
 	if (!slot_claim(h, h | 1, now, &r)) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		return 0;
 	}
 	r.s->sector = sector;
-	slot_fill(r.s, now, dev, rwbs_op(rwbs, bytes), bytes);
+	slot_fill(r.s, now, id, dev, rwbs_op(rwbs, bytes), bytes);
 	return 0;
 }
 

@@ -41,8 +41,11 @@
 #define IOTRACE_INFLIGHT_GROUPS (IOTRACE_INFLIGHT_SLOTS / IOTRACE_INFLIGHT_PROBES)
 /* a slot this old whose completion never came (the kernel skipped it) may be reused */
 #define IOTRACE_STALE_NS 60000000000ULL
-/* a slot's comm, read by the same thread less than this ago, is taken as still right */
+/* a thread's comm and cgroup, read on this CPU less than this ago, are taken as still right */
 #define IOTRACE_COMM_REUSE_NS 1000000000ULL
+#define IOTRACE_WHO_SLOTS 64		/* per CPU, by thread id: see struct iotrace_who */
+#define IOTRACE_QDEV_SLOTS 16		/* per CPU, by request queue: see struct iotrace_qdev */
+#define IOTRACE_QDEV_TTL_NS 1000000ULL	/* how long a queue's disk is trusted without a read */
 #ifndef IOTRACE_HIST_CELLS
 #define IOTRACE_HIST_CELLS 16384	/* (tunable) power of two: per-CPU fast histogram cells */
 #endif
@@ -103,7 +106,8 @@ enum iotrace_reason {
 	IOTRACE_NOTE_HIST_OVERFLOW = 14,	/* a bucket found no free cell: counted in the hash map */
 	IOTRACE_NOTE_CLOCK_SKEW = 15,	/* two CPUs' clocks disagreed: a phase taken as 0 */
 	IOTRACE_NOTE_KERNEL_READ = 16,	/* a read of a kernel struct failed (raw tracepoints) */
-	IOTRACE_REASON_COUNT = 17,
+	IOTRACE_DROP_NESTED = 17,	/* a completion interrupted another's accounting on its CPU */
+	IOTRACE_REASON_COUNT = 18,
 };
 
 #define IOTRACE_HASH_MUL 0x9E3779B97F4A7C15ULL	/* Fibonacci hashing */
@@ -129,6 +133,7 @@ enum iotrace_reason {
 KMEMBER(RQ_Q, request, q, 8)
 KMEMBER(RQ_CMD_FLAGS, request, cmd_flags, 4)
 KMEMBER(RQ_DATA_LEN, request, __data_len, 4)
+KMEMBER(RQ_PART, request, part, 8)
 KMEMBER(RQ_SECTOR, request, __sector, 8)	/* the ground-truth stamper only */
 KMEMBER(Q_DISK, request_queue, disk, 8)
 KMEMBER(DISK_MAJOR, gendisk, major, 4)
@@ -145,7 +150,7 @@ KENUM(REQ_OP_DISCARD, REQ_OP_DISCARD)
 KENUM(REQ_OP_SECURE_ERASE, REQ_OP_SECURE_ERASE)
 KENUM(REQ_OP_BITS, __REQ_FAILFAST_DEV)	/* the flag bits begin right above the op bits */
 KENUM(REQ_PREFLUSH, __REQ_PREFLUSH)
-KHEAD(RQ_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN)
+KHEAD(RQ_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN, RQ_PART)
 KHEAD(BIO_HEAD_LEN, bio, BIO_BDEV, BIO_OPF, BIO_SIZE)
 KRAWTP(block_io_start, struct request *)
 KRAWTP(block_rq_insert, struct request *)
@@ -162,8 +167,9 @@ KRAWTP(sched_process_exit, struct task_struct *)
 /*
  * One request between its start and its completion.  The in-flight table
  * is an array of these, in groups of IOTRACE_INFLIGHT_PROBES chosen by a
- * hash of (dev, sector); a parallel array of 64-bit tags (a fingerprint of
- * the key, 0 when free) is what a lookup scans, and a slot is claimed with
+ * hash of the request's key (its address on raw tracepoints, its (dev,
+ * sector) on perf-event ones); a parallel array of 64-bit tags (the
+ * address, or a fingerprint of (dev, sector); 0 when free) is what a lookup scans, and a slot is claimed with
  * a compare-and-swap on its tag, so the hot path takes no lock and
  * allocates nothing.  A request whose home group is full goes to a second
  * group chosen by another part of the hash (counted in the spills map, so
@@ -179,16 +185,49 @@ KRAWTP(sched_process_exit, struct task_struct *)
 struct iotrace_slot {
 	u32 dev;		/* kernel dev_t as the tracepoint gives it */
 	u32 op;			/* enum iotrace_op */
-	u64 sector;		/* current start sector (moves on front merge / partial) */
+	u64 sector;		/* current start sector (perf-event path: moves on front merge / partial) */
 	u64 start_ns;		/* block_io_start */
 	u64 issue_ns;		/* last block_rq_issue, 0 if never issued */
 	u64 cgroup;		/* submitter's cgroup v2 id */
 	u32 tgid;		/* submitter's process */
 	u32 tid;		/* submitter's thread */
-	u32 remaining;		/* bytes not yet completed */
+	u32 remaining;		/* bytes not yet completed (raw path: bytes at the start) */
 	u32 done;		/* bytes completed so far */
-	u64 comm_ns;		/* when comm was last read: reused by the same thread for a while */
 	char comm[IOTRACE_COMM_LEN];	/* submitter's comm */
+};
+
+/*
+ * Who a thread is, as a start program last read it on this CPU: reading
+ * comm and the cgroup id costs two helper calls per request, and a thread
+ * that issues I/O usually issues more.  An array of IOTRACE_CPUS *
+ * IOTRACE_WHO_SLOTS, each CPU's part indexed by tid; an entry is read again
+ * after IOTRACE_COMM_REUSE_NS, so a rename (exec, prctl) or a move to
+ * another cgroup shows within that.
+ */
+struct iotrace_who {
+	u32 tid;
+	u32 pad;
+	u64 ns;			/* when comm and cgroup were read */
+	u64 cgroup;
+	char comm[IOTRACE_COMM_LEN];
+};
+
+/*
+ * A request queue's disk, as the raw start program last read it on this
+ * CPU (rq->q->disk->major/first_minor: two kernel reads per request).  An
+ * array of IOTRACE_CPUS * IOTRACE_QDEV_SLOTS indexed by a hash of the
+ * queue's address.  The entry must match the queue and the request's
+ * partition (struct block_device) and be under IOTRACE_QDEV_TTL_NS old:
+ * for another disk to show up at both addresses, the old disk must have
+ * been removed and both objects freed (after RCU grace periods) and reused
+ * within that millisecond of its last I/O.
+ */
+struct iotrace_qdev {
+	u64 q;			/* struct request_queue * */
+	u64 part;		/* struct block_device * of the request that filled it */
+	u64 ns;			/* when read */
+	u32 dev;		/* the whole disk's dev_t */
+	u32 pad;
 };
 
 /* Global switches, written by user space: array map of one entry. */

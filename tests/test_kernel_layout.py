@@ -71,7 +71,8 @@ def test_every_entry_becomes_a_flag():
      "block_rq_complete takes (struct request *, int)"),
     (lambda b: [b.protos.pop(f"btf_trace_{ev}") for ev in kernel.START_EVENTS], "block_io_start or block_rq_insert"),
     (lambda b: b.members.__setitem__(("gendisk", "first_minor"), (8, 4)), "first_minor does not follow major"),
-    (lambda b: b.members.__setitem__(("request", "__data_len"), (200, 4)), "beyond the 64 read in one go"),
+    (lambda b: b.members.__setitem__(("request", "__data_len"), (200, 4)),
+     f"beyond the {kernel.MAX_HEAD_BYTES} read in one go"),
 ])
 def test_a_gap_is_named(spoil, named):
     fake = complete_btf()

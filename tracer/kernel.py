@@ -19,7 +19,7 @@ from .btf import Btf, BtfError
 
 BTF_PATH = "/sys/kernel/btf/vmlinux"
 # A head is read into the program's stack in one go: keep it small
-MAX_HEAD_BYTES = 64
+MAX_HEAD_BYTES = 96
 # The start of a request on kernels before block_io_start (6.5), if its arguments fit
 START_EVENTS = ("block_io_start", "block_rq_insert")
 
