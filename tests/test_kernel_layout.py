@@ -56,8 +56,9 @@ def test_every_entry_becomes_a_flag():
         assert layout.values[name] == fake.members[s, p][0]
     assert layout.values["REQ_PREFLUSH"] == fake.enums["__REQ_PREFLUSH"]
     # a head ends where the furthest of its members ends
-    q, flags, size = (layout.values[m] for m in ("RQ_Q", "RQ_CMD_FLAGS", "RQ_DATA_LEN"))
-    assert layout.values["RQ_HEAD_LEN"] == max(q + 8, flags + 4, size + 4)
+    struct, names = READS.heads["RQ_HEAD_LEN"]
+    assert layout.values["RQ_HEAD_LEN"] == max(layout.values[m] + READS.members[m][2] for m in names)
+    assert layout.values["RQ_HEAD_LEN"] >= layout.values["RQ_DATA_LEN"] + 4
     assert layout.start_event == "block_io_start" and layout.group_dead
     assert f"-DIOTRACE_K_RQ_Q={layout.values['RQ_Q']}" in layout.cflags()
 
