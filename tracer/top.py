@@ -176,7 +176,8 @@ def main(argv: list[str], out: TextIO) -> int:
         probe = Probe(ProbeOptions(devs=devs))
     except UserError as exc:
         raise offer_diskstats(exc) from None
-    old = signal.signal(signal.SIGTERM, _interrupt)
+    # SIGINT too, not left to Python: a process started with SIGINT ignored gets no KeyboardInterrupt
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         import curses
 
@@ -184,6 +185,7 @@ def main(argv: list[str], out: TextIO) -> int:
     except KeyboardInterrupt:
         pass        # curses.wrapper restored the terminal on its way out
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
         probe.close()
     return 0
