@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import PYTHON, ROOT, assert_count, run_iotrace
+from conftest import PYTHON, ROOT, assert_count, reaped, run_iotrace
 from test_core import IOLOAD, assert_one_line_error
 
 from tracer import cli
@@ -86,7 +86,7 @@ def test_p_json_streams_only_that_process_into_jq(make_loop, tmp_path):
     sink = "jq -c ." if shutil.which("jq") else "cat"
     pipeline = subprocess.Popen(["sh", "-c", f"{PYTHON} -m tracer.cli -p {target.pid} -j -d 60 | {sink}"], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with reaped(target, pipeline):
         line = pipeline.stderr.readline()
         assert "tracing block I/O of pid" in line, line + pipeline.stderr.read()
         other = subprocess.Popen([PYTHON, IOLOAD, elsewhere.path, "100"], stdout=subprocess.PIPE)
@@ -94,11 +94,6 @@ def test_p_json_streams_only_that_process_into_jq(make_loop, tmp_path):
         go.touch()
         assert target.wait(30) == 0
         out, err = pipeline.communicate(timeout=60)     # ends by itself: its target exited
-    finally:
-        for p in (target, pipeline):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     assert pipeline.returncode == 0, err
     dumps = [json.loads(line) for line in out.splitlines()]    # stdout is JSON lines only
     assert [d["kind"] for d in dumps] == ["final"]

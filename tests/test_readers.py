@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from conftest import PYTHON, ROOT, run_iotrace
+from conftest import PYTHON, ROOT, reaped, run_iotrace
 from test_report_views import (
     E1_MAIN,
     E1_WORKER,
@@ -131,7 +131,7 @@ def test_report_follow_renders_each_dump_as_it_is_appended(tmp_path):
     path = write(tmp_path / "live.jsonl", [dump("epoch 1", 0, 10, [series(1, "python", "loop0", "read", READS)])])
     proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "report", "--follow", str(path)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with reaped(proc):
         assert "'epoch 1'" in _read_until(proc, "python")
         line = json.dumps(dumpmod.to_json(dump("epoch 2", 10, 10, [series(2, "fio", "loop1", "write", READS)])))
         with open(path, "a") as f:      # written in two parts, as a tracer's write may land
@@ -143,10 +143,6 @@ def test_report_follow_renders_each_dump_as_it_is_appended(tmp_path):
         assert "'epoch 2'" in shown and " fio " in shown
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0 and not err, err      # no warning: the line was whole when read
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 prometheus_client = pytest.importorskip("prometheus_client")
-from conftest import PYTHON, ROOT  # noqa: E402
+from conftest import PYTHON, ROOT, reaped  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from tracer import cli, serve  # noqa: E402
@@ -350,7 +350,7 @@ def test_real_serve_goes_from_0_to_1_and_ready():
     proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "serve", "--listen", f"127.0.0.1:{port}", "--interval", "1"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     states = []     # (/ready status, attached) of each round that answered, in order; /ready asked first
-    try:
+    with reaped(proc):
         deadline = time.monotonic() + 120
         while not states or states[-1] != (200, 1):
             assert proc.poll() is None and time.monotonic() < deadline, states
@@ -361,10 +361,6 @@ def test_real_serve_goes_from_0_to_1_and_ready():
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0
     # not ready (503) until attached; attached goes from 0 to 1 and never back
     assert (200, 0) not in states and {r for r, _ in states} <= {200, 503}, states
