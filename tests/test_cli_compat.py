@@ -39,7 +39,8 @@ def test_p_is_pid_and_j_is_json():
     (["-i", "1", "2"], ("give the interval once",)),
     (["1", "0"], ("count", "1 or more")),
     (["reprot", "x.jsonl"], ("neither an interval", "report")),
-    (["-d", "soon"], ("not a number of seconds",)),
+    (["-d", "soon"], ("not a number of seconds", "a disk is --dev")),
+    (["-d", "/dev/nosuchdisk9"], ("not a number of seconds", "a disk is --dev")),
 ])
 def test_positional_errors_are_one_line(argv, needles):
     assert_one_line_error(run_iotrace(argv, timeout=30), *needles)

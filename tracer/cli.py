@@ -129,13 +129,15 @@ def _at_least(least: int):
 def _duration(text: str) -> float:
     """-d's type: seconds; a disk's name (biolatency's -d) gets pointed to --dev."""
     try:
-        return _positive(text)
-    except argparse.ArgumentTypeError:
+        float(text)
+    except ValueError:
         name = text.removeprefix("/dev/")
         if name and "/" not in name and os.path.exists(f"/sys/class/block/{name}"):
             raise argparse.ArgumentTypeError(f"{text!r} is a disk, but -d is the duration in seconds here: "
                                              f"for only that disk (biolatency's -d), give --dev {name}") from None
-        raise
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds: -d is the duration here "
+                                         f"(a disk is --dev)") from None
+    return _positive(text)
 
 
 def _interval_word(text: str) -> float:
