@@ -12,6 +12,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -94,6 +96,18 @@ def run_iotrace(args: list[str], timeout: float = 120, **kw) -> subprocess.Compl
     """Run `python -m tracer.cli ARGS` and capture its output."""
     return subprocess.run([PYTHON, "-m", "tracer.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, **kw)
+
+
+@contextmanager
+def reaped(*procs: subprocess.Popen) -> Iterator[None]:
+    """Processes a test started: whatever the test does or fails, none outlives the block."""
+    try:
+        yield
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
 
 
 def read_dumps(path: Path) -> list[dict]:

@@ -247,3 +247,18 @@ def test_spread():
     assert (s.median, s.min, s.max, s.n) == (2.5, 1.0, 4.0, 4)
     with pytest.raises(ValueError):
         br.Spread.of([])
+
+
+@pytest.mark.parametrize("new_p99s, code", [((130, 131, 135), 1), ((99, 101, 103), 0)], ids=["regression", "ok"])
+def test_json_has_the_rows_and_verdict_and_keeps_the_exit_code(tmp_path, capsys, new_p99s, code):
+    got, out, err = run_compare(tmp_path, result(p99s(100, 102, 104)), result(p99s(*new_p99s)), "--json",
+                                capsys=capsys)
+    assert got == code, out + err
+    d = json.loads(out)             # stdout is the JSON object alone
+    assert d["kind"] == "iotrace-compare" and d["base"]["suite"] == d["new"]["suite"] == "quick-v1"
+    [p99] = [r for r in d["rows"] if (r["phase"], r["metric"]) == ("total", "p99")]
+    assert p99["base"]["median"] == 102 and p99["new"]["median"] == new_p99s[1]
+    assert p99["change"] == pytest.approx((new_p99s[1] - 102) / 102)
+    assert p99["verdict"] == (REGRESSION if code else OK) and p99["fails"] == bool(code)
+    assert d["regressions"] == code and d["pass"] == (not code)
+    assert err.startswith("FAIL" if code else "OK")     # the verdict line, for the log

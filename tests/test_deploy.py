@@ -111,6 +111,13 @@ def test_ports_agree_everywhere():
     assert re.search(rf"^EXPOSE\s+{port}\s*$", text, re.M)
 
 
+def test_readiness_probe_asks_ready_on_the_metrics_port():
+    c = container()
+    probe = c["readinessProbe"]["httpGet"]
+    assert probe["path"] == serve.READY_PATH
+    assert probe["port"] in (listen_port(c["args"][1:]), c["ports"][0]["name"])
+
+
 # ---- the Dockerfile ----
 
 def _instruction(text: str, name: str) -> list[str]:

@@ -1,10 +1,16 @@
 """iotrace serve without the kernel: bucket folding, the bounded cumulative state, the
-exposition a scrape sees, and the command's errors.  No root needed."""
+exposition a scrape sees, readiness, and the command's errors.  No root needed, except for
+the last test, which starts the real exporter."""
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 
@@ -12,6 +18,7 @@ import numpy as np
 import pytest
 
 prometheus_client = pytest.importorskip("prometheus_client")
+from conftest import PYTHON, ROOT, reaped  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from tracer import cli, serve  # noqa: E402
@@ -277,3 +284,85 @@ def test_collect_is_safe_while_folding():
     # every scrape saw whole dumps: requests and histogram counts agree, in tens
     assert seen["ios"] and seen["ios"] == seen["count"]
     assert all(v % 10 == 0 for v in seen["ios"])
+
+
+# ---- readiness: iotrace_attached and /ready ----
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    """(HTTP status, body) of GET path; (0, why) when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def exposition(text: str) -> dict[tuple, float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_not_ready_and_attached_0_until_the_probe_is_loaded(monkeypatch, capsys):
+    """While the BPF programs load, /metrics answers with iotrace_attached 0 and every drop reason at 0,
+    and /ready with 503; once loaded, 1 and 200."""
+    import tracer.probe
+
+    port = free_port()
+    seen = {}
+
+    class LoadingProbe:     # the scrapes happen while "loading": inside the constructor
+        def __init__(self, opts):
+            seen["loading"] = get(port, "/metrics"), get(port, serve.READY_PATH)
+
+        def close(self):
+            seen["closed"] = True
+
+    def one_round(interval, probe, clock, exporter, sig, file):
+        seen["attached"] = get(port, "/metrics"), get(port, serve.READY_PATH)
+
+    monkeypatch.setattr(tracer.probe, "Probe", LoadingProbe)
+    monkeypatch.setattr(serve, "_loop", one_round)
+    assert serve.main(["--listen", f"127.0.0.1:{port}"]) == 0
+    (code, text), (ready, body) = seen["loading"]
+    samples = exposition(text)
+    assert code == 200 and samples[(serve.ATTACHED, ())] == 0
+    dropped = values(samples, serve.DROPPED)
+    assert set(serve._drop_reasons()) == {dict(k)["reason"] for k in dropped} and not any(dropped.values())
+    assert {"recursion", "lost_completion"} <= {dict(k)["reason"] for k in dropped}   # the kernel's skips
+    assert ready == 503 and "not ready" in body
+    (code, text), (ready, body) = seen["attached"]
+    assert code == 200 and exposition(text)[(serve.ATTACHED, ())] == 1
+    assert ready == 200 and body.startswith("ready")
+    assert seen["closed"]
+
+
+@pytest.mark.bpf
+def test_real_serve_goes_from_0_to_1_and_ready():
+    port = free_port()
+    proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "serve", "--listen", f"127.0.0.1:{port}", "--interval", "1"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    states = []     # (/ready status, attached) of each round that answered, in order; /ready asked first
+    with reaped(proc):
+        deadline = time.monotonic() + 120
+        while not states or states[-1] != (200, 1):
+            assert proc.poll() is None and time.monotonic() < deadline, states
+            ready = get(port, serve.READY_PATH)[0]
+            code, text = get(port, "/metrics")
+            if ready and code == 200:
+                states.append((ready, exposition(text)[(serve.ATTACHED, ())]))
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    # not ready (503) until attached; attached goes from 0 to 1 and never back
+    assert (200, 0) not in states and {r for r, _ in states} <= {200, 503}, states
+    attached = [a for _, a in states]
+    assert attached == sorted(attached) and attached[-1] == 1

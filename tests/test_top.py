@@ -168,3 +168,22 @@ def test_top_in_tmux_ends_on_ctrl_c(tmux, loop):
     _start_top(tmux, loop)
     tmux("send-keys", "C-c")
     _assert_restored(tmux)
+
+
+@pytest.mark.bpf
+def test_top_interval_count_ends_by_itself_and_leaves_the_last_screen(tmux, loop):
+    tmux.type(f"clear; {PYTHON} -m tracer.cli top 0.5 2 --dev {loop.name}; echo top-exit=$?")
+    _assert_restored(tmux)
+    screen = tmux.screen()
+    # printed after curses gave the terminal back: the second screen, an interval's own
+    assert "iotrace top  every 0.5s" in screen and "PID COMM" in screen, screen
+    assert screen.index("iotrace top") < screen.index("top-exit=0")
+
+
+@pytest.mark.bpf
+def test_top_ends_on_ctrl_c_when_started_with_sigint_ignored(tmux, loop):
+    # as from a script's background job: SIGINT ignored from the start, so Python gives no KeyboardInterrupt
+    tmux.type(f"(trap '' INT; exec {PYTHON} -m tracer.cli top -i 0.5 --dev {loop.name}); echo top-exit=$?")
+    tmux.wait_for(lambda s: "iotrace top  every 0.5s" in s, "iotrace top screen")
+    tmux("send-keys", "C-c")
+    _assert_restored(tmux)

@@ -278,8 +278,13 @@ def _child_env() -> dict[str, str]:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """End a run's whole process group: SIGTERM (iotrace passes it to fio and still exits in order), then KILL."""
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+    """End a run's whole process group: SIGTERM (iotrace passes it to fio and still exits in order), then KILL.
+
+    An interrupted run's dumps are thrown away, so the grace is short: a tracer
+    still compiling its BPF programs (seconds, more on a busy machine) reads
+    its SIGTERM only afterwards, and the teardown must not wait for that.
+    """
+    for sig, wait in ((signal.SIGTERM, 3), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -291,14 +296,22 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
+def _unblock_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
 def _run(cmd: list[str]) -> tuple[int, str]:
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env=_child_env(), start_new_session=True)
+    # started means recorded: a signal between the fork and `proc` would orphan the run.  The
+    # child unblocks them again before exec (a blocked mask is inherited), or it would never stop
+    with _signals_held():
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, env=_child_env(), start_new_session=True, preexec_fn=_unblock_signals)
     try:
         _, err = proc.communicate()
     except BaseException:
         # Ctrl-C, SIGTERM or anything else: nothing may keep the device open when it is detached
-        _stop(proc)
+        with _signals_held():       # nor may a second Ctrl-C cut this short
+            _stop(proc)
         raise
     return proc.returncode, err
 
@@ -465,16 +478,22 @@ def _preflight(plan: Plan) -> None:
 
 
 @contextmanager
-def _term_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so the device is torn down either way."""
+def _interruptible() -> Iterator[None]:
+    """SIGINT and SIGTERM unwind as KeyboardInterrupt, so the device is torn down either way.
+
+    Set here, not left to Python's default: a process started with SIGINT
+    ignored (a background job of a script, some CI runners) inherits that, and
+    Python then installs no KeyboardInterrupt for it, so Ctrl-C did nothing.
+    """
     def raise_interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGTERM, raise_interrupt)
+    old = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def _announce(plan: Plan, dev: Device) -> None:
@@ -488,7 +507,7 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
 
     plan = parse_args(argv)
     _preflight(plan)
-    with _term_as_interrupt(), tempfile.TemporaryDirectory(prefix="iotrace-bench-") as tmp:
+    with _interruptible(), tempfile.TemporaryDirectory(prefix="iotrace-bench-") as tmp:
         if plan.dev:
             dev = _device(plan.dev, kind="given")
             _announce(plan, dev)

@@ -44,6 +44,21 @@ examples:
   iotrace plot run.jsonl -o io.png              latency over time, a heatmap, per-epoch bars (needs matplotlib)
   sudo iotrace top                              a live view, like biotop with percentiles (q quits)
   iotrace --diskstats -i 5                      no root, no BPF: iostat's numbers per device, bytes per process
+  sudo iotrace 1 10                             a report every second, ten reports (the last one the final), as iostat
+  sudo iotrace -p "$(pgrep -f train.py)" -j -d 60 | jq .
+                                                one process, each report as a JSON line on stdout, no table
+
+coming from bcc and sysstat (what their flags are here):
+  biolatency 1 10, iostat -x 1 10   iotrace 1 10       [interval [count]]; or -i SECONDS and -d SECONDS
+  biolatency -d sda                 iotrace --dev sda  (here -d is the duration, in seconds)
+  biolatency -D                     per disk already: every row is a process, a device and an op
+  biolatency -Q                     queue time is in already: total = queue (Q:) + device (D:)
+  biolatency -F                     per op already: the OP column (read, write, flush, discard, other)
+  biolatency -m                     units adapt per value (us, ms, s); --hist for log2 bars
+  biotop -p PID, pidstat -d -p PID  iotrace -p PID (--pid; follows the children it forks)
+  biotop                            iotrace top
+  biolatpcts -j, iostat -o JSON     iotrace -j         one JSON line per report on stdout (the -o dump format)
+  iostat -x (no root)               iotrace --diskstats
 
 latency phases (blktrace's names in brackets):
   queue   request start to issue to the driver    (~Q2D)
@@ -84,7 +99,9 @@ class TraceArgs:
     alerts: list[str] = field(default_factory=list)
     fail_on_alert: bool = False
     diskstats: bool = False
-    attach: str = "auto"
+    attach: str = "auto"                                    # how the BPF programs attach (--attach)
+    count: int | None = None                                # reports to make, the final one included
+    json: bool = False                                      # -j: dumps as JSON lines on stdout, no table
 
 
 def _positive(text: str) -> float:
@@ -110,6 +127,57 @@ def _at_least(least: int):
     return parse
 
 
+def _duration(text: str) -> float:
+    """-d's type: seconds; a disk's name (biolatency's -d) gets pointed to --dev."""
+    try:
+        float(text)
+    except ValueError:
+        name = text.removeprefix("/dev/")
+        if name and "/" not in name and os.path.exists(f"/sys/class/block/{name}"):
+            raise argparse.ArgumentTypeError(f"{text!r} is a disk, but -d is the duration in seconds here: "
+                                             f"for only that disk (biolatency's -d), give --dev {name}") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds: -d is the duration here "
+                                         f"(a disk is --dev)") from None
+    return _positive(text)
+
+
+def _interval_word(text: str) -> float:
+    """The first positional: an interval, or a mistyped subcommand."""
+    try:
+        return _positive(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an interval in seconds nor a command "
+                                         f"({', '.join(SUBCOMMANDS)})") from None
+
+
+def interval_count(p: argparse.ArgumentParser) -> None:
+    """The [interval [count]] positionals of iostat, biolatency and biotop, beside -i."""
+    p.add_argument("interval_pos", nargs="?", type=_interval_word, metavar="interval",
+                   help="as -i: a report every this many seconds")
+    p.add_argument("count", nargs="?", type=_at_least(1),
+                   help="stop after this many reports, the final one included (as iostat)")
+
+
+def take_interval(ns: argparse.Namespace) -> float | None:
+    """-i or the interval positional (not both)."""
+    if ns.interval is not None and ns.interval_pos is not None:
+        raise UserError(f"give the interval once: -i {ns.interval:g} or {ns.interval_pos:g}, not both")
+    return ns.interval if ns.interval is not None else ns.interval_pos
+
+
+def deadline(args, start: float) -> float | None:
+    """When a run ends (time.monotonic): after -d, or when `count` reports are due, whichever comes first."""
+    ends = [start + args.duration] if args.duration else []
+    if args.count:
+        ends.append(start + args.interval * args.count)
+    return min(ends, default=None)
+
+
+def interval_due(now: float, next_tick: float | None, end: float | None) -> bool:
+    """An interval report is due: its tick has come, and it is not (within a ms) the end, which the final covers."""
+    return next_tick is not None and now >= next_tick and (end is None or next_tick < end - 1e-3)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that raises UserError (one line, exit 2) instead of printing usage."""
 
@@ -133,11 +201,13 @@ def trace_parser() -> argparse.ArgumentParser:
 
     con = contract.load()   # defaults shown in --help come from the BPF contract
     p = _Parser(prog="iotrace", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
-                usage="sudo iotrace [options] [-- COMMAND [ARGS...]]\n       iotrace report FILE.jsonl...\n"
+                usage="sudo iotrace [options] [interval [count]] [-- COMMAND [ARGS...]]\n"
+                      "       iotrace report FILE.jsonl...\n"
                       "       iotrace --diskstats [-i SECONDS] [--dev DEV] [--pid PID]   (no root)",
                 description="Block I/O latency per process and device, from in-kernel BPF histograms: "
                             "p50/p90/p99/p99.9 of each process's reads, writes, flushes and discards.")
-    p.add_argument("--pid", type=int, action="append", default=[], metavar="PID", dest="pids",
+    interval_count(p)
+    p.add_argument("-p", "--pid", type=int, action="append", default=[], metavar="PID", dest="pids",
                    help="trace this process (and the children it forks from now on); repeatable. "
                         "Default: every process")
     p.add_argument("--no-children", action="store_true", help="with --pid or COMMAND: do not follow forks")
@@ -149,8 +219,12 @@ def trace_parser() -> argparse.ArgumentParser:
                         "unit): a path under the cgroup2 mount, or relative to it, e.g. /system.slice/x.scope")
     p.add_argument("-i", "--interval", type=_positive, metavar="SECONDS",
                    help="print (and dump) a report every SECONDS, histograms reset each time")
-    p.add_argument("-d", "--duration", type=_positive, metavar="SECONDS", help="stop after SECONDS")
+    p.add_argument("-d", "--duration", type=_duration, metavar="SECONDS",
+                   help="stop after SECONDS (the disk is --dev, not -d as in biolatency)")
     p.add_argument("-o", "--output", metavar="FILE.jsonl", help="append one JSON line per report to FILE")
+    p.add_argument("-j", "--json", action="store_true",
+                   help="each report as one JSON line on stdout (as -o writes it), for jq or a notebook; no "
+                        "table. A COMMAND's own stdout goes to stderr")
     p.add_argument("--hist", action="store_true", help="add a log2 latency bar chart per row")
     p.add_argument("--inflight-slots", type=int, metavar="N",
                    help="size of the in-kernel in-flight request table (power of two, default "
@@ -171,7 +245,7 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("--diskstats", action="store_true",
                    help="no BPF, no root: iostat's numbers per device from /proc/diskstats and bytes per "
                         "process from /proc/PID/io (your own processes only, unless root); no percentiles. "
-                        "Takes -i, -d, -o, --csv, --dev, --pid, --alert")
+                        "Takes [interval [count]], -i, -d, -o, -j, --csv, --dev, --pid, --alert")
     return p
 
 
@@ -183,13 +257,14 @@ def parse_trace_args(argv: list[str]) -> TraceArgs:
         if not command:
             raise UserError("nothing after '--': give the command to trace, e.g. 'iotrace -- fio job.fio'")
     ns = trace_parser().parse_args(argv)
+    interval = take_interval(ns)
     if command and ns.pids:
         raise UserError("give either --pid or a COMMAND after '--', not both")
     return TraceArgs(pids=ns.pids, no_children=ns.no_children, threads=ns.threads, devs=ns.devs,
-                     interval=ns.interval, duration=ns.duration, output=ns.output, hist=ns.hist,
+                     interval=interval, duration=ns.duration, output=ns.output, hist=ns.hist,
                      inflight_slots=ns.inflight_slots, hist_cells=ns.hist_cells, cgroup=ns.cgroup, command=command,
                      csv=ns.csv, alerts=ns.alerts, fail_on_alert=ns.fail_on_alert, diskstats=ns.diskstats,
-                     attach=ns.attach)
+                     attach=ns.attach, count=ns.count, json=ns.json)
 
 
 # ---- command mode ------------------------------------------------------------
@@ -205,8 +280,11 @@ def _invoking_user() -> pwd.struct_passwd | None:
         return None
 
 
-def _spawn_held(command: list[str], env: dict[str, str] | None = None) -> tuple[int, int]:
+def _spawn_held(command: list[str], env: dict[str, str] | None = None, stdout_to_stderr: bool = False
+                ) -> tuple[int, int]:
     """Fork the command (with `env` added), held before exec until release() writes to the returned fd.
+
+    `stdout_to_stderr`: the command writes its stdout to our stderr (-j keeps stdout JSON only).
 
     Holding it lets the tracer put the child's pid in the in-kernel filter
     before the command runs, so its very first I/O is traced.
@@ -233,6 +311,8 @@ def _spawn_held(command: list[str], env: dict[str, str] | None = None) -> tuple[
             os.setuid(user.pw_uid)
             os.environ.update(HOME=user.pw_dir, USER=user.pw_name, LOGNAME=user.pw_name)
         os.environ.update(env or {})
+        if stdout_to_stderr:
+            os.dup2(2, 1)
         os.execvp(command[0], command)
     except BaseException as exc:  # noqa: BLE001 - must never return into the tracer's code
         try:
@@ -329,8 +409,11 @@ class Session:
             self.extras.on_dump(dump)
         if self.file:
             dumpmod.write(self.file, dump)
-        render_table(dump, self.out, hist=self.args.hist)
-        self.out.flush()
+        if self.args.json:
+            dumpmod.write(self.out, dump)
+        else:
+            render_table(dump, self.out, hist=self.args.hist)
+            self.out.flush()
         self.dumps += 1
         self.total = dump if self.total is None else dumpmod.merge_dumps([self.total, dump])
         if len(self.total.series) > MAX_RUN_ROWS:
@@ -353,7 +436,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     control, control_error = _open_control()
     try:
         env = {ENV_CONTROL: control.path} if control else None
-        child, release = _spawn_held(args.command, env) if args.command else (None, None)
+        child, release = _spawn_held(args.command, env, args.json) if args.command else (None, None)
     except BaseException:
         if control:
             control.close()
@@ -403,7 +486,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         if args.pids or args.command:    # the pid filter's size at the end: flat over a long run
             final.extra["traced_pids"] = len(probe.traced_pids())
         session.emit(final)
-        if session.dumps > 1:
+        if session.dumps > 1 and not args.json:
             render_table(session.total, out, title="whole run")
         return extras.finish(status) if extras else status
     finally:
@@ -446,14 +529,14 @@ def _loop(args: TraceArgs, probe, clock, session: Session, pidfds: list[int], ch
     from .aggregate import build_dump
 
     start = time.monotonic()
-    deadline = start + args.duration if args.duration else None
+    end = deadline(args, start)
     next_tick = start + args.interval if args.interval else None
     alive = set(pidfds)
     status = 0
     stopping = False
     while True:
         now = time.monotonic()
-        wake = [t for t in (next_tick, deadline) if t is not None]
+        wake = [t for t in (next_tick, end) if t is not None]
         timeout = max(0.0, min(wake) - now) if wake else None
         listen = [sig.r, *alive] + ([control.fileno()] if control else [])
         ready, _, _ = select.select(listen, [], [], 0 if sig.pending else timeout)
@@ -480,12 +563,12 @@ def _loop(args: TraceArgs, probe, clock, session: Session, pidfds: list[int], ch
         if pidfds and child is None and not alive:
             return status       # every --pid target has exited
         now = time.monotonic()
-        if next_tick is not None and now >= next_tick:
+        if interval_due(now, next_tick, end):
             session.emit(build_dump(probe.drain(), clock, "interval"))
             next_tick += args.interval
             while next_tick <= now:  # fell behind (suspended?): skip, do not burst
                 next_tick += args.interval
-        if deadline is not None and now >= deadline:
+        if end is not None and now >= end:
             if child is not None:
                 os.kill(child, signal.SIGTERM)
                 status = _exit_status(os.waitpid(child, 0)[1])
@@ -498,6 +581,8 @@ REPORT_EPILOG = """\
 examples:
   iotrace report run.jsonl                  the whole run: every dump merged
   iotrace report run.jsonl --by label       epochs side by side: count, MB, p50, p99 per label
+  iotrace report --follow run.jsonl         each dump as the tracer appends it (tail -f), until Ctrl-C
+  iotrace report run.jsonl --json | jq .    the merged dump as one JSON line (--by label: one per window)
 
 With --by label, dumps that share a label are merged into one window, shown
 in the order the labels first appear; rows are process name + device + op
@@ -505,12 +590,16 @@ in the order the labels first appear; rows are process name + device + op
 windows even when the process behind it was restarted.  Dumps without a label
 (the final stretch after the last marker, interval dumps) are one window,
 "(unlabelled)", shown last, or left out with a note when they saw no I/O.
+
+A file whose last line is cut short (the tracer is still writing it, or was
+killed mid-write) is read up to it, with a warning; a bad line anywhere else
+is an error naming it.
 """
 
 
 def run_report(argv: list[str], out: TextIO = sys.stdout) -> int:
     from . import dump as dumpmod
-    from .report import render_by_label, render_table
+    from .report import render_by_label, render_table, windows_by_label
 
     p = _Parser(prog="iotrace report", formatter_class=argparse.RawDescriptionHelpFormatter,
                 description="Render saved iotrace dumps as one table, merging every "
@@ -524,18 +613,57 @@ def run_report(argv: list[str], out: TextIO = sys.stdout) -> int:
                         "auto = wide while it fits in 120 columns")
     p.add_argument("--per-pid", action="store_true",
                    help="with --by label: a row per pid instead of per process name")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="render each dump as it is appended to FILE (tail -f), until Ctrl-C")
+    p.add_argument("-j", "--json", action="store_true",
+                   help="JSON lines instead of tables, in the dump format: the merged dump, one per window "
+                        "with --by label, each dump with --follow")
     ns = p.parse_args(argv)
     if ns.by == "label" and ns.hist:
         raise UserError("--hist goes with the merged table, not with --by label")
+    if ns.follow:
+        if len(ns.files) > 1 or ns.by == "label":
+            raise UserError("--follow takes one file, and renders each dump (no --by label)")
+        return _follow(ns.files[0], out, ns.hist, ns.json)
     dumps = [d for path in ns.files for d in dumpmod.read(path)]
     if not dumps:
         raise UserError(f"no dumps in {', '.join(ns.files)}")
     if ns.by == "label":
+        if ns.json:
+            for w in windows_by_label(dumps):
+                dumpmod.write(out, w.merged)
+            return 0
         render_by_label(dumps, out, layout=ns.layout, per_pid=ns.per_pid,
                         title=f"by label, from {', '.join(ns.files)}")
         return 0
     merged = dumpmod.merge_dumps(dumps)
+    if ns.json:
+        dumpmod.write(out, merged)
+        return 0
     render_table(merged, out, hist=ns.hist, title=f"{len(dumps)} dump(s) from {', '.join(ns.files)}")
+    return 0
+
+
+def _follow(path: str, out: TextIO, hist: bool, as_json: bool) -> int:
+    """Each dump of `path` as it is appended, until SIGINT or SIGTERM (exit 0)."""
+    from . import dump as dumpmod
+    from .report import render_table
+
+    sig = _Signals()
+
+    def stop(wait: float) -> bool:
+        select.select([sig.r], [], [], 0 if sig.pending else wait)
+        return any(s != signal.SIGUSR1 for s in sig.take())
+
+    try:
+        for d in dumpmod.read(path, follow=stop):
+            if as_json:
+                dumpmod.write(out, d)
+            else:
+                render_table(d, out, hist=hist)
+                out.flush()
+    finally:
+        sig.restore()
     return 0
 
 

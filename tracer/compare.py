@@ -9,6 +9,7 @@ never fail a build.  Exit 0: no regression; 1: a regression; 2: bad input.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
 from typing import TextIO
@@ -51,6 +52,7 @@ examples:
   iotrace compare base.json new.json
   iotrace compare base.json new.json --max-regress p99=15% --max-regress p50=5% --max-regress iops=5%
   iotrace compare base.json new.json --phase device          gate on the device's share only
+  iotrace compare base.json new.json --json > verdict.json    for the tools that read it in CI
 """
 
 
@@ -209,6 +211,21 @@ def render(c: Comparison, base_desc: str, new_desc: str, out: TextIO) -> None:
               f"{_cell(r.metric, r.new):>24} {change:>8}  {_shown_verdict(r)}", file=out)
 
 
+def _side_json(path: str, r: BenchResult) -> dict:
+    env = r.env
+    return {"path": path, "suite": r.suite_id, "repeat": r.repeat,
+            **{k: env.get(k) for k in ("date", "host", "kernel", "commit")}}
+
+
+def comparison_json(c: Comparison, base: dict, new: dict) -> dict:
+    """What render shows and main decides, as data: latencies in microseconds, change as a fraction."""
+    rows = [{"workload": r.workload, "op": r.op, "phase": r.phase, "metric": r.metric, "base": r.base.to_json(),
+             "new": r.new.to_json(), "change": r.change, "limit": r.limit, "gated": r.gated, "verdict": r.verdict,
+             "fails": r.fails} for r in c.rows]
+    return {"kind": "iotrace-compare", "base": base, "new": new, "notes": c.notes, "rows": rows,
+            "regressions": len(c.regressions), "pass": not c.regressions}
+
+
 def main(argv: list[str], out: TextIO = sys.stdout) -> int:
     from .cli import _Parser
 
@@ -222,12 +239,19 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
                         f"{' '.join(f'{m}={v * 100:g}%%' for m, v in DEFAULT_LIMITS.items())})")
     p.add_argument("--phase", action="append", choices=(*PHASES, "all"),
                    help=f"phase whose latency is gated (repeatable; default {DEFAULT_PHASE})")
+    p.add_argument("-j", "--json", action="store_true",
+                   help="one JSON object on stdout instead of the table (the verdict line goes to stderr); "
+                        "the same exit status")
     ns = p.parse_args(argv)
     limits = dict(ns.max_regress) if ns.max_regress else dict(DEFAULT_LIMITS)
     phases = set(PHASES) if ns.phase and "all" in ns.phase else set(ns.phase or [DEFAULT_PHASE])
     base, new = br.read(ns.base), br.read(ns.new)
     c = compare(base, new, limits, phases)
-    render(c, _describe(ns.base, base), _describe(ns.new, new), out)
+    if ns.json:
+        out.write(json.dumps(comparison_json(c, _side_json(ns.base, base), _side_json(ns.new, new))) + "\n")
+        out = sys.stderr        # the verdict line: for the CI log, off the JSON
+    else:
+        render(c, _describe(ns.base, base), _describe(ns.new, new), out)
     regs = c.regressions
     gated = sum(r.gated for r in c.rows)
     if regs:

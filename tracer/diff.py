@@ -11,6 +11,7 @@ come from tracer.report, so that they read as in `iotrace report`.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass
 from typing import TextIO
@@ -45,6 +46,7 @@ examples:
   iotrace diff run.jsonl --labels "epoch 1" "epoch 2"
   iotrace diff "run.jsonl:epoch 1" "run.jsonl:epoch 2"      (the same)
   iotrace diff "a.jsonl:epoch 3" "b.jsonl:epoch 3" --phase device
+  iotrace diff before.jsonl after.jsonl --json | jq '.rows[] | {{comm, p99: .change_pct.p99}}'
 
 Each row is a process name, a device and an op, on both sides.  Rows are
 matched on the name, not the pid: pids differ between runs, and loader
@@ -190,6 +192,30 @@ def render_diff(a: Side, b: Side, out: TextIO, phase: str = "total") -> None:
                 out.write(_line(row_text(s), [fmt_stat(k, stats[k]) for k in STAT_KEYS]) + "\n")
 
 
+def _row_key(s: Series) -> dict:
+    return {"comm": s.comm, "device": s.device, "op": s.op}
+
+
+def diff_json(a: Side, b: Side, phase: str = "total") -> dict:
+    """What render_diff shows, as data: latencies in microseconds, MB = 10^6 bytes, None where a side has none."""
+    comp = compare(a.merged, b.merged)
+    sides = {}
+    for side in (a, b):
+        m = side.merged
+        sides[side.tag] = {"spec": side.spec, "path": side.path, "label": side.label, "dumps": len(side.dumps),
+                           "duration_s": round(dumpmod.duration_of(m), 6), "start": m.start.isoformat(),
+                           "end": m.end.isoformat(), "dropped": {k: v for k, v in m.dropped.items() if v}}
+    rows = []
+    for sa, sb in comp.matched:
+        va, vb = row_stats(sa, phase), row_stats(sb, phase)
+        changes = {k: change(va[k], vb[k]) for k in STAT_KEYS}
+        rows.append({**_row_key(sa), "a": va, "b": vb, "change": {k: d for k, (d, _) in changes.items()},
+                     "change_pct": {k: pct for k, (_, pct) in changes.items()}})
+    return {"kind": "iotrace-diff", "phase": phase, "a": sides["A"], "b": sides["B"], "rows": rows,
+            "only_a": [{**_row_key(s), **row_stats(s, phase)} for s in comp.only_a],
+            "only_b": [{**_row_key(s), **row_stats(s, phase)} for s in comp.only_b]}
+
+
 def parser() -> argparse.ArgumentParser:
     from .cli import _Parser
 
@@ -201,6 +227,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--labels", nargs=2, metavar=("LA", "LB"), help="compare label LA with label LB")
     p.add_argument("--phase", choices=PHASES, default="total",
                    help="latency phase to compare: total (default), queue (~Q2D) or device (D2C)")
+    p.add_argument("-j", "--json", action="store_true",
+                   help="one JSON object instead of the table: the sides, and per row A, B, change and change %%")
     return p
 
 
@@ -228,5 +256,8 @@ def main(argv: list[str], out: TextIO) -> int:
     cache: dict[str, list[Dump]] = {}
     a = load_side("A", pa, la, cache)
     b = load_side("B", pb, lb, cache)
-    render_diff(a, b, out, phase=ns.phase)
+    if ns.json:
+        out.write(json.dumps(diff_json(a, b, phase=ns.phase)) + "\n")
+    else:
+        render_diff(a, b, out, phase=ns.phase)
     return 0

@@ -22,6 +22,7 @@ percentiles are read from the histograms (within 0.4%).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -264,17 +265,54 @@ def write(stream, d: Dump) -> None:
     stream.flush()
 
 
-def read(path: str) -> Iterator[Dump]:
-    """Dumps of an iotrace .jsonl file; UserError naming the file and line on bad input."""
+FOLLOW_POLL_S = 0.25
+
+
+def _parse(path: str, n: int, line: bytes) -> Dump:
+    try:
+        return from_json(json.loads(line.decode()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path}:{n}: not an iotrace dump ({exc})") from None
+
+
+def _cut(line: bytes) -> bool:
+    """A last line without its newline that is the start of a JSON object: a dump being written, or cut."""
+    if not line.lstrip().startswith(b"{"):
+        return False
+    try:
+        json.loads(line.decode(errors="replace"))
+    except ValueError:
+        return True
+    return False
+
+
+def read(path: str, follow: Callable[[float], bool] | None = None) -> Iterator[Dump]:
+    """Dumps of an iotrace .jsonl file; UserError naming the file and line on bad input.
+
+    A last line cut short (the tracer is writing it, or was killed mid-write)
+    is left out with one warning on stderr: the dumps before it are whole.
+    `follow`: at the end of the file, called with how long to wait for more;
+    it returns True to stop (tail -f until Ctrl-C).
+    """
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below; bytes, so bad encodings fail per line
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
     with f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                yield from_json(json.loads(line.decode()))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise UserError(f"{path}:{n}: not an iotrace dump ({exc})") from None
+        n, line = 0, b""
+        while True:
+            line += f.readline()
+            if line.endswith(b"\n"):
+                n += 1
+                if line.strip():
+                    yield _parse(path, n, line)
+                line = b""
+            elif follow is None or follow(FOLLOW_POLL_S):
+                break
+        if not line.strip():
+            return
+        if _cut(line):
+            print(f"iotrace: warning: {path}:{n + 1}: the last line is an incomplete dump (being written, or cut "
+                  f"short): left out, the whole dumps before it are used", file=sys.stderr)
+            return
+        yield _parse(path, n + 1, line)

@@ -476,7 +476,7 @@ def _check_diskstats_args(args) -> list[alertmod.Rule]:
 
 def run_diskstats(args, out: TextIO = sys.stdout) -> int:
     """`iotrace --diskstats`: iostat's numbers per device and bytes per process, every -i, until -d or Ctrl-C."""
-    from .cli import _check_pids, _open_output, _Signals
+    from .cli import _check_pids, _open_output, _Signals, deadline, interval_due
 
     rules = _check_diskstats_args(args)
     names = _device_names(args.devs)
@@ -497,10 +497,12 @@ def run_diskstats(args, out: TextIO = sys.stdout) -> int:
             w.alerts = extras._alert(f"{kind} ending {end:%H:%M:%S}", None, rows)
         if extras and extras.csv and kind != "run":
             extras.csv.write_disk(end, kind, shown)
-        render_window(w, out, root)
-        if file and kind != "run":
-            file.write(json.dumps(w.to_json(), separators=(",", ":")) + "\n")
-            file.flush()
+        if not args.json:
+            render_window(w, out, root)
+        for stream in (file, out if args.json else None):
+            if stream and kind != "run":
+                stream.write(json.dumps(w.to_json(), separators=(",", ":")) + "\n")
+                stream.flush()
 
     def close_window(kind: str) -> None:
         nonlocal last, windows
@@ -518,11 +520,11 @@ def run_diskstats(args, out: TextIO = sys.stdout) -> int:
     sig = _Signals()
     try:
         start = time.monotonic()
-        deadline = start + args.duration if args.duration else None
+        end = deadline(args, start)
         next_tick = start + args.interval if args.interval else None
         alive = set(pidfds)
         while True:
-            wake = [t for t in (next_tick, deadline) if t is not None]
+            wake = [t for t in (next_tick, end) if t is not None]
             timeout = max(0.0, min(wake) - time.monotonic()) if wake else None
             ready, _, _ = select.select([sig.r, *alive], [], [], 0 if sig.pending else timeout)
             alive -= set(ready)
@@ -532,11 +534,11 @@ def run_diskstats(args, out: TextIO = sys.stdout) -> int:
             if any(s != signal.SIGUSR1 for s in signals) or (pidfds and not alive):
                 break
             now = time.monotonic()
-            if next_tick is not None and now >= next_tick:
+            if interval_due(now, next_tick, end):
                 close_window("interval")
                 while next_tick <= now:
                     next_tick += args.interval
-            if deadline is not None and now >= deadline:
+            if end is not None and now >= end:
                 break
         close_window("final")
         if windows > 1:

@@ -15,6 +15,11 @@ and adds the dump to cumulative counters, which a Prometheus scrape reads:
     iotrace_drains_total                                          counter: intervals folded in
     iotrace_labelled_owners                                       gauge: (comm, container) pairs with own labels
     iotrace_folded_owners_total                                   counter: owners folded into comm="other"
+    iotrace_attached                                              gauge: 0 while the BPF programs load, then 1
+
+/ready answers 200 once the programs are attached and 503 before (a readiness
+probe); /metrics answers from the start, so a scrape tells "not attached yet"
+(iotrace_attached 0) from "no I/O".
 
 Buckets: Prometheus counts a latency in `le` bucket B when it lies below
 the iotrace bucket boundary nearest to B.  Every iotrace bucket lies wholly
@@ -62,6 +67,8 @@ DROPPED = "iotrace_dropped_events_total"
 DRAINS = "iotrace_drains_total"
 LABELLED = "iotrace_labelled_owners"
 FOLDED = "iotrace_folded_owners_total"
+ATTACHED = "iotrace_attached"
+READY_PATH = "/ready"
 
 LATENCY_LABELS = ("device", "op", "phase", "comm", "container")
 IO_LABELS = ("device", "op", "comm", "container")
@@ -79,6 +86,7 @@ def metric_labels() -> dict[str, tuple[str, ...]]:
         f"{LATENCY}_bucket": (*LATENCY_LABELS, "le"), f"{LATENCY}_sum": LATENCY_LABELS,
         f"{LATENCY}_count": LATENCY_LABELS,
         IOS: IO_LABELS, BYTES: IO_LABELS, DROPPED: ("reason",), DRAINS: (), LABELLED: (), FOLDED: (),
+        ATTACHED: (),
     }
 
 
@@ -169,6 +177,7 @@ class Exporter:
         self.dropped: dict[str, int] = {}
         self.drains = 0
         self.folded = 0
+        self.attached = False   # the BPF programs are loaded and attached: tracing
         self._last_fold: float | None = None
         self._lock = threading.Lock()
 
@@ -273,7 +282,7 @@ class Exporter:
                     nbytes.add_metric((device, op, comm, ctr), b)
             for reason, n in sorted({**dict.fromkeys(_drop_reasons(), 0), **self.dropped}.items()):
                 dropped.add_metric((reason,), n)
-            drains, labelled, folded = self.drains, len(self.owners), self.folded
+            drains, labelled, folded, attached = self.drains, len(self.owners), self.folded, self.attached
         yield lat
         yield ios
         yield nbytes
@@ -282,6 +291,8 @@ class Exporter:
         yield GaugeMetricFamily(LABELLED, "(comm, container) pairs exported with labels of their own "
                                 "(at most --top)", value=labelled)
         yield CounterMetricFamily(FOLDED, "Owners folded into comm=\"other\" (idle or displaced)", value=folded)
+        yield GaugeMetricFamily(ATTACHED, "1 once iotrace's BPF programs are attached and tracing; 0 while they "
+                                "load (the counters are 0 for want of tracing then, not of I/O)", value=int(attached))
 
 
 def _drop_reasons() -> list[str]:
@@ -306,6 +317,10 @@ metrics:
   {LATENCY}{{device,op,phase,comm,container}}  histogram, {len(BOUNDS_S)} buckets 10us..10s
   {IOS}, {BYTES}{{device,op,comm,container}}
   {DROPPED}{{reason}}, {DRAINS}, {LABELLED}, {FOLDED}
+  {ATTACHED}   0 while the BPF programs load (seconds), 1 once attached
+
+readiness: {READY_PATH} answers 200 once the programs are attached, 503 before
+(deploy/kubernetes probes it); /metrics answers from the start.
 
 At most --top (comm, container) pairs keep labels of their own, ranked by
 recent I/O; the rest is counted under comm="other".  A pair with no I/O for
@@ -346,6 +361,17 @@ def _start_server(prom, host: str, port: int, registry):
                errno.EACCES: "permission denied (ports below 1024 need root)"}.get(exc.errno, exc.strerror)
         raise UserError(f"cannot listen on {where}: {why}") from None
     return server
+
+
+def with_ready(app, exporter: Exporter):
+    """The metrics WSGI app, plus READY_PATH: 200 once the exporter is attached, 503 before."""
+    def wsgi(environ, start_response):
+        if environ.get("PATH_INFO") != READY_PATH:
+            return app(environ, start_response)
+        ready = exporter.attached
+        start_response("200 OK" if ready else "503 Service Unavailable", [("Content-Type", "text/plain")])
+        return [b"ready: tracing\n" if ready else b"not ready: loading the BPF programs\n"]
+    return wsgi
 
 
 def parser():
@@ -392,11 +418,13 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
     try:
         # listen before loading BPF (seconds of compiling): a port in use fails at once
         server = _start_server(prom, host, port, registry)
+        server.set_app(with_ready(server.get_app(), exporter))
         sig = _Signals()
         from .aggregate import Clock
         from .probe import Probe, ProbeOptions
 
         probe = Probe(ProbeOptions(devs=devs, cgroup_id=cgroup_id, cgroup_level=cgroup_level, attach=ns.attach))
+        exporter.attached = True
         clock = Clock()
         bound = server.server_address[1]
         where = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"

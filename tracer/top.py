@@ -103,7 +103,8 @@ def _draw(scr, lines: list[str]) -> None:
     scr.refresh()
 
 
-def _view(scr, probe, interval: float, sort: str, where: str) -> None:
+def _view(scr, probe, interval: float, sort: str, where: str, count: int | None = None) -> list[str] | None:
+    """Redraw every interval until q; after `count` screens, return the last one's lines."""
     import curses
 
     from .aggregate import Clock, build_dump
@@ -123,12 +124,17 @@ def _view(scr, probe, interval: float, sort: str, where: str) -> None:
             now = time.monotonic()
             while next_tick <= now:     # fell behind: skip, do not burst
                 next_tick += interval
-            _draw(scr, screen_lines(dump, sort, interval, where, scr.getmaxyx()[0]))
+            lines = screen_lines(dump, sort, interval, where, scr.getmaxyx()[0])
+            _draw(scr, lines)
+            if count is not None:
+                count -= 1
+                if not count:
+                    return lines
             continue
         scr.timeout(max(1, int(left * 1000)))
         key = scr.getch()
         if key in (ord("q"), ord("Q")):
-            return
+            return None
         if key in (ord("s"), ord("S")):
             sort = SORTS[(SORTS.index(sort) + 1) % len(SORTS)]
         if key != -1:
@@ -144,6 +150,7 @@ examples:
   sudo iotrace top                       every device, a new screen every second, highest p99 first
   sudo iotrace top -i 5 --sort bytes     5 s windows, busiest first
   sudo iotrace top --dev nvme0n1
+  sudo iotrace top 5 3                   as biotop 5 3: three 5 s screens, then the last one stays printed
 
 Each screen is one interval (histograms reset each time); rows are process,
 device and op, with total latency percentiles.  Keys: q quits, s changes the
@@ -153,18 +160,20 @@ sort.  Ctrl-C quits too.  For a log instead of a screen: sudo iotrace -i 1.
 
 def main(argv: list[str], out: TextIO) -> int:
     from . import devices
-    from .cli import _Parser, _positive, add_attach_option
+    from .cli import _Parser, _positive, add_attach_option, interval_count, take_interval
 
     p = _Parser(prog="iotrace top", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
                 description="A live view of block I/O per process, device and op, with latency percentiles, "
                             "refreshed every interval (like biotop).  Needs root, as tracing does.")
-    p.add_argument("-i", "--interval", type=_positive, default=1.0, metavar="SECONDS",
+    interval_count(p)
+    p.add_argument("-i", "--interval", type=_positive, metavar="SECONDS",
                    help="refresh every SECONDS (default 1)")
     p.add_argument("--sort", choices=SORTS, default="p99", help="order of the rows (default p99; s changes it)")
     p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
                    help="only this disk (loop0, /dev/nvme0n1, 7:0); repeatable")
     add_attach_option(p)
     ns = p.parse_args(argv)
+    interval = take_interval(ns) or 1.0
     if not (sys.stdin.isatty() and out.isatty()):
         raise UserError("top needs a terminal; for a log, run 'sudo iotrace -i 1' instead")
     devs = [devices.resolve(d) for d in ns.devs]
@@ -177,14 +186,18 @@ def main(argv: list[str], out: TextIO) -> int:
         probe = Probe(ProbeOptions(devs=devs, attach=ns.attach))
     except UserError as exc:
         raise offer_diskstats(exc) from None
-    old = signal.signal(signal.SIGTERM, _interrupt)
+    # SIGINT too, not left to Python: a process started with SIGINT ignored gets no KeyboardInterrupt
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         import curses
 
-        curses.wrapper(_view, probe, ns.interval, ns.sort, ", ".join(ns.devs) or "every device")
+        last = curses.wrapper(_view, probe, interval, ns.sort, ", ".join(ns.devs) or "every device", ns.count)
+        if last:    # the terminal is back as it was: leave the last screen in it, as biotop does
+            out.write("\n".join(last) + "\n")
     except KeyboardInterrupt:
         pass        # curses.wrapper restored the terminal on its way out
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, handler in old.items():
+            signal.signal(s, handler)
         probe.close()
     return 0
