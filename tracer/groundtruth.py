@@ -1074,12 +1074,13 @@ UNSEEN = "the kernel ran no BPF program for its start or completion"
 def _unexplained_drops(dropped: dict[str, int], unseen: int) -> dict[str, int]:
     """iotrace's drops less those the reference saw happen: events the kernel ran no BPF program for.
 
-    A request whose start no program saw costs iotrace a "recursion" (when
-    the kernel counted the skip) and its completion a "no_start"; one whose
-    completion no program saw is a "lost_completion".
+    A request whose start no program saw costs iotrace a "skipped_start"
+    (when the kernel counted the skip) and its completion a "no_start"; one
+    whose completion no program saw is a "skipped_complete" (raw
+    tracepoints) or a "lost_completion" (perf-event tracepoints).
     """
     out = dict(dropped)
-    for reason in ("recursion", "no_start", "lost_completion"):
+    for reason in ("skipped_start", "skipped_complete", "no_start", "lost_completion"):
         if reason in out:
             out[reason] = max(0, out[reason] - unseen)
     return out

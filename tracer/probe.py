@@ -87,7 +87,7 @@ class RawInterval:
     series_vals: np.ndarray  # structured, per-CPU values already folded
     hist_keys: np.ndarray    # structured: pid, dev, bucket, op, phase
     hist_counts: np.ndarray  # uint64, per-CPU summed
-    reasons: dict[str, int]  # events per reason during the interval, plus drop_recursion
+    reasons: dict[str, int]  # events per reason during the interval, plus USER_DROPS as drop_*
     # /proc/diskstats at the interval's start and end, for coverage; None where unreadable
     diskstats_start: dict | None = None
     diskstats_end: dict | None = None
