@@ -12,10 +12,11 @@ REPO=$(pwd -P)
 VENV=$REPO/.venv
 STAMP=$VENV/.iotrace-installed      # sha256 of the pyproject.toml pip last installed
 LINK=/usr/local/bin/iotrace
-# tmux: the tests drive `iotrace top` in it; prometheus: tests/test_prometheus.py runs its own server
-APT_PACKAGES=(python3-bpfcc bpfcc-tools fio tmux prometheus)
-# `setup.sh --bench`: also the peers the overhead bench runs iotrace against
-if [[ ${1:-} == --bench ]]; then APT_PACKAGES+=(bpftrace blktrace); fi
+# tmux: the tests drive `iotrace top` in it; prometheus: tests/test_prometheus.py runs its own server;
+# bpftrace: tests/test_identity.py traces beside it
+APT_PACKAGES=(python3-bpfcc bpfcc-tools fio tmux prometheus bpftrace)
+# `setup.sh --bench`: also the peers the overhead bench runs iotrace against, and bpftool for its cost pass
+if [[ ${1:-} == --bench ]]; then APT_PACKAGES+=(blktrace bpftool); fi
 RELEASE=$(uname -r)
 MODDIR=/lib/modules/$RELEASE
 export DEBIAN_FRONTEND=noninteractive PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
