@@ -53,10 +53,10 @@ BPF_ARRAY(tags, u64, IOTRACE_INFLIGHT_SLOTS);
 BPF_ARRAY(inflight, struct iotrace_slot, IOTRACE_INFLIGHT_SLOTS);
 /* group -> u32: requests whose home is this group that sit in their second group */
 BPF_ARRAY(spills, u32, IOTRACE_INFLIGHT_GROUPS);
-/* cpu * IOTRACE_HIST_CELLS + cell -> struct iotrace_hist_cell, generation 0 / 1: the fast
- * path, each CPU in its own part of one plain array (see struct iotrace_hist_cell) */
-BPF_ARRAY(cells0, struct iotrace_hist_cell, IOTRACE_CPUS * IOTRACE_HIST_CELLS);
-BPF_ARRAY(cells1, struct iotrace_hist_cell, IOTRACE_CPUS * IOTRACE_HIST_CELLS);
+/* (gen * IOTRACE_CPUS + cpu) * IOTRACE_HIST_CELLS + cell -> struct iotrace_hist_cell: the fast
+ * path, each generation and CPU in its own part of one plain array (see struct iotrace_hist_cell);
+ * one map, not one per generation, so the programs carry one copy of the probe loop */
+BPF_ARRAY(cells, struct iotrace_hist_cell, 2 * IOTRACE_CPUS * IOTRACE_HIST_CELLS);
 /* struct iotrace_hist_key -> u64 count, per CPU, generation 0 / 1: keys with no cell */
 BPF_PERCPU_HASH(hist0, struct iotrace_hist_key, u64, IOTRACE_HIST_ENTRIES);
 BPF_PERCPU_HASH(hist1, struct iotrace_hist_key, u64, IOTRACE_HIST_ENTRIES);
@@ -325,9 +325,9 @@ static __always_inline bool cell_add(u32 gen, u32 cpu, const struct iotrace_hist
 	/* the probe window: the same offset in the next runs of this CPU's part */
 #pragma unroll
 	for (u32 i = 0; i < IOTRACE_HIST_CELL_PROBES; i++) {
-		u32 idx = cpu * IOTRACE_HIST_CELLS +
+		u32 idx = (gen * IOTRACE_CPUS + cpu) * IOTRACE_HIST_CELLS +
 			  (((run + i) * IOTRACE_HIST_CELL_RUN + off) & (IOTRACE_HIST_CELLS - 1));
-		struct iotrace_hist_cell *c = gen ? cells1.lookup(&idx) : cells0.lookup(&idx);
+		struct iotrace_hist_cell *c = cells.lookup(&idx);
 
 		if (!c)
 			return false;

@@ -289,11 +289,12 @@ def bio_level_devices(devs: list[int]) -> list[int]:
     return [dev for name, dev in disks.items() if devices.bio_based(name) and devices.size_sectors(name) > 0]
 
 
-def read_array(table, keys: np.ndarray, vals: np.ndarray, lib) -> np.ndarray:
-    """Every element of a BPF array map, in one syscall, into the reused `vals` buffer."""
-    count, token = ct.c_uint32(len(vals)), ct.c_uint32(0)
-    res = lib.bpf_lookup_batch(table.map_fd, None, ct.byref(token), ct.c_void_p(keys.ctypes.data),
-                               ct.c_void_p(vals.ctypes.data), ct.byref(count))
+def read_array(table, keys: np.ndarray, vals: np.ndarray, lib, start: int = 0) -> np.ndarray:
+    """Elements `start`.. of a BPF array map, as many as `vals` holds, in one syscall, into the reused `vals`
+    buffer; `keys` gets their indices."""
+    count, token, first = ct.c_uint32(len(vals)), ct.c_uint32(0), ct.c_uint32(start)
+    res = lib.bpf_lookup_batch(table.map_fd, ct.byref(first) if start else None, ct.byref(token),
+                               ct.c_void_p(keys.ctypes.data), ct.c_void_p(vals.ctypes.data), ct.byref(count))
     err = ct.get_errno()
     if res != 0 and err != errno.ENOENT:
         raise OSError(err, f"reading BPF map {table.name!r}: {os.strerror(err)}")
@@ -335,13 +336,14 @@ def _return_compiler_memory() -> None:
         pass    # not glibc or no /proc: only memory, never correctness
 
 
-def _drain_cells(table, idx: np.ndarray, cells: np.ndarray, lib) -> tuple[np.ndarray, np.ndarray]:
-    """Read every CPU's histogram cells, zero the populated ones, return (keys, counts).
+def _drain_cells(table, start: int, idx: np.ndarray, cells: np.ndarray, lib) -> tuple[np.ndarray, np.ndarray]:
+    """Read every CPU's histogram cells of one generation (from index `start`), zero the populated ones,
+    return (keys, counts).
 
     A key may come back once per CPU; the aggregator sums repeats.  `idx`
     and `cells` (cap,) are reused buffers.
     """
-    cells = read_array(table, idx, cells, lib)
+    cells = read_array(table, idx, cells, lib, start)
     rows = np.flatnonzero(cells["count"])
     if len(rows):
         zeros = np.zeros(len(rows), dtype=cells.dtype)
@@ -428,15 +430,15 @@ class Probe:
         hist = self.bpf["hist0"]
         series = self.bpf["series0"]
         self._hist_key = np.dtype(hist.Key)
-        self._hist_cell = np.dtype(self.bpf["cells0"].Leaf)
+        self._hist_cell = np.dtype(self.bpf["cells"].Leaf)
+        self._cells_per_gen = self.bpf["cells"].max_entries // 2   # the array holds both generations
         self._series_key = np.dtype(series.Key)
         self._series_val = np.dtype(series.sLeaf)
         # drain buffers, made once: fresh ones every interval would ratchet malloc's heap up
         self._buffers = {
             "series": (np.zeros(series.max_entries, self._series_key),
                        np.zeros((series.max_entries, self.ncpu), self._series_val)),
-            "cells": (np.zeros(self.bpf["cells0"].max_entries, np.uint32),
-                      np.zeros(self.bpf["cells0"].max_entries, self._hist_cell)),
+            "cells": (np.zeros(self._cells_per_gen, np.uint32), np.zeros(self._cells_per_gen, self._hist_cell)),
             "hist": (np.zeros(hist.max_entries, self._hist_key),
                      np.zeros((hist.max_entries, self.ncpu), np.uint64)),
         }
@@ -500,7 +502,7 @@ class Probe:
         # after the grace period: the old generation's last completions are in the kernel's counters too
         diskstats = _diskstats()
         skeys, svals = _batch_drain(self.bpf[f"series{old}"], *self._buffers["series"], self._lib)
-        ckeys, ccounts = _drain_cells(self.bpf[f"cells{old}"], *self._buffers["cells"], self._lib)
+        ckeys, ccounts = _drain_cells(self.bpf["cells"], old * self._cells_per_gen, *self._buffers["cells"], self._lib)
         hkeys, hvals = _batch_drain(self.bpf[f"hist{old}"], *self._buffers["hist"], self._lib)
         totals = self.reason_totals()
         delta = totals - self._reasons_seen
