@@ -448,10 +448,10 @@ static __always_inline void record(struct iotrace_slot *s, u64 now)
 /* ---- request start, shared by both paths -------------------------------- */
 
 /*
- * Whether the current task's I/O on `dev` is traced.  Programs attach
- * before the filters are written, and wait for them.
+ * Whether the current task's I/O is traced (process tgid).  Programs
+ * attach before the filters are written, and wait for them.
  */
-static __always_inline bool start_wanted(u32 dev, u32 tgid)
+static __always_inline bool task_wanted(u32 tgid)
 {
 	struct iotrace_config *cfg = get_config();
 
@@ -459,13 +459,19 @@ static __always_inline bool start_wanted(u32 dev, u32 tgid)
 		return false;
 	if (cfg->filter_pids && !pids.lookup(&tgid))
 		return false;
-	if (cfg->filter_devs && !devs.lookup(&dev))
-		return false;
 	/* in the cgroup or below it: then its ancestor at the cgroup's depth is the cgroup */
 	if (cfg->filter_cgroup &&
 	    bpf_get_current_ancestor_cgroup_id(cfg->cgroup_level) != cfg->filter_cgroup)
 		return false;
 	return true;
+}
+
+/* Whether I/O on `dev` is traced. */
+static __always_inline bool dev_wanted(u32 dev)
+{
+	struct iotrace_config *cfg = get_config();
+
+	return cfg && (!cfg->filter_devs || devs.lookup(&dev));
 }
 
 /* The current thread's comm and cgroup, from this CPU's cache (struct iotrace_who). */
@@ -559,7 +565,7 @@ static __always_inline int kread(void *dst, u32 size, u64 addr)
 	int err = bpf_probe_read_kernel(dst, size, (const void *)addr);
 
 	if (err)
-		count_reason(IOTRACE_NOTE_KERNEL_READ);
+		count_reason(IOTRACE_DROP_KERNEL_READ);
 	return err;
 }
 
@@ -604,12 +610,18 @@ static __always_inline u32 queue_dev(u64 q, u64 part, u64 now)
 	return c->dev;
 }
 
-/* enum iotrace_op from cmd_flags / bi_opf, as rwbs would name it */
+/*
+ * enum iotrace_op from cmd_flags / bi_opf and the request's bytes, as rwbs
+ * at its start would name it.  An empty preflush write is a flush; by its
+ * completion the flush machinery has cleared REQ_PREFLUSH from cmd_flags,
+ * but a write with no data is nothing else.
+ */
 static __always_inline u32 opf_op(u32 opf, u32 bytes)
 {
 	u32 op = opf & ((1U << IOTRACE_K_REQ_OP_BITS) - 1);
 
-	if (op == IOTRACE_K_REQ_OP_FLUSH || ((opf & (1U << IOTRACE_K_REQ_PREFLUSH)) && bytes == 0))
+	if (op == IOTRACE_K_REQ_OP_FLUSH ||
+	    (bytes == 0 && (op == IOTRACE_K_REQ_OP_WRITE || (opf & (1U << IOTRACE_K_REQ_PREFLUSH)))))
 		return IOTRACE_OP_FLUSH;
 	if (op == IOTRACE_K_REQ_OP_READ)
 		return IOTRACE_OP_READ;
@@ -722,21 +734,21 @@ RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 {
 	/* first: every lookup below would otherwise show up as latency */
 	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0], id = bpf_get_current_pid_tgid();
-	struct rq_head h;
 	struct slot_ref r;
-	u32 dev, bytes;
 
-	if (kread(&h, sizeof(h), rq))
-		return 0;
-	dev = queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now);
-	if (!start_wanted(dev, id >> 32))
+	/*
+	 * Who, here, in the submitter's context; what and where (op, size,
+	 * disk) at the completion, in the one read of the request it needs
+	 * anyway.  So --dev applies at completion: until then another disk's
+	 * request holds a slot too.
+	 */
+	if (!task_wanted(id >> 32))
 		return 0;
 	if (!addr_claim(rq, now, &r)) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		return 0;
 	}
-	bytes = HEAD_FIELD(&h, u32, IOTRACE_K_RQ_DATA_LEN);
-	slot_fill(r.s, now, id, dev, opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_RQ_CMD_FLAGS), bytes), bytes);
+	slot_fill(r.s, now, id, 0, 0, 0);
 	return 0;
 }
 
@@ -763,25 +775,42 @@ static __always_inline void rq_unmatched(u64 rq)
 		count_unmatched(false);
 }
 
-/* block_rq_complete(rq, error, nr_bytes): the last one for a request brings it to 0 bytes left. */
+/*
+ * block_rq_complete(rq, error, nr_bytes): the last one for a request
+ * brings its bytes left (__data_len, before this completion) to 0.
+ */
 RAW_TRACEPOINT_PROBE(block_rq_complete)
 {
 	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0];
-	u32 nr_bytes = ctx->args[2], left = 0;
+	u32 nr_bytes = ctx->args[2], dev;
+	struct iotrace_slot *s;
+	struct rq_head h;
 	struct slot_ref r;
 
 	if (!addr_find(rq, &r)) {
 		rq_unmatched(rq);
 		return 0;
 	}
-	r.s->done += nr_bytes;
-	/* the request's bytes left before this completion (unreadable: taken as the last) */
-	kread(&left, sizeof(left), rq + IOTRACE_K_RQ_DATA_LEN);
-	if (nr_bytes < left) {
+	s = r.s;
+	if (kread(&h, sizeof(h), rq)) {
+		slot_release(&r);	/* counted: neither its disk nor whether it is done can be told */
+		return 0;
+	}
+	s->done += nr_bytes;
+	if (nr_bytes < HEAD_FIELD(&h, u32, IOTRACE_K_RQ_DATA_LEN)) {
 		count_reason(IOTRACE_NOTE_PARTIAL);
 		return 0;
 	}
-	record_once(r.s, now);
+	dev = queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now);
+	if (!dev_wanted(dev)) {
+		count_reason(IOTRACE_NOTE_UNTRACKED);
+		slot_release(&r);
+		return 0;
+	}
+	s->dev = dev;
+	/* flushes are never merged: no bytes in all is no bytes at the start */
+	s->op = opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_RQ_CMD_FLAGS), s->done);
+	record_once(s, now);
 	slot_release(&r);
 	return 0;
 }
@@ -850,7 +879,7 @@ RAW_TRACEPOINT_PROBE(block_bio_queue)
 	if (!bdev || kread(&dev, sizeof(dev), bdev + IOTRACE_K_BDEV_DEV))
 		return 0;
 	id = bpf_get_current_pid_tgid();
-	if (!bio_devs.lookup(&dev) || !start_wanted(dev, id >> 32))
+	if (!bio_devs.lookup(&dev) || !dev_wanted(dev) || !task_wanted(id >> 32))
 		return 0;
 	if (!addr_claim(bio, now, &r)) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
@@ -1024,7 +1053,7 @@ static __always_inline int track_start(u64 now, u32 dev, u64 sector, u32 bytes, 
 	u64 h = key_hash(dev, sector), id = bpf_get_current_pid_tgid();
 	struct slot_ref r;
 
-	if (!start_wanted(dev, id >> 32))
+	if (!task_wanted(id >> 32) || !dev_wanted(dev))
 		return 0;
 	if (!slot_claim(h, h | 1, now, &r)) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);

@@ -105,7 +105,7 @@ enum iotrace_reason {
 	IOTRACE_NOTE_RECLAIMED = 13,	/* a stale in-flight slot reused (see IOTRACE_STALE_NS) */
 	IOTRACE_NOTE_HIST_OVERFLOW = 14,	/* a bucket found no free cell: counted in the hash map */
 	IOTRACE_NOTE_CLOCK_SKEW = 15,	/* two CPUs' clocks disagreed: a phase taken as 0 */
-	IOTRACE_NOTE_KERNEL_READ = 16,	/* a read of a kernel struct failed (raw tracepoints) */
+	IOTRACE_DROP_KERNEL_READ = 16,	/* a read of a kernel struct failed (raw path): its request is lost */
 	IOTRACE_DROP_NESTED = 17,	/* a completion interrupted another's accounting on its CPU */
 	IOTRACE_REASON_COUNT = 18,
 };
@@ -150,7 +150,7 @@ KENUM(REQ_OP_DISCARD, REQ_OP_DISCARD)
 KENUM(REQ_OP_SECURE_ERASE, REQ_OP_SECURE_ERASE)
 KENUM(REQ_OP_BITS, __REQ_FAILFAST_DEV)	/* the flag bits begin right above the op bits */
 KENUM(REQ_PREFLUSH, __REQ_PREFLUSH)
-KHEAD(RQ_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN, RQ_PART)
+KHEAD(RQ_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN, RQ_PART)	/* at completion */
 KHEAD(BIO_HEAD_LEN, bio, BIO_BDEV, BIO_OPF, BIO_SIZE)
 KRAWTP(block_io_start, struct request *)
 KRAWTP(block_rq_insert, struct request *)
@@ -213,8 +213,8 @@ struct iotrace_who {
 };
 
 /*
- * A request queue's disk, as the raw start program last read it on this
- * CPU (rq->q->disk->major/first_minor: two kernel reads per request).  An
+ * A request queue's disk, as the raw completion program last read it on
+ * this CPU (rq->q->disk->major/first_minor: two kernel reads per request).  An
  * array of IOTRACE_CPUS * IOTRACE_QDEV_SLOTS indexed by a hash of the
  * queue's address.  The entry must match the queue and the request's
  * partition (struct block_device) and be under IOTRACE_QDEV_TTL_NS old:

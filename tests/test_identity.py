@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -34,17 +35,19 @@ tracepoint:block:block_rq_complete /@start[args->dev, args->sector]/ {
 """
 
 
-def started(argv: list[str], ready: str, stream: str = "stderr") -> subprocess.Popen:
-    """A background tracer, returned once it printed `ready` (its programs are attached)."""
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines = []
-    for line in getattr(proc, stream):
-        lines.append(line)
-        if ready in line:
-            return proc
-    proc.kill()
-    proc.wait()
-    pytest.fail(f"{argv[0]} did not start:\n{''.join(lines)}{proc.stderr.read()}")
+def started(argv: list[str], ready: str, log: Path, timeout: float = 60) -> subprocess.Popen:
+    """A background tracer writing to `log` (never a pipe nobody reads: bpftrace prints its maps on
+    exit), returned once it printed `ready` (its programs are attached)."""
+    with open(log, "w") as f:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout
+    while ready not in log.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"{argv[0]} did not start:\n{log.read_text()}")
+        time.sleep(0.05)
+    return proc
 
 
 def traced_workload(loop, out: Path, attach: str) -> list[dict]:
@@ -62,7 +65,9 @@ def assert_every_request(dumps: list[dict], loop, attach: str) -> None:
     rows = series_of(final, comm="fio", device=loop.name)
     assert {s["op"] for s in rows} == {"read", "write"}
     assert len({s["pid"] for s in rows}) == 2, rows            # each job process is its own series
-    assert sum(s["count"] for s in rows) == REQUESTS, [(s["pid"], s["op"], s["count"]) for s in rows]
+    assert sum(s["count"] for s in rows) == REQUESTS, \
+        ([(s["pid"], s["comm"], s["op"], s["count"]) for s in series_of(final, device=loop.name)],
+         final["dropped"], final["events"], final.get("coverage"))
     assert sum(s["bytes"] for s in rows) == REQUESTS * 4096
     for s in rows:      # every request issued: all three phases of each
         assert {ph: s["latency_us"][ph]["count"] for ph in ("queue", "device", "total")} == \
@@ -86,11 +91,11 @@ def test_every_request_under_load(shm_loop, tmp_path):
 @pytest.mark.skipif(shutil.which("bpftrace") is None, reason="bpftrace is not installed (make setup installs it)")
 def test_every_request_beside_other_tracers(shm_loop, tmp_path):
     """bpftrace, a second iotrace on the perf-event path and `iotrace serve` trace the same tracepoints."""
-    peer = started(["bpftrace", "-e", BPFTRACE_PEER], "Attaching", stream="stdout")
+    peer = started(["bpftrace", "-e", BPFTRACE_PEER], "Attaching", tmp_path / "bpftrace.log")
     other = started([PYTHON, "-m", "tracer.cli", "--attach", "tracepoint", "-o", str(tmp_path / "other.jsonl")],
-                    "tracing block I/O")
+                    "tracing block I/O", tmp_path / "other.log")
     serve = started([PYTHON, "-m", "tracer.cli", "serve", "--listen", "127.0.0.1:0", "--interval", "1"],
-                    "serving")
+                    "serving", tmp_path / "serve.log")
     with reaped(peer, other, serve):
         dumps = traced_workload(shm_loop, tmp_path / "out.jsonl", "raw_tp")
         for p in (peer, other, serve):
