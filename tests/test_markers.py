@@ -708,3 +708,78 @@ def test_command_run_as_an_unprivileged_user_can_mark(tmp_path):
     assert said and said.groups() == (str(nobody.pw_uid), str(nobody.pw_uid), "0o600", "True"), r.stdout
     assert [(d["kind"], d["label"]) for d in read_dumps(out)] == [("marker", "as nobody"), ("final", None)]
     assert not os.path.exists(_control_path(r.stderr))
+
+
+NESTED_SCRIPT = """\
+import mmap, os, sys
+from tracer import marker
+from tracer.integrations.torch import timed
+
+MIB, CHUNK = 1 << 20, 256 << 10
+dev, plan, writes, write_at = sys.argv[1], {plan}, {writes}, {write_at}
+fd = os.open(dev, os.O_RDWR | os.O_DIRECT)
+buf = mmap.mmap(-1, CHUNK)          # page-aligned, as O_DIRECT wants
+
+def batches(first, mib):            # a stand-in data loader: each batch one direct read
+    for i in range(mib * MIB // CHUNK):
+        if os.preadv(fd, [buf], first * MIB + i * CHUNK) != CHUNK:
+            sys.exit("short read")
+        yield i
+
+at = 0
+for e in marker.epochs(len(plan)):  # no explicit waits: the default boundaries must be exact
+    before, after = plan[e]
+    for _ in timed(batches(at, before)):
+        pass
+    at += before
+    with marker.phase("checkpoint"):
+        for i in range(writes[e] * MIB // CHUNK):
+            os.pwritev(fd, [buf], (write_at + sum(writes[:e])) * MIB + i * CHUNK)
+        os.fsync(fd)
+    for _ in timed(batches(at, after)):
+        pass
+    at += after
+"""
+
+
+def _bytes_by_op(d: dict, device: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for s in series_of(d, device=device):
+        out[s["op"]] = out.get(s["op"], 0) + s["bytes"]
+    return out
+
+
+@bpf
+def test_nested_epochs_and_checkpoints_with_the_real_tracer(make_loop, tmp_path):
+    """The issue's loop, traced: each epoch's direct reads under its label (before and after its
+    checkpoint), each checkpoint's writes under "epoch N / checkpoint", the loop's batches counted."""
+    loop = make_loop(128)
+    mib = 1 << 20
+    plan, writes, write_at = [(8, 4), (12, 4), (16, 2)], [2, 3, 4], 96
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED_SCRIPT.format(plan=plan, writes=writes, write_at=write_at))
+    out = tmp_path / "run.jsonl"
+    r = run_iotrace(["-o", str(out), "--dev", loop.name, "--", PYTHON, str(script), loop.path],
+                    env=_env(tmp_path / "run", PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    rep = run_iotrace(["report", str(out), "--by", "label", "--json"])
+    assert rep.returncode == 0, rep.stderr
+    windows = {w["label"]: w for w in map(json.loads, rep.stdout.splitlines())}
+    dumps = read_dumps(out)
+    for n, ((before, after), wrote) in enumerate(zip(plan, writes, strict=True), 1):
+        epoch, ckpt = windows[f"epoch {n}"], windows[f"epoch {n} / checkpoint"]
+        got = _bytes_by_op(epoch, loop.name)
+        assert got.get("read", 0) == pytest.approx((before + after) * mib, rel=0.02), (n, got)
+        assert got.get("write", 0) == 0, (n, got)
+        got = _bytes_by_op(ckpt, loop.name)
+        assert got.get("write", 0) == pytest.approx(wrote * mib, rel=0.02), (n, got)
+        assert got.get("read", 0) == 0, (n, got)
+        assert epoch["loop"]["steps"] == (before + after) * mib // (256 << 10), epoch["loop"]
+        assert 0 < epoch["loop"]["data_wait_s"] <= epoch["loop"]["wall_s"], epoch["loop"]
+        # the dumps say which window encloses them
+        assert {d["enclosing"] for d in dumps if d["label"] == f"epoch {n} / checkpoint"} == {f"epoch {n}"}
+        assert {d["enclosing"] for d in dumps if d["label"] == f"epoch {n}"} == {None}
+    # nothing of the loop's I/O was left for the windows around it
+    for name in ("before epoch 1", None):
+        rest = _bytes_by_op(windows.get(name, {"series": []}), loop.name)
+        assert sum(rest.values()) <= 0.02 * mib, (name, rest)
