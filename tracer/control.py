@@ -207,8 +207,8 @@ def run_mark(argv: list[str], out: TextIO = sys.stdout) -> int:
                        "examples:\n"
                        "  iotrace mark 'epoch 3'\n"
                        "  iotrace mark --control /run/iotrace/1234.sock 'checkpoint 3'\n\n"
-                       "from Python: tracer.marker.mark('epoch 3'), marker.phase(), marker.epochs();\n"
-                       "Keras: tracer.integrations.keras.IOTraceCallback")
+                       "from Python: tracer.marker.epochs(), marker.phase() (windows that nest), marker.mark();\n"
+                       "Keras: tracer.integrations.keras.IOTraceCallback; PyTorch: tracer.integrations.torch")
     p.add_argument("label", metavar="LABEL", help=f"the dump's label (printable, up to {marker.MAX_LABEL} characters)")
     p.add_argument("--control", metavar="PATH", help="the tracer's control socket (printed when it starts)")
     p.add_argument("--wait", type=float, default=2.0, metavar="SECONDS",
