@@ -412,6 +412,48 @@ def test_merged_windows_add_loops_without_counting_nested_ones_twice():
     assert dumpmod.merge_dumps(dumps).extra["loop"] == {"data_wait_s": 4.0, "steps": 20, "wall_s": 30.0}
 
 
+def test_timed_loader_counts_the_loops_wait_for_each_batch(fake_tracer, monkeypatch):
+    """A plain iterable, no torch: the wait is what next() took, not what the loop body took."""
+    from tracer.integrations import torch as iotorch
+
+    clock = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    class Batches:
+        dataset = "the dataset"
+
+        def __len__(self):
+            return 3
+
+        def __iter__(self):
+            clock[0] += 5.0                 # starting workers: part of the first wait
+            for i in range(3):
+                clock[0] += 1.0 + i         # making batch i
+                yield i
+
+    loader = iotorch.timed(Batches())
+    assert iotorch.timed(loader) is loader and len(loader) == 3 and loader.dataset == "the dataset"
+    for _ in marker.epochs(2):
+        for _batch in loader:
+            clock[0] += 10.0                # the step itself
+    loops = [d["loop"] for d in fake_tracer.dumps if d["loop"]]
+    assert loops == [{"data_wait_s": 11.0, "steps": 3, "wall_s": 41.0}] * 2
+    # half-made (as copy and pickle make it): a missing attribute is an AttributeError, not a recursion
+    assert getattr(iotorch.TimedLoader.__new__(iotorch.TimedLoader), "dataset", "absent") == "absent"
+
+
+def test_torch_integration_imports_without_torch_or_lightning():
+    code = ("import sys\n"
+            "for m in ('torch', 'lightning', 'pytorch_lightning'): sys.modules[m] = None\n"
+            "import tracer.integrations.torch as t\n"
+            "print(list(t.timed([1, 2])))\n"
+            "try:\n    t.IOTraceLightningCallback\nexcept ImportError as e:\n    print(e)\n")
+    r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "[1, 2]"
+    assert "needs Lightning" in r.stdout, r.stdout
+
+
 def test_import_is_light():
     """`import tracer.marker`: under 50 ms, without numpy, bcc or the CLI (best of 5: the box is shared)."""
     code = "import tracer.marker, sys, json; print(json.dumps(sorted(sys.modules)))"
