@@ -124,6 +124,38 @@ def drop_caches() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
+def framework_python(venv: str, make_target: str) -> Path:
+    """The interpreter of a framework's own venv in the checkout (.venv-tf, .venv-torch); without it the
+    test skips, or fails under IOTRACE_REQUIRE_BPF=1, saying which make target builds it."""
+    python = ROOT / venv / "bin" / "python"
+    if not python.exists():
+        why = f"no venv at {python}: run `make {make_target}`"
+        if REQUIRE_BPF:
+            pytest.fail(why)
+        pytest.skip(why)
+    return python
+
+
+def epoch_windows(path: Path, epochs: int, context: str = "") -> dict[str, list[dict]]:
+    """The marker dumps of a training run whose epochs are tracer.marker windows with a checkpoint
+    nested in each, by label; asserts they came in that order ("epoch N" twice: before and after
+    its checkpoint)."""
+    markers = [d for d in read_dumps(path) if d["kind"] == "marker"]
+    expected = ["before epoch 1"] + [label for n in range(1, epochs + 1)
+                                     for label in (f"epoch {n}", f"epoch {n} / checkpoint", f"epoch {n}")]
+    assert [d["label"] for d in markers] == expected, context
+    by_label: dict[str, list[dict]] = {}
+    for d in markers:
+        by_label.setdefault(d["label"], []).append(d)
+    return by_label
+
+
+def bytes_of(dumps: list[dict], device: str, op: str, tgid: int | None = None) -> int:
+    """Bytes of `op` on `device` over `dumps` (of process `tgid` only, if given)."""
+    return sum(s["bytes"] for d in dumps for s in series_of(d, device=device, op=op)
+               if tgid is None or s["tgid"] == tgid)
+
+
 def run_traced_group(args: list[str], env: dict[str, str], timeout: float) -> tuple[int, str, str]:
     """Run `python -m tracer.cli ARGS` in its own session, killing the whole group on a timeout.
 

@@ -17,11 +17,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REQUIRE_BPF, ROOT, drop_caches, read_dumps, run_traced_group, series_of
+from conftest import bytes_of, drop_caches, epoch_windows, framework_python, run_traced_group, series_of
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
-TF_PYTHON = ROOT / ".venv-tf" / "bin" / "python"
 TRAINER = Path(__file__).with_name("tf_train.py")
 SHARDS, RECORDS_PER_SHARD = 8, 384      # 16 KiB records: 8 shards of 6 MiB
 EPOCHS = 3
@@ -30,17 +29,7 @@ TIMEOUT_S = 600                         # TensorFlow's start-up alone is several
 
 @pytest.fixture
 def tf_python() -> Path:
-    if not TF_PYTHON.exists():
-        why = f"no TensorFlow venv at {TF_PYTHON}: run `make setup-tf` (scripts/setup_tf.sh)"
-        if REQUIRE_BPF:
-            pytest.fail(why)
-        pytest.skip(why)
-    return TF_PYTHON
-
-
-def _bytes(dumps: list[dict], device: str, op: str, tgid: int | None = None) -> int:
-    return sum(s["bytes"] for d in dumps for s in series_of(d, device=device, op=op)
-               if tgid is None or s["tgid"] == tgid)
+    return framework_python(".venv-tf", "setup-tf")
 
 
 def test_keras_training_dumps_per_epoch_and_checkpoint(tf_python, ext4_mnt, tmp_path):
@@ -68,31 +57,24 @@ def test_keras_training_dumps_per_epoch_and_checkpoint(tf_python, ext4_mnt, tmp_
     assert found, context
     trainer = int(found.group(1))
 
-    dumps = read_dumps(out)
-    markers = [d for d in dumps if d["kind"] == "marker"]
     # each epoch a window, its checkpoint a window nested in it (the epoch's end after it is a dump too)
-    expected = ["before epoch 1"] + [label for n in range(1, EPOCHS + 1)
-                                     for label in (f"epoch {n}", f"epoch {n} / checkpoint", f"epoch {n}")]
-    assert [d["label"] for d in markers] == expected, context
-    by_label: dict[str, list[dict]] = {}
-    for d in markers:
-        by_label.setdefault(d["label"], []).append(d)
+    by_label = epoch_windows(out, EPOCHS, context)
 
     # Epoch 1 reads the data set from the device; later epochs find it in the page cache.
-    reads = [_bytes(by_label[f"epoch {n}"], loop.name, "read") for n in range(1, EPOCHS + 1)]
+    reads = [bytes_of(by_label[f"epoch {n}"], loop.name, "read") for n in range(1, EPOCHS + 1)]
     assert reads[0] >= 0.9 * data_bytes, (reads, data_bytes)
     assert all(r <= 0.05 * reads[0] for r in reads[1:]), (reads, data_bytes)
-    assert _bytes(by_label["epoch 1"], loop.name, "read", trainer) >= 0.9 * data_bytes, reads
+    assert bytes_of(by_label["epoch 1"], loop.name, "read", trainer) >= 0.9 * data_bytes, reads
 
     # The callback fsyncs each save, so its file reaches the device within its "epoch N / checkpoint"
     # dump, written in the trainer's context (not later by the flusher).
     for n in range(1, EPOCHS + 1):
         ckpt = by_label[f"epoch {n} / checkpoint"]
         saved = (mnt / f"ckpt-{n}.keras").stat().st_size
-        written = _bytes(ckpt, loop.name, "write", trainer)
+        written = bytes_of(ckpt, loop.name, "write", trainer)
         assert written >= saved, (n, written, saved, [series_of(d, device=loop.name) for d in ckpt])
         # and nothing of the data set is read while saving
-        assert _bytes(ckpt, loop.name, "read") <= 0.05 * data_bytes
+        assert bytes_of(ckpt, loop.name, "read") <= 0.05 * data_bytes
         assert [d["enclosing"] for d in ckpt] == [f"epoch {n}"]
         # the epoch's end carries the loop's timing: every batch, and how long it waited for them
         loop_stats = by_label[f"epoch {n}"][-1]["loop"]

@@ -16,11 +16,10 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REQUIRE_BPF, ROOT, drop_caches, read_dumps, run_traced_group, series_of
+from conftest import bytes_of, drop_caches, epoch_windows, framework_python, run_traced_group, series_of
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
-TORCH_PYTHON = ROOT / ".venv-torch" / "bin" / "python"
 TRAINER = Path(__file__).with_name("torch_train.py")
 FILES, FILE_KIB, BATCH, EPOCHS = 48, 512, 4, 2
 TIMEOUT_S = 300
@@ -28,16 +27,7 @@ TIMEOUT_S = 300
 
 @pytest.fixture
 def torch_python() -> Path:
-    if not TORCH_PYTHON.exists():
-        why = f"no PyTorch venv at {TORCH_PYTHON}: run `make setup-torch` (scripts/setup_torch.sh)"
-        if REQUIRE_BPF:
-            pytest.fail(why)
-        pytest.skip(why)
-    return TORCH_PYTHON
-
-
-def _bytes(dumps: list[dict], device: str, op: str) -> int:
-    return sum(s["bytes"] for d in dumps for s in series_of(d, device=device, op=op))
+    return framework_python(".venv-torch", "setup-torch")
 
 
 def test_dataloader_epochs_checkpoints_and_data_wait(torch_python, ext4_mnt, tmp_path):
@@ -58,22 +48,16 @@ def test_dataloader_epochs_checkpoints_and_data_wait(torch_python, ext4_mnt, tmp
     assert rc == 0, context
     assert re.search(r"^torch_train: pid \d+$", stdout, re.M), context
 
-    markers = [d for d in read_dumps(out) if d["kind"] == "marker"]
-    expected = ["before epoch 1"] + [label for n in range(1, EPOCHS + 1)
-                                     for label in (f"epoch {n}", f"epoch {n} / checkpoint", f"epoch {n}")]
-    assert [d["label"] for d in markers] == expected, context
-    by_label: dict[str, list[dict]] = {}
-    for d in markers:
-        by_label.setdefault(d["label"], []).append(d)
+    by_label = epoch_windows(out, EPOCHS, context)
 
     for n in range(1, EPOCHS + 1):
         epoch, saving = by_label[f"epoch {n}"], by_label[f"epoch {n} / checkpoint"]
         # the workers' reads (the cache dropped at the epoch's start) are the epoch's, metadata aside
-        read = _bytes(epoch, loop.name, "read")
+        read = bytes_of(epoch, loop.name, "read")
         assert data_bytes <= read <= 1.05 * data_bytes, (n, read, data_bytes)
-        assert _bytes(saving, loop.name, "read") <= 0.01 * data_bytes, n
+        assert bytes_of(saving, loop.name, "read") <= 0.01 * data_bytes, n
         saved = (ckpt / f"ckpt-{n}.pt").stat().st_size
-        written = _bytes(saving, loop.name, "write")
+        written = bytes_of(saving, loop.name, "write")
         assert written >= saved, (n, written, saved, [series_of(d, device=loop.name) for d in saving])
         assert [d["enclosing"] for d in saving] == [f"epoch {n}"]
         # the epoch's closing dump carries the loop: every batch, and its wait for them
