@@ -408,6 +408,7 @@ def test_merged_windows_add_loops_without_counting_nested_ones_twice():
     assert wins["epoch 1"]["loop"] == {"data_wait_s": 3.0, "steps": 10, "wall_s": 20.0}
     assert wins["epoch 1 / eval"] == {**wins["epoch 1 / eval"], "enclosing": "epoch 1"}
     assert "loop" not in wins[None]
+    assert dumpmod.merge_loops([{"data_wait_s": "x", "steps": 1, "wall_s": 1}, {"steps": 2}]) is None
     # the whole run: epoch 1's loop holds its eval's steps already
     assert dumpmod.merge_dumps(dumps).extra["loop"] == {"data_wait_s": 4.0, "steps": 20, "wall_s": 30.0}
 

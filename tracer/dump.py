@@ -35,7 +35,7 @@ from datetime import datetime
 
 from .errors import UserError
 from .histogram import Histogram
-from .marker import LOOP_KEYS
+from .marker import LOOP_KEYS, check_loop
 
 SCHEMA = 1
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
@@ -205,7 +205,9 @@ def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None
 
 
 def merge_loops(parts: list[dict]) -> dict | None:
-    """The training loop's timing over several windows: each of data_wait_s, steps and wall_s added up."""
+    """The training loop's timing over several windows: each of data_wait_s, steps and wall_s added up
+    (a part that is not such a timing, as in a hand-edited file, is left out)."""
+    parts = [p for p in parts if check_loop(p) is None]
     if not parts:
         return None
     out = {k: sum(float(p.get(k, 0) or 0) for p in parts) for k in LOOP_KEYS}
