@@ -1,5 +1,5 @@
 # iotrace developer entry points; `make test` and `make demo` set the machine up first.
-.PHONY: setup setup-tf test lint demo bench clean
+.PHONY: setup setup-tf setup-torch test lint demo bench clean
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
@@ -14,8 +14,12 @@ setup:
 setup-tf:
 	@bash scripts/setup_tf.sh
 
+# A separate venv with PyTorch (CPU, pinned) for the end-to-end DataLoader test (idempotent).
+setup-torch:
+	@bash scripts/setup_torch.sh
+
 # Run the test suite as root.
-test: setup setup-tf
+test: setup setup-tf setup-torch
 	$(AS_ROOT) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # Lint with ruff (configured in pyproject.toml).
@@ -36,5 +40,5 @@ bench:
 
 # Remove the venv and every cache.
 clean:
-	rm -rf .venv .venv-tf .pytest_cache .hypothesis .ruff_cache *.egg-info build
+	rm -rf .venv .venv-tf .venv-torch .pytest_cache .hypothesis .ruff_cache *.egg-info build
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,5 +1,5 @@
-"""Shared fixtures: loop devices that are always torn down, fio, and running
-iotrace as a real process.
+"""Shared fixtures: loop devices that are always torn down, an ext4 on one,
+fio, and running iotrace as a real process.
 
 Tests that need root and BPF are marked `bpf`.  Without root or BPF they
 skip, except under IOTRACE_REQUIRE_BPF=1 (CI), where they fail instead.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -90,6 +91,86 @@ def make_loop(tmp_path):
 @pytest.fixture
 def loop(make_loop) -> LoopDevice:
     return make_loop()
+
+
+def _umount(mnt: Path) -> None:
+    if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+        # something still holds it (a trainer that outlived a failure): detach it lazily so the
+        # loop device's own teardown can still let go of it once the holder exits
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.fixture
+def ext4_mnt(make_loop, tmp_path):
+    """(loop device, mount point): a fresh ext4 on a 256 MiB loop device; unmounted at teardown."""
+    loop = make_loop(256)
+    # Initialise inode tables and journal now: ext4lazyinit would otherwise write while we trace.
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", loop.path],
+                   check=True, capture_output=True)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    # noatime: reading the data must not write inodes; no bitmap prefetch: no background reads
+    subprocess.run(["mount", "-o", "noatime,no_prefetch_block_bitmaps", loop.path, str(mnt)],
+                   check=True, capture_output=True)
+    try:
+        yield loop, mnt
+    finally:
+        _umount(mnt)
+
+
+def drop_caches() -> None:
+    """Write back and drop the page cache, so that the next reads come from the devices."""
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def framework_python(venv: str, make_target: str) -> Path:
+    """The interpreter of a framework's own venv in the checkout (.venv-tf, .venv-torch); without it the
+    test skips, or fails under IOTRACE_REQUIRE_BPF=1, saying which make target builds it."""
+    python = ROOT / venv / "bin" / "python"
+    if not python.exists():
+        why = f"no venv at {python}: run `make {make_target}`"
+        if REQUIRE_BPF:
+            pytest.fail(why)
+        pytest.skip(why)
+    return python
+
+
+def epoch_windows(path: Path, epochs: int, context: str = "") -> dict[str, list[dict]]:
+    """The marker dumps of a training run whose epochs are tracer.marker windows with a checkpoint
+    nested in each, by label; asserts they came in that order ("epoch N" twice: before and after
+    its checkpoint)."""
+    markers = [d for d in read_dumps(path) if d["kind"] == "marker"]
+    expected = ["before epoch 1"] + [label for n in range(1, epochs + 1)
+                                     for label in (f"epoch {n}", f"epoch {n} / checkpoint", f"epoch {n}")]
+    assert [d["label"] for d in markers] == expected, context
+    by_label: dict[str, list[dict]] = {}
+    for d in markers:
+        by_label.setdefault(d["label"], []).append(d)
+    return by_label
+
+
+def bytes_of(dumps: list[dict], device: str, op: str, tgid: int | None = None) -> int:
+    """Bytes of `op` on `device` over `dumps` (of process `tgid` only, if given)."""
+    return sum(s["bytes"] for d in dumps for s in series_of(d, device=device, op=op)
+               if tgid is None or s["tgid"] == tgid)
+
+
+def run_traced_group(args: list[str], env: dict[str, str], timeout: float) -> tuple[int, str, str]:
+    """Run `python -m tracer.cli ARGS` in its own session, killing the whole group on a timeout.
+
+    run_iotrace would kill only the tracer and leave a traced trainer holding
+    a mount; here the trainer (in the tracer's process group) goes too.
+    """
+    p = subprocess.Popen([PYTHON, "-m", "tracer.cli", *args], cwd=ROOT, env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        pytest.fail(f"the traced training run took more than {timeout}s\nstdout:\n{out}\nstderr:\n{err}")
+    return p.returncode, out, err
 
 
 def run_iotrace(args: list[str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:

@@ -22,6 +22,7 @@ import threading
 import time
 import types
 import warnings
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -40,12 +41,16 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.delenv(marker.ENV_CONTROL, raising=False)
     monkeypatch.setenv(marker.ENV_RUN_DIR, str(tmp_path / "run"))
     monkeypatch.setattr(marker, "_warned", False)
+    monkeypatch.setattr(marker, "_unconfirmed", False)
+    monkeypatch.setattr(marker, "_windows", (0, []))
     return tmp_path
 
 
 @pytest.fixture
 def tracer_end(fresh, monkeypatch):
-    """A ControlSocket standing in for the tracer, exported as $IOTRACE_CONTROL."""
+    """A ControlSocket standing in for the tracer, exported as $IOTRACE_CONTROL.  It does not
+    confirm markers, so markers are sent without waiting (DEFAULT_WAIT 0) unless a test says so."""
+    monkeypatch.setattr(marker, "DEFAULT_WAIT", 0.0)
     ctl = control.ControlSocket.open(directory=str(fresh / "run"))
     monkeypatch.setenv(marker.ENV_CONTROL, ctl.path)
     yield ctl
@@ -78,6 +83,7 @@ def test_no_tracer_one_warning_no_raise_no_block(fresh, monkeypatch, where):
     elif where == "stale":
         monkeypatch.setenv(marker.ENV_CONTROL, _stale_socket(fresh))
     elif where == "unread":     # a socket whose queue fills up because nobody reads it
+        monkeypatch.setattr(marker, "DEFAULT_WAIT", 0.05)   # the one unconfirmed wait, kept short
         unread = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         unread.bind(str(fresh / "unread.sock"))
         monkeypatch.setenv(marker.ENV_CONTROL, str(fresh / "unread.sock"))
@@ -184,13 +190,17 @@ def test_epochs_marks_after_each_completed_body(tracer_end):
     seen = []
     for e in marker.epochs(3):
         seen.append(e)
-        assert labels(tracer_end) == ([f"epoch {e}"] if e else [])   # the previous epoch, not this one yet
+        # before the first: what ran before the loop; then the previous epoch, not this one yet
+        assert labels(tracer_end) == ([f"epoch {e}"] if e else ["before epoch 1"])
+        assert marker.current() == f"epoch {e + 1}"
     assert seen == [0, 1, 2]
     assert labels(tracer_end) == ["epoch 3"]
+    assert marker.current() is None
     for e in marker.epochs(5, label="pass {n} of 5"):
         if e == 2:
-            break       # an epoch left by break is not marked
-    assert labels(tracer_end) == ["pass 1 of 5", "pass 2 of 5"]
+            break       # an epoch left by break is closed there, under its own label
+    assert labels(tracer_end) == ["before pass 1 of 5", "pass 1 of 5", "pass 2 of 5", "pass 3 of 5"]
+    assert marker.depth() == 0
 
 
 def test_phase_marks_before_and_after_even_on_error(tracer_end):
@@ -200,6 +210,249 @@ def test_phase_marks_before_and_after_even_on_error(tracer_end):
     with pytest.raises(KeyError), marker.phase("eval"):
         raise KeyError("the phase fails")
     assert labels(tracer_end) == ["before eval", "eval"]
+
+
+# ---- windows that nest ------------------------------------------------------
+
+class _FakeTracer:
+    """Stands in for tracer and kernel at once: I/O the loop "does" piles up until a marker closes
+    it into a dump, as the tracer does when it drains the kernel's histograms."""
+
+    def __init__(self):
+        self.pending = {"read": 0, "write": 0}
+        self.dumps: list[dict] = []
+        self.waits: list[float] = []
+
+    def io(self, op: str, n: int) -> None:
+        self.pending[op] += n
+
+    def send(self, label, path, wait=0.0, enclosing=None, loop=None):
+        marker.decode_message(marker.encode(label, enclosing, loop))    # what is sent must be valid
+        self.waits.append(wait)
+        self.dumps.append({"label": label, "enclosing": enclosing, "loop": loop, **self.pending})
+        self.pending = {"read": 0, "write": 0}
+        return True
+
+    def by_label(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for d in self.dumps:
+            acc = out.setdefault(d["label"], {"read": 0, "write": 0})
+            acc["read"] += d["read"]
+            acc["write"] += d["write"]
+        return out
+
+
+@pytest.fixture
+def fake_tracer(fresh, monkeypatch):
+    t = _FakeTracer()
+    monkeypatch.setenv(marker.ENV_CONTROL, str(fresh / "fake.sock"))
+    monkeypatch.setattr(marker, "send", t.send)
+    return t
+
+
+def test_a_checkpoint_phase_inside_an_epoch_is_its_own_window(fake_tracer):
+    """The issue's loop: each epoch's reads under its label, before and after the checkpoint;
+    each checkpoint's writes under "epoch N / checkpoint"."""
+    t = fake_tracer
+    t.io("read", 5)                                  # loading, before the loop
+    reads_before, reads_after, writes = [100, 200, 300], [10, 20, 30], [7, 8, 9]
+    for e in marker.epochs(3):
+        t.io("read", reads_before[e])
+        with marker.phase("checkpoint"):
+            assert marker.current() == f"epoch {e + 1} / checkpoint"
+            t.io("write", writes[e])
+        assert marker.current() == f"epoch {e + 1}"
+        t.io("read", reads_after[e])
+    t.io("read", 1)                                  # after the loop: the next dump (final)
+    got = t.by_label()
+    assert got.pop("before epoch 1") == {"read": 5, "write": 0}
+    for k in range(3):
+        assert got.pop(f"epoch {k + 1}") == {"read": reads_before[k] + reads_after[k], "write": 0}
+        assert got.pop(f"epoch {k + 1} / checkpoint") == {"read": 0, "write": writes[k]}
+    assert got == {}
+    assert t.pending == {"read": 1, "write": 0}
+    enclosing = {d["label"]: d["enclosing"] for d in t.dumps}
+    assert enclosing["epoch 2 / checkpoint"] == "epoch 2"
+    assert enclosing["epoch 2"] is None and enclosing["before epoch 1"] is None
+    # every boundary waited for the tracer by default
+    assert t.waits and all(w == marker.DEFAULT_WAIT for w in t.waits)
+
+
+def test_windows_nest_deeper_and_close_what_was_left_open(fake_tracer):
+    t = fake_tracer
+    with marker.phase("train"):
+        for e in marker.epochs(2):
+            t.io("read", 10 * (e + 1))
+            with marker.phase("eval"):
+                t.io("read", 1)
+                marker.begin("never ended")      # left open: the epoch's end closes it first
+                t.io("read", 2)
+    assert marker.depth() == 0
+    labels_seen = [(d["label"], d["enclosing"], d["read"]) for d in t.dumps]
+    assert labels_seen == [
+        ("before train", None, 0),
+        ("train", None, 0),                                   # closed before epoch 1 began
+        ("train / epoch 1", "train", 10),
+        ("train / epoch 1 / eval", "train / epoch 1", 1),
+        ("train / epoch 1 / eval / never ended", "train / epoch 1 / eval", 2),
+        ("train / epoch 1 / eval", "train / epoch 1", 0),
+        ("train / epoch 1", "train", 0),
+        ("train / epoch 2", "train", 20),
+        ("train / epoch 2 / eval", "train / epoch 2", 1),
+        ("train / epoch 2 / eval / never ended", "train / epoch 2 / eval", 2),
+        ("train / epoch 2 / eval", "train / epoch 2", 0),
+        ("train / epoch 2", "train", 0),
+        ("train", None, 0)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert marker.end() is False        # none open: nothing sent, nothing to warn about
+    assert len(t.dumps) == len(labels_seen)
+
+
+def test_an_exception_closes_the_windows_it_leaves(fake_tracer):
+    t = fake_tracer
+    with pytest.raises(KeyError):
+        for e in marker.epochs(3):
+            with marker.phase("checkpoint"):
+                if e == 1:
+                    raise KeyError("save failed")
+    assert marker.depth() == 0
+    assert [d["label"] for d in t.dumps][-3:] == ["epoch 2", "epoch 2 / checkpoint", "epoch 2"]
+
+
+def test_a_plain_mark_inside_a_window_names_it(fake_tracer):
+    with marker.phase("epoch 1"):
+        marker.mark("halfway")
+    assert [(d["label"], d["enclosing"]) for d in fake_tracer.dumps] == [
+        ("before epoch 1", None), ("halfway", "epoch 1"), ("epoch 1", None)]
+
+
+def test_loop_steps_go_to_every_open_window(fake_tracer):
+    waits = [0.25, 0.5, 0.125]
+    for _ in marker.epochs(1):
+        for w in waits[:2]:
+            marker.loop_step(w)
+        with marker.phase("eval"):
+            marker.loop_step(waits[2])
+        marker.loop_step(float("nan"))     # not a time: ignored
+    marker.loop_step(1.0)                  # no window open: counted nowhere
+    loops = {d["label"]: d["loop"] for d in fake_tracer.dumps if d["loop"]}
+    assert set(loops) == {"epoch 1", "epoch 1 / eval"}
+    assert loops["epoch 1"]["steps"] == 3 and loops["epoch 1"]["data_wait_s"] == pytest.approx(sum(waits))
+    assert loops["epoch 1 / eval"]["steps"] == 1 and loops["epoch 1 / eval"]["data_wait_s"] == waits[2]
+    assert loops["epoch 1"]["wall_s"] >= loops["epoch 1 / eval"]["wall_s"] >= 0
+
+
+def test_a_tracer_that_does_not_confirm_is_waited_for_once(fake_tracer, monkeypatch):
+    t = fake_tracer
+    confirms = iter([True, False])
+    sent = t.send
+    monkeypatch.setattr(marker, "send", lambda *a, **k: sent(*a, **k) and next(confirms, True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert marker.mark("a") is True
+        assert marker.mark("b") is False         # unconfirmed: one warning, no more default waits
+        assert marker.mark("c") is True
+        assert marker.mark("d", wait=3) is True  # an explicit wait still waits
+    assert t.waits == [marker.DEFAULT_WAIT, marker.DEFAULT_WAIT, 0.0, 3]
+    assert len(marker_warnings(caught)) == 1 and "do not wait" in marker_warnings(caught)[0]
+
+
+def test_wire_carries_enclosing_and_loop_compatibly():
+    loop = {"data_wait_s": 1.5, "steps": 40, "wall_s": 12.25}
+    data = marker.encode("epoch 2 / checkpoint", "epoch 2", loop)
+    assert marker.decode(data) == "epoch 2 / checkpoint"          # what a label-only reader takes
+    assert marker.decode_message(data) == {"label": "epoch 2 / checkpoint", "enclosing": "epoch 2", "loop": loop}
+    assert marker.decode_message(marker.encode("x")) == {"label": "x", "enclosing": None, "loop": None}
+    # a bad optional field is left out, the marker still counts
+    for bad in ({"data_wait_s": -1, "steps": 1, "wall_s": 1}, {"steps": 1}, [1, 2],
+                {"data_wait_s": 1e400, "steps": 1, "wall_s": 1}, {"data_wait_s": 1, "steps": 1.5, "wall_s": 1}):
+        raw = json.dumps({"v": 1, "label": "e", "enclosing": "\x1b[2J", "loop": bad}).encode()
+        assert marker.decode_message(raw) == {"label": "e", "enclosing": None, "loop": None}, bad
+    with pytest.raises(ValueError):
+        marker.encode("e", loop={"steps": 1})
+    # long labels: the datagram stays within MAX_DATAGRAM, the enclosing label goes first
+    long = "✓" * marker.MAX_LABEL
+    data = marker.encode(long, long, loop)
+    assert len(data) <= marker.MAX_DATAGRAM
+    assert marker.decode_message(data) == {"label": long, "enclosing": None, "loop": loop}
+
+
+def test_the_tracer_end_reads_enclosing_and_loop(tracer_end):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.sendto(marker.encode("epoch 1 / checkpoint", "epoch 1"), tracer_end.path)
+    s.sendto(marker.encode("epoch 1", None, {"data_wait_s": 2.0, "steps": 3, "wall_s": 4.0}), tracer_end.path)
+    s.sendto(json.dumps({"v": 1, "label": "from a shell"}).encode(), tracer_end.path)
+    s.close()
+    got = [(m.label, m.dump_fields()) for m in tracer_end.receive()]
+    assert got == [("epoch 1 / checkpoint", {"enclosing": "epoch 1"}),
+                   ("epoch 1", {"enclosing": None, "loop": {"data_wait_s": 2.0, "steps": 3, "wall_s": 4.0}}),
+                   ("from a shell", {"enclosing": None})]
+
+
+def test_merged_windows_add_loops_without_counting_nested_ones_twice():
+    from tracer import dump as dumpmod
+    from tracer.report import windows_by_label
+
+    def d(label, enclosing=None, loop=None):
+        x = dumpmod.Dump(kind="marker", label=label, start=datetime(2025, 1, 1, tzinfo=UTC),
+                         end=datetime(2025, 1, 1, 0, 0, 1, tzinfo=UTC), host="h", kernel="k", series=[])
+        x.extra["enclosing"] = enclosing
+        if loop:
+            x.extra["loop"] = dict(zip(dumpmod.LOOP_KEYS, loop, strict=True))
+        return x
+
+    dumps = [d("epoch 1"), d("epoch 1 / eval", "epoch 1", (1.0, 2, 3.0)), d("epoch 1", None, (3.0, 10, 20.0)),
+             d("epoch 2", None, (1.0, 10, 10.0)), d(None)]
+    wins = {w.label: w.merged.extra for w in windows_by_label(dumps)}
+    assert wins["epoch 1"]["loop"] == {"data_wait_s": 3.0, "steps": 10, "wall_s": 20.0}
+    assert wins["epoch 1 / eval"] == {**wins["epoch 1 / eval"], "enclosing": "epoch 1"}
+    assert "loop" not in wins[None]
+    assert dumpmod.merge_loops([{"data_wait_s": "x", "steps": 1, "wall_s": 1}, {"steps": 2}]) is None
+    # the whole run: epoch 1's loop holds its eval's steps already
+    assert dumpmod.merge_dumps(dumps).extra["loop"] == {"data_wait_s": 4.0, "steps": 20, "wall_s": 30.0}
+
+
+def test_timed_loader_counts_the_loops_wait_for_each_batch(fake_tracer, monkeypatch):
+    """A plain iterable, no torch: the wait is what next() took, not what the loop body took."""
+    from tracer.integrations import torch as iotorch
+
+    clock = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    class Batches:
+        dataset = "the dataset"
+
+        def __len__(self):
+            return 3
+
+        def __iter__(self):
+            clock[0] += 5.0                 # starting workers: part of the first wait
+            for i in range(3):
+                clock[0] += 1.0 + i         # making batch i
+                yield i
+
+    loader = iotorch.timed(Batches())
+    assert iotorch.timed(loader) is loader and len(loader) == 3 and loader.dataset == "the dataset"
+    for _ in marker.epochs(2):
+        for _batch in loader:
+            clock[0] += 10.0                # the step itself
+    loops = [d["loop"] for d in fake_tracer.dumps if d["loop"]]
+    assert loops == [{"data_wait_s": 11.0, "steps": 3, "wall_s": 41.0}] * 2
+    # half-made (as copy and pickle make it): a missing attribute is an AttributeError, not a recursion
+    assert getattr(iotorch.TimedLoader.__new__(iotorch.TimedLoader), "dataset", "absent") == "absent"
+
+
+def test_torch_integration_imports_without_torch_or_lightning():
+    code = ("import sys\n"
+            "for m in ('torch', 'lightning', 'pytorch_lightning'): sys.modules[m] = None\n"
+            "import tracer.integrations.torch as t\n"
+            "print(list(t.timed([1, 2])))\n"
+            "try:\n    t.IOTraceLightningCallback\nexcept ImportError as e:\n    print(e)\n")
+    r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "[1, 2]"
+    assert "needs Lightning" in r.stdout, r.stdout
 
 
 def test_import_is_light():
@@ -351,28 +604,40 @@ def test_keras_callback_marks_epochs_and_checkpoints(tracer_end, monkeypatch, tm
     monkeypatch.setitem(sys.modules, "keras", _fake_keras())
     IOTraceCallback = _load_keras_integration().IOTraceCallback
 
+    def fit(cb, epochs, batches=0):
+        cb.on_train_begin()
+        for e in range(epochs):
+            cb.on_epoch_begin(e)
+            for b in range(batches):
+                cb.on_train_batch_begin(b)
+                cb.on_train_batch_end(b)
+            cb.on_epoch_end(e, logs={"loss": 1.0})
+        cb.on_train_end()
+
     ctl = tracer_end
-    plain = IOTraceCallback()
-    plain.on_epoch_end(0)
-    plain.on_epoch_end(1, logs={"loss": 1.0})
-    assert labels(ctl) == ["epoch 1", "epoch 2"]
+    fit(IOTraceCallback(), 2, batches=3)
+    got = [(m.label, m.enclosing, m.loop and m.loop["steps"]) for m in ctl.receive()]
+    assert got == [("before epoch 1", None, None), ("epoch 1", None, 3), ("epoch 2", None, 3)]
 
     model = _Model(ctl)
     cb = IOTraceCallback(checkpoint_path=str(tmp_path / "ckpt" / "model-{epoch}.keras"))
     cb.model = model
-    cb.on_epoch_end(0)
-    cb.on_epoch_end(1)
-    # each save runs after its epoch's marker and before its own
-    assert model.saves == [("save", str(tmp_path / "ckpt" / "model-1.keras"), ["epoch 1"]),
-                           ("save", str(tmp_path / "ckpt" / "model-2.keras"), ["checkpoint 1", "epoch 2"])]
-    assert labels(ctl) == ["checkpoint 2"]
+    fit(cb, 2)
+    # each save runs inside its epoch, in the window "epoch N / checkpoint"
+    assert model.saves == [
+        ("save", str(tmp_path / "ckpt" / "model-1.keras"), ["before epoch 1", "epoch 1"]),
+        ("save", str(tmp_path / "ckpt" / "model-2.keras"), ["epoch 1 / checkpoint", "epoch 1", "epoch 2"])]
+    assert labels(ctl) == ["epoch 2 / checkpoint", "epoch 2"]
     assert (tmp_path / "ckpt" / "model-2.keras").read_bytes() == b"model"
+    assert marker.depth() == 0
 
     weights = IOTraceCallback(checkpoint_path=str(tmp_path / "w-{epoch}.weights.h5"))
     weights.model = model
+    weights.on_train_begin()
+    weights.on_epoch_begin(4)
     weights.on_epoch_end(4)
     assert model.saves[-1][:2] == ("weights", str(tmp_path / "w-5.weights.h5"))
-    assert labels(ctl) == ["checkpoint 5"]
+    assert labels(ctl) == ["epoch 5 / checkpoint", "epoch 5"]
 
 
 def test_keras_missing_is_a_clear_import_error():
@@ -486,3 +751,78 @@ def test_command_run_as_an_unprivileged_user_can_mark(tmp_path):
     assert said and said.groups() == (str(nobody.pw_uid), str(nobody.pw_uid), "0o600", "True"), r.stdout
     assert [(d["kind"], d["label"]) for d in read_dumps(out)] == [("marker", "as nobody"), ("final", None)]
     assert not os.path.exists(_control_path(r.stderr))
+
+
+NESTED_SCRIPT = """\
+import mmap, os, sys
+from tracer import marker
+from tracer.integrations.torch import timed
+
+MIB, CHUNK = 1 << 20, 256 << 10
+dev, plan, writes, write_at = sys.argv[1], {plan}, {writes}, {write_at}
+fd = os.open(dev, os.O_RDWR | os.O_DIRECT)
+buf = mmap.mmap(-1, CHUNK)          # page-aligned, as O_DIRECT wants
+
+def batches(first, mib):            # a stand-in data loader: each batch one direct read
+    for i in range(mib * MIB // CHUNK):
+        if os.preadv(fd, [buf], first * MIB + i * CHUNK) != CHUNK:
+            sys.exit("short read")
+        yield i
+
+at = 0
+for e in marker.epochs(len(plan)):  # no explicit waits: the default boundaries must be exact
+    before, after = plan[e]
+    for _ in timed(batches(at, before)):
+        pass
+    at += before
+    with marker.phase("checkpoint"):
+        for i in range(writes[e] * MIB // CHUNK):
+            os.pwritev(fd, [buf], (write_at + sum(writes[:e])) * MIB + i * CHUNK)
+        os.fsync(fd)
+    for _ in timed(batches(at, after)):
+        pass
+    at += after
+"""
+
+
+def _bytes_by_op(d: dict, device: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for s in series_of(d, device=device):
+        out[s["op"]] = out.get(s["op"], 0) + s["bytes"]
+    return out
+
+
+@bpf
+def test_nested_epochs_and_checkpoints_with_the_real_tracer(make_loop, tmp_path):
+    """The issue's loop, traced: each epoch's direct reads under its label (before and after its
+    checkpoint), each checkpoint's writes under "epoch N / checkpoint", the loop's batches counted."""
+    loop = make_loop(128)
+    mib = 1 << 20
+    plan, writes, write_at = [(8, 4), (12, 4), (16, 2)], [2, 3, 4], 96
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED_SCRIPT.format(plan=plan, writes=writes, write_at=write_at))
+    out = tmp_path / "run.jsonl"
+    r = run_iotrace(["-o", str(out), "--dev", loop.name, "--", PYTHON, str(script), loop.path],
+                    env=_env(tmp_path / "run", PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    rep = run_iotrace(["report", str(out), "--by", "label", "--json"])
+    assert rep.returncode == 0, rep.stderr
+    windows = {w["label"]: w for w in map(json.loads, rep.stdout.splitlines())}
+    dumps = read_dumps(out)
+    for n, ((before, after), wrote) in enumerate(zip(plan, writes, strict=True), 1):
+        epoch, ckpt = windows[f"epoch {n}"], windows[f"epoch {n} / checkpoint"]
+        got = _bytes_by_op(epoch, loop.name)
+        assert got.get("read", 0) == pytest.approx((before + after) * mib, rel=0.02), (n, got)
+        assert got.get("write", 0) == 0, (n, got)
+        got = _bytes_by_op(ckpt, loop.name)
+        assert got.get("write", 0) == pytest.approx(wrote * mib, rel=0.02), (n, got)
+        assert got.get("read", 0) == 0, (n, got)
+        assert epoch["loop"]["steps"] == (before + after) * mib // (256 << 10), epoch["loop"]
+        assert 0 < epoch["loop"]["data_wait_s"] <= epoch["loop"]["wall_s"], epoch["loop"]
+        # the dumps say which window encloses them
+        assert {d["enclosing"] for d in dumps if d["label"] == f"epoch {n} / checkpoint"} == {f"epoch {n}"}
+        assert {d["enclosing"] for d in dumps if d["label"] == f"epoch {n}"} == {None}
+    # nothing of the loop's I/O was left for the windows around it
+    for name in ("before epoch 1", None):
+        rest = _bytes_by_op(windows.get(name, {"series": []}), loop.name)
+        assert sum(rest.values()) <= 0.02 * mib, (name, rest)

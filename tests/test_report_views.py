@@ -289,6 +289,33 @@ def test_by_label_warns_of_dropped_events(tmp_path):
     assert warnings == ["WARNING: epoch 1: events not recorded: no_start=3 (see README, 'Dropped events')"]
 
 
+def test_by_label_shows_the_loops_data_wait_share(tmp_path):
+    def looped(d: Dump, wait: float, steps: int, wall: float, enclosing: str | None = None) -> Dump:
+        d.extra.update({"enclosing": enclosing, "loop": {"data_wait_s": wait, "steps": steps, "wall_s": wall}})
+        return d
+
+    rows = [series(7, "trainer", "nvme0n1", "read", [MS])]
+    path = write(tmp_path / "loop.jsonl", [
+        dump("epoch 1", 0, 4, rows),                                    # before the checkpoint: no loop yet
+        dump("epoch 1 / checkpoint", 4, 1, rows),
+        looped(dump("epoch 1", 5, 5, rows), 3.0, 12, 10.0),             # the epoch's end: its loop
+        looped(dump("epoch 2", 10, 5, rows), 1.0, 12, 5.0),
+        dump(None, 15, 1, []),
+    ])
+    out = ok(["report", "--by", "label", str(path)])
+    lines = out.splitlines()
+    head = next(i for i, x in enumerate(lines) if x.strip().startswith("LABEL"))
+    assert lines[head].split()[-3:] == ["STEPS", "DATA", "WAIT"]
+    shares = {}
+    for line in lines[head + 1:head + 4]:
+        label, rest = re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        shares[label] = rest.split()[-2:]
+    assert shares == {"epoch 1": ["12", "30.0%"], "epoch 1 / checkpoint": ["-", "-"], "epoch 2": ["12", "20.0%"]}
+    # without loops the table is as it was
+    plain = ok(["report", "--by", "label", str(write(tmp_path / "plain.jsonl", [dump("epoch 1", 0, 1, rows)]))])
+    assert "DATA WAIT" not in plain and window_table(plain) == {"epoch 1": 1}
+
+
 # ---- diff --------------------------------------------------------------------------
 
 def pct(a: float, b: float) -> float:

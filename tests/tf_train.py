@@ -62,7 +62,7 @@ def dataset(data_dir: Path, batch: int) -> tf.data.Dataset:
 
 
 def train(data_dir: Path, epochs: int, batch: int, checkpoint: str | None, use_iotrace: bool,
-          marker_wait: float) -> None:
+          marker_wait: float | None) -> None:
     import keras
 
     print(f"tf_train: pid {os.getpid()}", flush=True)   # the test tells the trainer's rows by it
@@ -98,8 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--epochs", type=int, default=3)
     t.add_argument("--batch", type=int, default=64)
     t.add_argument("--checkpoint", help="IOTraceCallback's checkpoint_path, e.g. /mnt/ckpt-{epoch}.keras")
-    t.add_argument("--marker-wait", type=float, default=0.0,
-                   help="IOTraceCallback's wait: seconds to wait for the tracer to confirm each marker")
+    t.add_argument("--marker-wait", type=float, default=None,
+                   help="IOTraceCallback's wait: seconds to wait for the tracer to confirm each marker "
+                        "(default: tracer.marker's, which waits)")
     t.add_argument("--no-iotrace", action="store_true", help="train without the callback (to run it alone)")
     a = p.parse_args(argv)
     if a.cmd == "write":

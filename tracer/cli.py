@@ -521,7 +521,9 @@ def _take_markers(control, probe, clock, session: Session) -> None:
     for m in control.receive():
         raw = probe.drain()
         control.ack(m)      # the window is closed: the sender's next I/O falls in the next dump
-        session.emit(build_dump(raw, clock, "marker", label=m.label))
+        d = build_dump(raw, clock, "marker", label=m.label)
+        d.extra.update(m.dump_fields())
+        session.emit(d)
 
 
 def _loop(args: TraceArgs, probe, clock, session: Session, pidfds: list[int], child: int | None,

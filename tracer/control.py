@@ -5,7 +5,9 @@ $IOTRACE_RUN_DIR/PID.sock (default /run/iotrace/PID.sock; a private temp dir
 when that cannot be used), prints its path, and exports it to a traced
 COMMAND as $IOTRACE_CONTROL.  Each datagram is a marker (wire format in
 tracer/marker.py); the trace loop turns each one into a dump of kind
-"marker" carrying its label.
+"marker" carrying its label, the label of the window enclosing it
+("enclosing", null for a plain `iotrace mark`) and the training loop's
+timing ("loop") when the marker brought one.
 
 Who may write: the socket is mode 0600, owned by the user who ran sudo
 (SUDO_UID, the user a traced COMMAND runs as), else by the tracer's own
@@ -38,10 +40,17 @@ BAD_MESSAGES_SHOWN = 3     # then bad messages are only counted
 
 @dataclass
 class Marker:
-    """One marker as received: its label, and the sender's address if it waits for an ack."""
+    """One marker as received: its label, and the sender's address if it waits for an ack;
+    the enclosing window's label and the loop's timing if the sender gave them."""
 
     label: str
     reply_to: bytes | str | None = None
+    enclosing: str | None = None
+    loop: dict | None = None
+
+    def dump_fields(self) -> dict:
+        """What the marker adds to its dump's JSON line, beside the label."""
+        return {"enclosing": self.enclosing, **({"loop": self.loop} if self.loop else {})}
 
 
 def _usable_run_dir(directory: str) -> bool:
@@ -115,7 +124,8 @@ class ControlSocket:
                 self._complain(f"cannot read the control socket: {exc.strerror or exc}")
                 break
             try:
-                out.append(Marker(marker.decode(data), addr or None))
+                msg = marker.decode_message(data)
+                out.append(Marker(msg["label"], addr or None, msg["enclosing"], msg["loop"]))
                 self.received += 1
             except ValueError as exc:
                 self._complain(f"ignored a bad control message ({exc})")
@@ -197,8 +207,8 @@ def run_mark(argv: list[str], out: TextIO = sys.stdout) -> int:
                        "examples:\n"
                        "  iotrace mark 'epoch 3'\n"
                        "  iotrace mark --control /run/iotrace/1234.sock 'checkpoint 3'\n\n"
-                       "from Python: tracer.marker.mark('epoch 3'), marker.phase(), marker.epochs();\n"
-                       "Keras: tracer.integrations.keras.IOTraceCallback")
+                       "from Python: tracer.marker.epochs(), marker.phase() (windows that nest), marker.mark();\n"
+                       "Keras: tracer.integrations.keras.IOTraceCallback; PyTorch: tracer.integrations.torch")
     p.add_argument("label", metavar="LABEL", help=f"the dump's label (printable, up to {marker.MAX_LABEL} characters)")
     p.add_argument("--control", metavar="PATH", help="the tracer's control socket (printed when it starts)")
     p.add_argument("--wait", type=float, default=2.0, metavar="SECONDS",

@@ -14,6 +14,12 @@ iotrace .jsonl file is one dump:
                                         "p99", "p99.9", "max"}},
                  "hdr": {phase: HdrHistogram compressed base64, values in ns}}]}
 
+Marker dumps also carry "enclosing": the label of the window the marker's
+stretch lay in (null at the top level, or from `iotrace mark`), and, when
+the marker closed a window the training loop was timed in, "loop":
+{"data_wait_s", "steps", "wall_s"} (seconds the loop waited for its batches,
+batches, and the window's wall time).  Merging dumps adds their loops up.
+
 Latencies in the JSON are microseconds; the hdr histograms count
 nanoseconds.  min, max and mean are exact (kept by the kernel), the
 percentiles are read from the histograms (within 0.4%).
@@ -29,6 +35,7 @@ from datetime import datetime
 
 from .errors import UserError
 from .histogram import Histogram
+from .marker import LOOP_KEYS, check_loop
 
 SCHEMA = 1
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
@@ -182,10 +189,30 @@ def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None
     bio = sorted({name for d in dumps for name in d.extra.get("bio_devices", [])})
     if bio:
         merged.extra["bio_devices"] = bio
+    # a window's loop counts the steps of the windows nested in it: theirs are not added again
+    labels = {d.label for d in dumps}
+    loop = merge_loops([d.extra["loop"] for d in dumps if isinstance(d.extra.get("loop"), dict)
+                        and (d.extra.get("enclosing") is None or d.extra["enclosing"] not in labels)])
+    if loop:
+        merged.extra["loop"] = loop
+    enclosing = {d.extra.get("enclosing") for d in dumps if "enclosing" in d.extra}
+    if len(enclosing) == 1:
+        merged.extra["enclosing"] = enclosing.pop()
     attach = sorted({d.extra["attach"] for d in dumps if "attach" in d.extra})
     if attach:
         merged.extra["attach"] = "+".join(attach)     # one, unless runs of both kinds were merged
     return merged
+
+
+def merge_loops(parts: list[dict]) -> dict | None:
+    """The training loop's timing over several windows: each of data_wait_s, steps and wall_s added up
+    (a part that is not such a timing, as in a hand-edited file, is left out)."""
+    parts = [p for p in parts if check_loop(p) is None]
+    if not parts:
+        return None
+    out = {k: sum(float(p.get(k, 0) or 0) for p in parts) for k in LOOP_KEYS}
+    out["steps"] = int(out["steps"])
+    return out
 
 
 def merge_coverage(parts: list[dict]) -> dict | None:

@@ -2,25 +2,40 @@
 
     from tracer import marker
 
-    for epoch in marker.epochs(3):        # like range(3); marks "epoch 1", "epoch 2", "epoch 3"
+    for epoch in marker.epochs(3):            # like range(3): the windows "epoch 1" .. "epoch 3"
         train_one_epoch()
+        with marker.phase("checkpoint"):      # inside "epoch 2": the window "epoch 2 / checkpoint"
+            save()
 
-    marker.mark("warm-up")                # closes the dump since the last marker, labelled "warm-up"
-    with marker.phase("checkpoint 3"):    # the I/O inside the block is the dump "checkpoint 3"
-        save()
+    marker.mark("warm-up")                    # closes the dump since the last marker, labelled "warm-up"
 
 A marker *closes* a dump: the tracer drains everything recorded since the
 previous marker (or the start) into one dump of kind "marker" carrying the
-label.  So mark(label) belongs at the END of the stretch it names; phase()
-marks f"before {label}" on entry (closing whatever ran before it into a dump
-of its own) and label on exit.
+label.  On top of that this module keeps a stack of open *windows*, so that
+they nest as training loops do: begin(label) closes the stretch before it
+under the enclosing window's label (f"before {label}" at the top level) and
+opens the window; end() closes it under its label.  A window opened inside
+another is labelled "outer / inner"; the outer window's I/O before and after
+it is dumped under the outer label both times (`iotrace report --by label`
+merges dumps that share a label).  epochs() and phase() are made of begin()
+and end().  mark(label) is the plain boundary, as `iotrace mark` sends it.
+
+Exact boundaries: every marker waits, by default, for the tracer to confirm
+it has closed the dump (a few milliseconds; at most DEFAULT_WAIT seconds), so
+I/O issued after the call cannot fall in the dump before it.  Once a tracer
+fails to confirm in time, later markers of the process no longer wait unless
+asked to (a wedged tracer costs one timeout, not one per epoch); wait=0
+sends without waiting.  With no tracer listening nothing waits.
+
+Loop timing: loop_step(seconds) (called by the integrations' batch timers)
+adds one step and the time it waited for its batch to every open window;
+end() sends them with the window's marker, with the window's wall time.
 
 This module owns the client side and the wire format; tracer/control.py is
 the tracer's side.  It is imported by trainers, without root, bcc or numpy:
 standard library only, and nothing from the rest of tracer.  It never raises
-into the caller and never blocks (one non-blocking datagram) unless asked to
-wait for the tracer's confirmation.  With no tracer listening every call is a
-no-op returning False, and the first one emits a single MarkerWarning.
+into the caller.  With no tracer listening every call is a no-op returning
+False, and the first one emits a single MarkerWarning.
 
 Finding the tracer: $IOTRACE_CONTROL (set by `iotrace -- COMMAND` for the
 command it runs), else the one tracer listening in the run directory
@@ -28,10 +43,14 @@ command it runs), else the one tracer listening in the run directory
 
 Wire format (one UNIX datagram, UTF-8 JSON, at most MAX_DATAGRAM bytes):
     {"v": 1, "label": "epoch 3"}
-label: 1..MAX_LABEL printable characters.  Unknown keys are ignored, so later
-versions can add fields.  A sender that bound its own socket (to wait) gets
-{"v": 1, "ack": "epoch 3"} back once the dump is closed: its next I/O falls
-in the next dump.
+    {"v": 1, "label": "epoch 2 / checkpoint", "enclosing": "epoch 2",
+     "loop": {"data_wait_s": 1.25, "steps": 400, "wall_s": 30.5}}
+label: 1..MAX_LABEL printable characters.  enclosing (the label of the
+window the closed stretch lies in) and loop are optional: version-1 tracers
+that predate them ignore them, as they ignore any unknown key, and a bad one
+is left out without losing the marker.  A sender that bound its own socket
+(to wait) gets {"v": 1, "ack": "epoch 3"} back once the dump is closed: its
+next I/O falls in the next dump.
 """
 
 from __future__ import annotations
@@ -87,15 +106,50 @@ def _json_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def encode(label: str) -> bytes:
+LOOP_KEYS = ("data_wait_s", "steps", "wall_s")
+
+
+def _loop_json(loop: dict) -> str:
+    return (f'{{"data_wait_s": {float(loop["data_wait_s"]):.6f}, "steps": {int(loop["steps"])}, '
+            f'"wall_s": {float(loop["wall_s"]):.6f}}}')
+
+
+def encode(label: str, enclosing: str | None = None, loop: dict | None = None) -> bytes:
+    """One marker datagram; the optional fields are left out (enclosing first) to keep it in MAX_DATAGRAM."""
     why = check_label(label)
     if why:
         raise ValueError(why)
-    return f'{{"v": {WIRE_VERSION}, "label": {_json_string(label)}}}'.encode()
+    if loop is not None and check_loop(loop):
+        raise ValueError(check_loop(loop))
+    head = f'{{"v": {WIRE_VERSION}, "label": {_json_string(label)}'
+    extras = []
+    if enclosing is not None and not check_label(enclosing):
+        extras.append(f', "enclosing": {_json_string(enclosing)}')
+    if loop is not None:
+        extras.append(f', "loop": {_loop_json(loop)}')
+    while True:
+        data = (head + "".join(extras) + "}").encode()
+        if len(data) <= MAX_DATAGRAM or not extras:
+            return data
+        extras.pop(0)
 
 
-def decode(data: bytes) -> str:
-    """The label of one datagram; ValueError saying what is wrong with a bad one."""
+def check_loop(loop: object) -> str | None:
+    """Why `loop` is not a {"data_wait_s", "steps", "wall_s"} of finite non-negative numbers, or None."""
+    if not isinstance(loop, dict):
+        return "loop is not an object"
+    for key in LOOP_KEYS:
+        v = loop.get(key)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0 or v == float("inf"):
+            return f"loop.{key} is not a finite number >= 0"
+    if not isinstance(loop["steps"], int) and not float(loop["steps"]).is_integer():
+        return "loop.steps is not a whole number"
+    return None
+
+
+def decode_message(data: bytes) -> dict:
+    """One datagram as {"label", "enclosing", "loop"} (the optional ones None when absent or bad);
+    ValueError saying what is wrong with a datagram that is no marker at all."""
     import json
 
     if len(data) > MAX_DATAGRAM:
@@ -112,7 +166,17 @@ def decode(data: bytes) -> str:
     why = check_label(label)
     if why:
         raise ValueError(why)
-    return label
+    enclosing = msg.get("enclosing")
+    loop = msg.get("loop")
+    return {"label": label,
+            "enclosing": enclosing if enclosing is not None and not check_label(enclosing) else None,
+            "loop": {"data_wait_s": float(loop["data_wait_s"]), "steps": int(loop["steps"]),
+                     "wall_s": float(loop["wall_s"])} if loop is not None and not check_loop(loop) else None}
+
+
+def decode(data: bytes) -> str:
+    """The label of one datagram; ValueError saying what is wrong with a bad one."""
+    return decode_message(data)["label"]
 
 
 def encode_ack(label: str) -> bytes:
@@ -211,13 +275,13 @@ def _sender() -> socket.socket:
     return _cached[1]
 
 
-def send(label: str, path: str, wait: float = 0.0) -> bool:
+def send(label: str, path: str, wait: float = 0.0, enclosing: str | None = None, loop: dict | None = None) -> bool:
     """Send one marker to the socket at `path`; with wait > 0, wait that long for the ack.
 
     Raises OSError if it cannot be sent; returns whether it was confirmed
     (always True without waiting, once sent).
     """
-    data = encode(label)
+    data = encode(label, enclosing, loop)
     if wait <= 0:
         _sender().sendto(data, path)
         return True
@@ -241,23 +305,45 @@ def send(label: str, path: str, wait: float = 0.0) -> bool:
     return False
 
 
-def mark(label: object, wait: float = 0.0) -> bool:
-    """Close the tracer's current dump, labelled `label`; True if the tracer got it.
+DEFAULT_WAIT = 2.0      # seconds a marker waits for the tracer's confirmation unless told otherwise
+_unconfirmed = False    # a tracer failed to confirm in time: default waits are off for this process
 
-    Never raises and never blocks: one non-blocking datagram.  wait > 0
-    waits up to that many seconds for the tracer to confirm it has closed
-    the dump, so that I/O issued after mark() returns lands in the next
-    dump (a marker that is not waited for takes effect a few milliseconds
-    later).  Labels are made printable and cut at MAX_LABEL characters.
+
+def _wait_for(wait: float | None) -> float:
+    if wait is not None:
+        return wait
+    return 0.0 if _unconfirmed else DEFAULT_WAIT
+
+
+def mark(label: object, wait: float | None = None) -> bool:
+    """Close the tracer's current dump, labelled `label`; True if the tracer got it (and confirmed it).
+
+    The dump says which window encloses it (current()).  Never raises.  By
+    default waits for the tracer to confirm it has closed the dump
+    (milliseconds; at most DEFAULT_WAIT s, and after one time-out no more by
+    default), so that I/O issued after mark() returns lands in the next dump.
+    wait=0: one non-blocking datagram, which the tracer acts on a few
+    milliseconds later.  Labels are made printable and cut at MAX_LABEL
+    characters.
     """
+    try:
+        return _send_marker(label, wait, current())
+    except Exception as exc:  # noqa: BLE001 - a marker must never break the training loop
+        _warn(f"marker not sent: {exc!r}")
+        return False
+
+
+def _send_marker(label: object, wait: float | None, enclosing: str | None, loop: dict | None = None) -> bool:
+    global _unconfirmed
     try:
         text = clean_label(label)
         path, where = find_tracer()
         if path is None:
             _warn(where)
             return False
+        wait = _wait_for(wait)
         try:
-            confirmed = send(text, path, wait)
+            confirmed = send(text, path, wait, enclosing, loop)
         except BlockingIOError:
             _warn(f"the tracer at {path} ({where}) is not keeping up; marker {text!r} dropped")
             return False
@@ -265,42 +351,154 @@ def mark(label: object, wait: float = 0.0) -> bool:
             _warn(f"cannot reach the tracer at {path} ({where}): {exc.strerror or exc}")
             return False
         if not confirmed:
-            _warn(f"the tracer at {path} did not confirm marker {text!r} within {wait:g} s")
+            _unconfirmed = True
+            _warn(f"the tracer at {path} did not confirm marker {text!r} within {wait:g} s; "
+                  f"later markers do not wait for it")
         return confirmed
     except Exception as exc:  # noqa: BLE001 - a marker must never break the training loop
         _warn(f"marker not sent: {exc!r}")
         return False
 
 
-@contextlib.contextmanager
-def phase(label: object, wait: float = 0.0) -> Iterator[None]:
-    """The I/O inside the block becomes the dump `label`.
+# ---- windows that nest -------------------------------------------------------
 
-    On entry marks f"before {label}" (what ran since the last marker gets a
-    dump of its own, not mixed into the phase); on exit, also by an
-    exception, marks `label`.
-    """
+class _Window:
+    """An open window: its full label ("epoch 2 / checkpoint"), when it opened, and the loop's steps in it."""
+
+    __slots__ = ("label", "opened", "data_wait_s", "steps")
+
+    def __init__(self, label: str):
+        self.label = label
+        self.opened = time.perf_counter()
+        self.data_wait_s = 0.0
+        self.steps = 0
+
+    def loop(self) -> dict | None:
+        if not self.steps:
+            return None
+        return {"data_wait_s": self.data_wait_s, "steps": self.steps,
+                "wall_s": max(0.0, time.perf_counter() - self.opened)}
+
+
+_windows: tuple[int, list[_Window]] = (0, [])    # (pid, stack): a forked child starts with none open
+
+
+def _stack() -> list[_Window]:
+    global _windows
+    if _windows[0] != os.getpid():
+        _windows = (os.getpid(), [])
+    return _windows[1]
+
+
+def current() -> str | None:
+    """The label of the innermost open window, or None at the top level."""
+    stack = _stack()
+    return stack[-1].label if stack else None
+
+
+def depth() -> int:
+    """How many windows are open (end(depth=...) closes down to that many)."""
+    return len(_stack())
+
+
+def nested_label(label: object, enclosing: str | None) -> str:
+    """The full label of a window named `label` opened inside `enclosing` (None: the top level)."""
     text = clean_label(label)
-    mark(f"before {text}", wait)
+    return text if enclosing is None else clean_label(f"{enclosing} / {text}")
+
+
+def begin(label: object, wait: float | None = None, split: bool = True) -> bool:
+    """Open the window `label` inside the current one (its full label is "outer / label").
+
+    split: first close the stretch since the last marker, under the enclosing
+    window's label (f"before {label}" at the top level), so that it is not
+    counted in the new window; split=False lets the new window take it (for a
+    window that follows a sibling at once, as epochs do).
+    """
+    try:
+        stack = _stack()
+        enclosing = stack[-1].label if stack else None
+        full = nested_label(label, enclosing)
+        sent = True
+        if split:
+            outer = enclosing if enclosing is not None else clean_label(f"before {full}")
+            sent = _send_marker(outer, wait, stack[-2].label if len(stack) > 1 else None)
+        stack.append(_Window(full))
+        return sent
+    except Exception as exc:  # noqa: BLE001 - a marker must never break the training loop
+        _warn(f"marker not sent: {exc!r}")
+        return False
+
+
+def end(wait: float | None = None, depth: int | None = None) -> bool:
+    """Close the innermost open window: its stretch since the last marker is dumped under its label,
+    with the loop's steps in it (loop_step) if there were any.  False (and nothing sent) if none is open.
+
+    depth: close windows until only that many are open (inner ones a caller left open first), as
+    phase() and epochs() do for the window they opened.
+    """
+    try:
+        stack = _stack()
+        if not stack:
+            return False
+        ok = True
+        keep = len(stack) - 1 if depth is None else max(0, depth)
+        while len(stack) > keep:
+            w = stack.pop()
+            ok = _send_marker(w.label, wait, stack[-1].label if stack else None, w.loop()) and ok
+        return ok
+    except Exception as exc:  # noqa: BLE001 - a marker must never break the training loop
+        _warn(f"marker not sent: {exc!r}")
+        return False
+
+
+def loop_step(data_wait_s: float) -> None:
+    """One step of the training loop, which waited `data_wait_s` seconds for its batch: counted in every
+    open window (sent with each window's end marker as "loop")."""
+    if not data_wait_s >= 0:
+        return
+    for w in _stack():
+        w.data_wait_s += data_wait_s
+        w.steps += 1
+
+
+@contextlib.contextmanager
+def phase(label: object, wait: float | None = None) -> Iterator[None]:
+    """The I/O inside the block is the window `label`, nested in the current one.
+
+    On entry closes what ran since the last marker under the enclosing
+    window's label (f"before {label}" at the top level); on exit, also by an
+    exception, closes the phase under its full label ("epoch 2 / checkpoint"
+    inside "epoch 2").  The enclosing window's I/O after the block is
+    dumped under its label again when it ends.
+    """
+    outer = depth()
+    begin(label, wait)
     try:
         yield
     finally:
-        mark(text, wait)
+        end(wait, outer)
 
 
-def epochs(n: int, label: str = "epoch {n}", wait: float = 0.0) -> Iterator[int]:
-    """range(n) that marks label.format(n=k) after the k-th body completes (k from 1, as Keras counts).
+def epochs(n: int, label: str = "epoch {n}", wait: float | None = None) -> Iterator[int]:
+    """range(n) whose k-th body is the window label.format(n=k) (k from 1, as Keras counts).
 
         for epoch in epochs(10):     # epoch = 0..9, as with range(10)
             train(epoch)             # each epoch's I/O is the dump "epoch 1" .. "epoch 10"
 
-    An epoch left by break or an exception is not marked: its I/O goes to
-    the next dump (the final one, if nothing follows).
+    What ran before the loop is closed first (as "before epoch 1" at the top
+    level); each epoch's window then takes everything up to the end of its
+    body, phases inside it being windows of their own.  An epoch left by
+    break or an exception is closed there, under its own label.
     """
     for i in range(n):
-        yield i
         try:
             text = label.format(n=i + 1)
         except Exception:  # noqa: BLE001 - a bad format string must not stop training
             text = f"{label} {i + 1}"
-        mark(text, wait)
+        outer = depth()
+        begin(text, wait, split=i == 0)
+        try:
+            yield i
+        finally:
+            end(wait, outer)

@@ -189,6 +189,14 @@ def fmt_stat(key: str, v: float | None) -> str:
     return fmt_latency(v)
 
 
+def loop_share(d: Dump) -> float | None:
+    """The share of a window's wall time its training loop waited for batches ("loop"), or None."""
+    loop = d.extra.get("loop")
+    if not isinstance(loop, dict) or not loop.get("steps") or not loop.get("wall_s"):
+        return None
+    return min(1.0, float(loop.get("data_wait_s", 0.0)) / float(loop["wall_s"]))
+
+
 @dataclass
 class Window:
     """The dumps of one label (or of none), merged."""
@@ -228,11 +236,19 @@ def render_by_label(dumps: list[Dump], out: TextIO, layout: str = "auto", per_pi
     out.write(f"\n{title or 'by label'}: {len(dumps)} dump(s) in {len(shown)} window(s)\n"
               f"rows: {'pid' if per_pid else 'process name'} + device + op; total latency; MB = 10^6 bytes\n")
     lw = min(max([len("LABEL"), *(len(w.name) for w in windows)]), _LABEL_MAX)
-    out.write(f"  {'LABEL':<{lw}} {'DUMPS':>5} {'SECONDS':>8}  {'FROM':<8}  {'TO':<8} {'ROWS':>5}\n")
+    timed = any(loop_share(w.merged) is not None for w in shown)
+    out.write(f"  {'LABEL':<{lw}} {'DUMPS':>5} {'SECONDS':>8}  {'FROM':<8}  {'TO':<8} {'ROWS':>5}"
+              + (f" {'STEPS':>6} {'DATA WAIT':>9}" if timed else "") + "\n")
     for w in shown:
         m = w.merged
+        share = loop_share(m)
+        loop = "" if not timed else (f" {m.extra['loop']['steps']:>6} {share:>8.1%}" if share is not None
+                                     else f" {'-':>6} {'-':>9}")
         out.write(f"  {w.name[:lw]:<{lw}} {len(w.dumps):>5} {duration_of(m):>8.1f}  {m.start:%H:%M:%S}  "
-                  f"{m.end:%H:%M:%S} {len(rows_of(m.series, per_pid)):>5}\n")
+                  f"{m.end:%H:%M:%S} {len(rows_of(m.series, per_pid)):>5}{loop}\n")
+    if timed:
+        out.write("  STEPS, DATA WAIT: the training loop's batches in the window, and the share of its wall time "
+                  "spent waiting for them\n")
     for w in empty_rest:
         out.write(f"  {UNLABELLED}: {len(w.dumps)} dump(s) with no block I/O, not shown\n")
     for w in shown:

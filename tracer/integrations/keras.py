@@ -1,32 +1,38 @@
-"""IOTraceCallback: a Keras callback that gives each epoch (and checkpoint) its own iotrace dump.
+"""IOTraceCallback: a Keras callback that gives each epoch (and checkpoint) its own iotrace window.
 
     from tracer.integrations.keras import IOTraceCallback
 
     model.fit(ds, epochs=3, callbacks=[IOTraceCallback(checkpoint_path="ckpt/model-{epoch}.keras")])
 
-    sudo iotrace -o run.jsonl -- python train.py     # dumps "epoch 1", "checkpoint 1", "epoch 2", ...
+    sudo iotrace -o run.jsonl -- python train.py     # windows "epoch 1", "epoch 1 / checkpoint", ...
+    iotrace report run.jsonl --by label
 
-At the end of epoch N (1-based, as Keras prints it) it marks "epoch N": the
-epoch's I/O (training, validation, whatever ran since the previous marker)
-is one dump.  With checkpoint_path it then saves the model to
-checkpoint_path.format(epoch=N), fsyncs it, and marks "checkpoint N", so
-the save's I/O is a dump of its own.  The fsync makes the checkpoint's
-writes happen in the trainer's context, inside that dump; without it the
+Epoch N (1-based, as Keras prints it) is the tracer.marker window
+"epoch N", opened at the epoch's start (the first one closes what ran
+before fit() trained as "before epoch 1") and closed at its end, with the
+training loop's wait for its batches ("loop" in the dump: the time from
+one batch's end to the next one's start, summed, the batches, and the
+epoch's wall time).  With checkpoint_path it saves the model, at the end of
+each epoch, to checkpoint_path.format(epoch=N) inside the window
+"epoch N / checkpoint", and fsyncs it there, so that the save's writes are
+a dump of their own, in the trainer's context; without the fsync the
 kernel's flusher threads write it back later, outside the traced command.
 
 Paths ending in .weights.h5 save the weights only (model.save_weights);
 others go to model.save (Keras 3 wants .keras or .h5).  Other callbacks
 that write (ModelCheckpoint, TensorBoard) run in list order: put this one
-last so their I/O is in the epoch's dump.  Markers never raise and never
-block (see tracer.marker); with no tracer running they do nothing.
+last so their I/O is in the epoch's window.  Markers never raise (see
+tracer.marker); with no tracer running they do nothing.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import warnings
 
 from .. import marker
+from . import fsync_saved
 
 try:
     import keras
@@ -38,34 +44,50 @@ except ImportError:
                           "pip install 'iotrace[keras]' (tensorflow-cpu), or use tracer.marker directly") from None
 
 
-def _fsync_tree(path: str) -> None:
-    """Flush a saved file (or a SavedModel directory) and the directory entry naming it."""
-    files = [path]
-    if os.path.isdir(path):
-        files = [os.path.join(d, n) for d, _, names in os.walk(path) for n in names] + [path]
-    for f in files + [os.path.dirname(os.path.abspath(path))]:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 class IOTraceCallback(keras.callbacks.Callback):
-    """Marks "epoch N" at each epoch's end; with checkpoint_path, saves and marks "checkpoint N"."""
+    """The window "epoch N" per epoch, with the loop's data wait; checkpoints in "epoch N / checkpoint"."""
 
-    def __init__(self, checkpoint_path: str | None = None, fsync: bool = True, wait: float = 0.0):
+    def __init__(self, checkpoint_path: str | None = None, fsync: bool = True, wait: float | None = None):
         super().__init__()
         self.checkpoint_path = checkpoint_path
         self.fsync = fsync
-        self.wait = wait        # see marker.mark: > 0 waits for the tracer to close each dump
+        self.wait = wait        # see marker.mark: None waits for the tracer to close each dump (by default)
+        self._depth: int | None = None      # windows open outside the epoch's, while it is open
+        self._first = True
+        self._last = 0.0        # when the last batch ended (or the epoch began)
+
+    def on_train_begin(self, logs=None) -> None:
+        self._first = True
+
+    def on_epoch_begin(self, epoch: int, logs=None) -> None:
+        self._close_epoch()
+        self._depth = marker.depth()
+        # the first epoch splits off what ran before it; later ones follow the previous epoch at once
+        marker.begin(f"epoch {epoch + 1}", self.wait, split=self._first)
+        self._first = False
+        self._last = time.perf_counter()
+
+    def on_train_batch_begin(self, batch: int, logs=None) -> None:
+        marker.loop_step(time.perf_counter() - self._last)
+
+    def on_train_batch_end(self, batch: int, logs=None) -> None:
+        self._last = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, logs=None) -> None:
-        n = epoch + 1
-        marker.mark(f"epoch {n}", self.wait)
-        if not self.checkpoint_path:
-            return
-        path = self.checkpoint_path.format(epoch=n)
+        if self.checkpoint_path:
+            with marker.phase("checkpoint", self.wait):
+                self._save(self.checkpoint_path.format(epoch=epoch + 1))
+        self._close_epoch()
+
+    def on_train_end(self, logs=None) -> None:
+        self._close_epoch()      # an epoch stopped early (model.stop_training) still gets its window
+
+    def _close_epoch(self) -> None:
+        if self._depth is not None:
+            marker.end(self.wait, self._depth)
+            self._depth = None
+
+    def _save(self, path: str) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         if path.endswith(".weights.h5"):
             self.model.save_weights(path)
@@ -73,8 +95,7 @@ class IOTraceCallback(keras.callbacks.Callback):
             self.model.save(path)
         if self.fsync:
             try:
-                _fsync_tree(path)
+                fsync_saved(path)
             except OSError as exc:
                 warnings.warn(f"iotrace: cannot fsync checkpoint {path}: {exc.strerror or exc}", RuntimeWarning,
                               stacklevel=2)
-        marker.mark(f"checkpoint {n}", self.wait)

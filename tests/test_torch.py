@@ -1,0 +1,66 @@
+"""End to end with real PyTorch: a DataLoader with 2 workers over files on
+ext4 on a loop device, wrapped in tracer.integrations.torch.timed, under
+`iotrace -o run.jsonl -- python tests/torch_train.py ...`; each epoch is a
+tracer.marker window with a save_checkpoint() window nested in it.
+
+Each epoch drops the page cache first, so each reads the data set from the
+device.  PyTorch comes from .venv-torch (`make setup-torch`,
+scripts/setup_torch.sh), never from the main venv.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+
+import pytest
+from conftest import bytes_of, drop_caches, epoch_windows, framework_python, run_traced_group, series_of
+
+pytestmark = [pytest.mark.bpf, pytest.mark.slow]
+
+TRAINER = Path(__file__).with_name("torch_train.py")
+FILES, FILE_KIB, BATCH, EPOCHS = 48, 512, 4, 2
+TIMEOUT_S = 300
+
+
+@pytest.fixture
+def torch_python() -> Path:
+    return framework_python(".venv-torch", "setup-torch")
+
+
+def test_dataloader_epochs_checkpoints_and_data_wait(torch_python, ext4_mnt, tmp_path):
+    loop, mnt = ext4_mnt
+    data, ckpt = mnt / "data", mnt / "ckpt"
+    data.mkdir()
+    for i in range(FILES):
+        (data / f"{i:04d}.bin").write_bytes(os.urandom(FILE_KIB << 10))
+    data_bytes = FILES * FILE_KIB << 10
+    drop_caches()
+
+    out = tmp_path / "run.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUDO_") and k != "IOTRACE_CONTROL"}
+    rc, stdout, stderr = run_traced_group(
+        ["-o", str(out), "--dev", loop.name, "--", str(torch_python), str(TRAINER), str(data), str(ckpt),
+         "--epochs", str(EPOCHS), "--batch", str(BATCH)], env, TIMEOUT_S)
+    context = f"\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    assert rc == 0, context
+    assert re.search(r"^torch_train: pid \d+$", stdout, re.M), context
+
+    by_label = epoch_windows(out, EPOCHS, context)
+
+    for n in range(1, EPOCHS + 1):
+        epoch, saving = by_label[f"epoch {n}"], by_label[f"epoch {n} / checkpoint"]
+        # the workers' reads (the cache dropped at the epoch's start) are the epoch's, metadata aside
+        read = bytes_of(epoch, loop.name, "read")
+        assert data_bytes <= read <= 1.05 * data_bytes, (n, read, data_bytes)
+        assert bytes_of(saving, loop.name, "read") <= 0.01 * data_bytes, n
+        saved = (ckpt / f"ckpt-{n}.pt").stat().st_size
+        written = bytes_of(saving, loop.name, "write")
+        assert written >= saved, (n, written, saved, [series_of(d, device=loop.name) for d in saving])
+        assert [d["enclosing"] for d in saving] == [f"epoch {n}"]
+        # the epoch's closing dump carries the loop: every batch, and its wait for them
+        stats = epoch[-1]["loop"]
+        assert stats["steps"] == math.ceil(FILES / BATCH), stats
+        assert 0 < stats["data_wait_s"] < stats["wall_s"], stats
