@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -81,7 +82,9 @@ def assert_every_request(dumps: list[dict], loop, attach: str) -> None:
 
 @pytest.fixture
 def shm_loop(make_loop):
-    return make_loop(64, backing_dir=Path("/dev/shm"))
+    """A loop device over a file in /dev/shm, removed with it."""
+    with tempfile.TemporaryDirectory(dir="/dev/shm", prefix="iotrace-test-") as d:
+        yield make_loop(64, backing_dir=Path(d))
 
 
 @bpf
