@@ -553,7 +553,7 @@ static __always_inline void on_exit(bool group_dead)
  * The programs get the tracepoint's own arguments (ctx->args[]) and read
  * the kernel structs behind them at the offsets, and compare with the enum
  * values, that tracer/kernel.py took from the running kernel's BTF and
- * passed as IOTRACE_K_* (the list is IOTRACE_KERNEL_* in iotrace.h): bcc
+ * passed as IOTRACE_K_* (the list is IOTRACE_KERNEL_TABLE in iotrace.h): bcc
  * applies no CO-RE relocation, and its header tree may be another
  * kernel's.  A raw tracepoint program has a recursion guard of its own,
  * so no other BPF program running on the CPU makes the kernel skip it.
@@ -569,7 +569,7 @@ static __always_inline int kread(void *dst, u32 size, u64 addr)
 	return err;
 }
 
-/* The start of a struct request up to its last member read at start: one read, not three. */
+/* The start of a struct request up to the last member the completion reads: one read, not four. */
 struct rq_head {
 	u64 w[(IOTRACE_K_RQ_HEAD_LEN + 7) / 8];
 };
@@ -578,20 +578,27 @@ struct rq_head {
 /* cpu * IOTRACE_QDEV_SLOTS + hash of the queue -> struct iotrace_qdev: a queue's disk, read lately */
 BPF_ARRAY(qdevs, struct iotrace_qdev, IOTRACE_CPUS * IOTRACE_QDEV_SLOTS);
 
-/* The whole disk's dev_t, as the block tracepoints give it: rq->q->disk's major and first minor. */
+/*
+ * The whole disk's dev_t, as the block tracepoints give it: rq->q->disk's
+ * major and first minor; 0, counted, where it cannot be read.
+ */
 static __always_inline u32 read_queue_dev(u64 q)
 {
 	u64 disk = 0;
 	u32 mm[2] = {};		/* gendisk.major, gendisk.first_minor: side by side */
 
-	if (!q || kread(&disk, sizeof(disk), q + IOTRACE_K_Q_DISK) || !disk)
+	if (q && kread(&disk, sizeof(disk), q + IOTRACE_K_Q_DISK))
+		return 0;	/* counted */
+	if (!disk) {
+		count_reason(IOTRACE_DROP_KERNEL_READ);
 		return 0;
+	}
 	if (kread(mm, sizeof(mm), disk + IOTRACE_K_DISK_MAJOR))
 		return 0;
 	return (mm[0] << 20) | mm[1];	/* the kernel's MKDEV */
 }
 
-/* queue_dev() through this CPU's cache of queues (struct iotrace_qdev says why that is safe) */
+/* read_queue_dev() through this CPU's cache of queues (struct iotrace_qdev says why that is safe) */
 static __always_inline u32 queue_dev(u64 q, u64 part, u64 now)
 {
 	u32 cpu = bpf_get_smp_processor_id(), idx;
@@ -602,7 +609,11 @@ static __always_inline u32 queue_dev(u64 q, u64 part, u64 now)
 	if (!c)
 		return read_queue_dev(q);
 	if (c->q != q || c->part != part || now - c->ns > IOTRACE_QDEV_TTL_NS) {
-		c->dev = read_queue_dev(q);
+		u32 dev = read_queue_dev(q);
+
+		if (!dev)
+			return 0;	/* not kept: the next request reads again */
+		c->dev = dev;
 		c->q = q;
 		c->part = part;
 		c->ns = now;
@@ -802,6 +813,10 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 		return 0;
 	}
 	dev = queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now);
+	if (!dev) {
+		slot_release(&r);	/* counted: no disk to account it to */
+		return 0;
+	}
 	if (!dev_wanted(dev)) {
 		count_reason(IOTRACE_NOTE_UNTRACKED);
 		slot_release(&r);
