@@ -292,8 +292,9 @@ def bio_level_devices(devs: list[int]) -> list[int]:
 def read_array(table, keys: np.ndarray, vals: np.ndarray, lib, start: int = 0) -> np.ndarray:
     """Elements `start`.. of a BPF array map, as many as `vals` holds, in one syscall, into the reused `vals`
     buffer; `keys` gets their indices."""
-    count, token, first = ct.c_uint32(len(vals)), ct.c_uint32(0), ct.c_uint32(start)
-    res = lib.bpf_lookup_batch(table.map_fd, ct.byref(first) if start else None, ct.byref(token),
+    # the kernel's batch token for an array is the last index read: the walk resumes after it
+    count, token, last = ct.c_uint32(len(vals)), ct.c_uint32(0), ct.c_uint32(start - 1)
+    res = lib.bpf_lookup_batch(table.map_fd, ct.byref(last) if start else None, ct.byref(token),
                                ct.c_void_p(keys.ctypes.data), ct.c_void_p(vals.ctypes.data), ct.byref(count))
     err = ct.get_errno()
     if res != 0 and err != errno.ENOENT:
