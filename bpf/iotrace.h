@@ -128,6 +128,13 @@ enum iotrace_reason {
  *   KRAWTP(event, argument types...)               a raw tracepoint and its
  *                                                  arguments as the programs
  *                                                  take them (ctx->args[i])
+ *   KBIT(NAME, struct, member)                     a one-bit bitfield: the byte
+ *                                                  holding it (NAME) and its mask
+ *                                                  there (NAME_MASK); resolved
+ *                                                  only for the programs that ask
+ *                                                  (tracer.kernel.resolve_bits)
+ * Entries marked "tasks.bpf.c" are read by the per-process programs
+ * (tracer/tasks.py) only.
  */
 #ifdef IOTRACE_KERNEL_TABLE
 KMEMBER(RQ_Q, request, q, 8)
@@ -162,6 +169,17 @@ KRAWTP(block_bio_queue, struct bio *)
 KRAWTP(block_bio_complete, struct request_queue *, struct bio *)
 KRAWTP(sched_process_fork, struct task_struct *, struct task_struct *)
 KRAWTP(sched_process_exit, struct task_struct *)
+KMEMBER(TASK_TGID, task_struct, tgid, 4)	/* tasks.bpf.c */
+KMEMBER(TASK_FILES, task_struct, files, 8)	/* tasks.bpf.c */
+KMEMBER(FILES_FDT, files_struct, fdt, 8)	/* tasks.bpf.c */
+KMEMBER(FDT_MAX_FDS, fdtable, max_fds, 4)	/* tasks.bpf.c */
+KMEMBER(FDT_FD, fdtable, fd, 8)	/* tasks.bpf.c */
+KMEMBER(FILE_INODE, file, f_inode, 8)	/* tasks.bpf.c */
+KMEMBER(INODE_MODE, inode, i_mode, 2)	/* tasks.bpf.c */
+KBIT(TASK_IN_IOWAIT, task_struct, in_iowait)	/* tasks.bpf.c */
+KRAWTP(sched_switch, bool, struct task_struct *, struct task_struct *, unsigned int)	/* tasks.bpf.c */
+KRAWTP(sched_wakeup, struct task_struct *)	/* tasks.bpf.c */
+KRAWTP(balance_dirty_pages, struct bdi_writeback *, struct dirty_throttle_control *, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long int)	/* tasks.bpf.c */
 #endif
 
 /*

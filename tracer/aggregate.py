@@ -55,8 +55,10 @@ def _group_hists(keys: np.ndarray, counts: np.ndarray) -> dict[tuple[int, int, i
                                                    np.split(sums, starts[1:]), strict=True)}
 
 
-def build_dump(raw, clock: Clock, kind: str, label: str | None = None) -> Dump:
-    """A Dump from a probe.RawInterval."""
+def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: list | None = None,
+               tasks_dropped: dict[str, int] | None = None) -> Dump:
+    """A Dump from a probe.RawInterval; with `tasks` (tracer.tasks.TaskRaw rows of the same window)
+    it carries "tasks", and `tasks_dropped`'s non-zero counts join its dropped events."""
     con = contract.load()
     ops, phases = con.ops, con.phases
     hists = _group_hists(raw.hist_keys, raw.hist_counts)
@@ -93,7 +95,42 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None) -> Dump:
     if raw.bio_devs:
         # their rows time bios (queue to completion): total phase only
         d.extra["bio_devices"] = sorted(devices.name_of(dev) for dev in raw.bio_devs)
+    if tasks is not None:
+        d.extra["tasks"] = task_rows(tasks, series)
+    for reason, n in (tasks_dropped or {}).items():
+        if n:
+            d.dropped[reason] = d.dropped.get(reason, 0) + n
     return d
+
+
+def task_rows(tasks: list, series: list[Series]) -> list[dict]:
+    """The dump's "tasks": a row per process of the window (tracer.tasks.TaskRaw), with
+    disk_read_bytes from the same window's read series of that process (its tgid: with
+    --threads a process's threads are added up).  A process with read series but no row
+    (untraced by the task programs, e.g. one that only faulted pages in) gets one with
+    its disk reads alone."""
+    disk: dict[int, int] = {}
+    comm: dict[int, str] = {}
+    for s in series:
+        if s.op == "read":
+            pid = s.tgid or s.pid
+            disk[pid] = disk.get(pid, 0) + s.bytes
+            comm.setdefault(pid, s.comm)
+    rows = []
+    for t in tasks:
+        c = t.counts
+        rows.append({"pid": t.pid, "ppid": t.ppid, "comm": t.comm,
+                     "io_wait_s": round(c["io_wait_ns"] / 1e9, 6), "io_waits": c["io_waits"],
+                     "read_bytes": c["read_bytes"], "reads": c["reads"], "disk_read_bytes": disk.pop(t.pid, 0),
+                     "fsync_s": round(c["fsync_ns"] / 1e9, 6), "fsyncs": c["fsyncs"],
+                     "throttled_s": round(c["throttle_ns"] / 1e9, 6), "throttles": c["throttles"],
+                     "started": t.started, "exited": t.exited})
+    for pid, n in disk.items():
+        rows.append({"pid": pid, "ppid": 0, "comm": comm[pid], "io_wait_s": 0.0, "io_waits": 0, "read_bytes": 0,
+                     "reads": 0, "disk_read_bytes": n, "fsync_s": 0.0, "fsyncs": 0, "throttled_s": 0.0,
+                     "throttles": 0, "started": False, "exited": False})
+    rows.sort(key=lambda r: r["pid"])
+    return rows
 
 
 # Ops whose requests /proc/diskstats counts among its reads, writes and discards.  An

@@ -398,6 +398,20 @@ class Session:
         # the whole run so far, merged as it goes: a long run keeps one dump, not all of them
         self.total = None
         self.extras = None      # tracer.iostat.TraceExtras: --csv rows and --alert checks per dump
+        self.tasks = None       # tracer.tasks.TaskTracer: the per-process rows of every dump, when it loaded
+
+    def drain(self, probe, final: bool = False):
+        """Close the window on both BPF objects at once: (raw interval, task rows or None, their drops)."""
+        raw = probe.drain(final=final)
+        if self.tasks is None:
+            return raw, None, None
+        return raw, self.tasks.drain(final), self.tasks.dropped()
+
+    def build(self, drained, clock, kind: str, label: str | None = None):
+        from .aggregate import build_dump
+
+        raw, tasks, dropped = drained
+        return build_dump(raw, clock, kind, label=label, tasks=tasks, tasks_dropped=dropped)
 
     def emit(self, dump) -> None:
         from . import dump as dumpmod
@@ -442,12 +456,14 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
             control.close()
         raise
     probe = None
+    session = None
     # from here on, Ctrl-C and SIGTERM end the trace in order instead of raising
     sig = _Signals()
     try:
-        from .aggregate import Clock, build_dump
+        from .aggregate import Clock
         from .probe import Probe, ProbeOptions
         from .report import render_table
+        from .tasks import open_tracer
 
         opts = ProbeOptions(pids=list(args.pids) + ([child] if child else []), follow_children=not args.no_children,
                             per_thread=args.threads, devs=devs, inflight_slots=args.inflight_slots,
@@ -460,6 +476,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         clock = Clock()
         session = Session(args, out)
         session.file = file
+        session.tasks, tasks_note = open_tracer(opts.pids, opts.follow_children)
         session.extras = extras.start() if extras else None
         if child:
             pidfds.append(os.pidfd_open(child))
@@ -475,14 +492,19 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
               f"{' on ' + ', '.join(args.devs) if args.devs else ''}; Ctrl-C to end", file=sys.stderr)
         if probe.attach_note:
             print(f"iotrace: attached to perf-event tracepoints, not raw ones: {probe.attach_note}", file=sys.stderr)
+        if session.tasks is None:
+            print(f"iotrace: warning: no per-process rows (\"tasks\") in the dumps: {tasks_note}", file=sys.stderr)
         print(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "
               f"(control socket {control.path})" if control else
               f"iotrace: warning: no control socket, markers are off ({control_error})", file=sys.stderr)
         status = _loop(args, probe, clock, session, pidfds, child, sig, control)
         if control:     # markers sent just before the command exited are still queued
             _take_markers(control, probe, clock, session)
-        final = build_dump(probe.drain(final=True), clock, "final")
+        final = session.build(session.drain(probe, final=True), clock, "final")
         final.extra["bpf_programs"] = probe.program_costs()
+        if session.tasks:
+            final.extra["bpf_programs"].update({f"tasks:{name}": cost
+                                                for name, cost in session.tasks.program_costs().items()})
         if args.pids or args.command:    # the pid filter's size at the end: flat over a long run
             final.extra["traced_pids"] = len(probe.traced_pids())
         session.emit(final)
@@ -498,6 +520,8 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
             os.waitpid(child, 0)
         if probe:
             probe.close()
+        if session is not None and session.tasks:
+            session.tasks.close()
         if file:
             file.close()
         if control:
@@ -516,20 +540,16 @@ def _open_control():
 
 def _take_markers(control, probe, clock, session: Session) -> None:
     """Each queued marker closes a dump carrying its label, printed and written at once."""
-    from .aggregate import build_dump
-
     for m in control.receive():
-        raw = probe.drain()
+        drained = session.drain(probe)
         control.ack(m)      # the window is closed: the sender's next I/O falls in the next dump
-        d = build_dump(raw, clock, "marker", label=m.label)
+        d = session.build(drained, clock, "marker", label=m.label)
         d.extra.update(m.dump_fields())
         session.emit(d)
 
 
 def _loop(args: TraceArgs, probe, clock, session: Session, pidfds: list[int], child: int | None,
           sig: _Signals, control=None) -> int:
-    from .aggregate import build_dump
-
     start = time.monotonic()
     end = deadline(args, start)
     next_tick = start + args.interval if args.interval else None
@@ -554,7 +574,7 @@ def _loop(args: TraceArgs, probe, clock, session: Session, pidfds: list[int], ch
                 return status
         for s in sig.take():
             if s == signal.SIGUSR1:   # dump now, as an interval
-                session.emit(build_dump(probe.drain(), clock, "interval"))
+                session.emit(session.build(session.drain(probe), clock, "interval"))
                 continue
             if child is None or stopping:
                 return status
@@ -566,7 +586,7 @@ def _loop(args: TraceArgs, probe, clock, session: Session, pidfds: list[int], ch
             return status       # every --pid target has exited
         now = time.monotonic()
         if interval_due(now, next_tick, end):
-            session.emit(build_dump(probe.drain(), clock, "interval"))
+            session.emit(session.build(session.drain(probe), clock, "interval"))
             next_tick += args.interval
             while next_tick <= now:  # fell behind (suspended?): skip, do not burst
                 next_tick += args.interval

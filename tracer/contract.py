@@ -20,7 +20,7 @@ _DEFINE = re.compile(r"^\s*#define\s+(IOTRACE_\w+)\s+(.+?)\s*(?:/\*.*)?$", re.M)
 _ENUM = re.compile(r"enum\s+(iotrace_\w+)\s*\{(.*?)\};", re.S)
 _MEMBER = re.compile(r"^\s*(IOTRACE_\w+)\s*=\s*(\d+)\s*,", re.M)
 _KERNEL_TABLE = re.compile(r"^#ifdef IOTRACE_KERNEL_TABLE\b(.*?)^#endif", re.M | re.S)
-_KERNEL_ENTRY = re.compile(r"^(KMEMBER|KENUM|KHEAD|KRAWTP)\((.*?)\)\s*(?:/\*.*\*/)?\s*$")
+_KERNEL_ENTRY = re.compile(r"^(KMEMBER|KENUM|KHEAD|KRAWTP|KBIT)\((.*?)\)\s*(?:/\*.*\*/)?\s*$")
 
 
 def bpf_dir() -> Path:
@@ -52,6 +52,7 @@ class KernelReads:
     enums: dict[str, str]                      # NAME -> enumerator
     heads: dict[str, tuple[str, list[str]]]    # NAME -> (struct, member NAMEs read in one go)
     raw_tps: dict[str, list[str]]              # event -> argument types, as ctx->args[] holds them
+    bits: dict[str, tuple[str, str]] = field(default_factory=dict)   # NAME -> (struct, one-bit member)
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,8 @@ def _parse_kernel(text: str) -> KernelReads:
             reads.enums[args[0]] = args[1]
         elif kind == "KHEAD":
             reads.heads[args[0]] = (args[1], args[2:])
+        elif kind == "KBIT":
+            reads.bits[args[0]] = (args[1], args[2])
         else:
             reads.raw_tps[args[0]] = args[1:]
     return reads

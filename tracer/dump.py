@@ -20,6 +20,15 @@ the marker closed a window the training loop was timed in, "loop":
 {"data_wait_s", "steps", "wall_s"} (seconds the loop waited for its batches,
 batches, and the window's wall time).  Merging dumps adds their loops up.
 
+Trace-mode dumps also carry "tasks": a row per traced process of the window,
+exited ones included: {"pid", "ppid", "comm", "io_wait_s" (its threads'
+time blocked in I/O wait, delay accounting's block-I/O delay), "io_waits",
+"read_bytes" (returned by reads of regular files, page cache included),
+"reads", "disk_read_bytes" (its read series' bytes), "fsync_s" (in fsync,
+fdatasync, sync_file_range), "fsyncs", "throttled_s" (blocked by dirty-page
+throttling), "throttles", "started", "exited"}.  Merging dumps adds them up
+per pid.
+
 Latencies in the JSON are microseconds; the hdr histograms count
 nanoseconds.  min, max and mean are exact (kept by the kernel), the
 percentiles are read from the histograms (within 0.4%).
@@ -198,10 +207,38 @@ def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None
     enclosing = {d.extra.get("enclosing") for d in dumps if "enclosing" in d.extra}
     if len(enclosing) == 1:
         merged.extra["enclosing"] = enclosing.pop()
+    tasks = [d.extra["tasks"] for d in dumps if isinstance(d.extra.get("tasks"), list)]
+    if tasks:
+        merged.extra["tasks"] = merge_tasks(tasks)
     attach = sorted({d.extra["attach"] for d in dumps if "attach" in d.extra})
     if attach:
         merged.extra["attach"] = "+".join(attach)     # one, unless runs of both kinds were merged
     return merged
+
+
+TASK_SUMS = ("io_wait_s", "io_waits", "read_bytes", "reads", "disk_read_bytes", "fsync_s", "fsyncs",
+             "throttled_s", "throttles")
+
+
+def merge_tasks(parts: list[list[dict]]) -> list[dict]:
+    """Per-process rows of disjoint windows added up by pid (name and parent from the latest; started
+    and exited if in any); rows that are not objects with a pid are left out."""
+    out: dict[int, dict] = {}
+    for rows in parts:
+        for r in rows:
+            if not isinstance(r, dict) or not isinstance(r.get("pid"), int):
+                continue
+            acc = out.get(r["pid"])
+            if acc is None:
+                out[r["pid"]] = dict(r)
+                continue
+            for k in TASK_SUMS:
+                acc[k] = round(acc.get(k, 0) + r.get(k, 0), 6) if k.endswith("_s") else acc.get(k, 0) + r.get(k, 0)
+            acc["comm"] = r.get("comm") or acc.get("comm", "")
+            acc["ppid"] = r.get("ppid") or acc.get("ppid", 0)
+            acc["started"] = bool(acc.get("started") or r.get("started"))
+            acc["exited"] = bool(acc.get("exited") or r.get("exited"))
+    return sorted(out.values(), key=lambda r: r["pid"])
 
 
 def merge_loops(parts: list[dict]) -> dict | None:

@@ -11,6 +11,7 @@ tracer.btf: no bcc, no root (the BTF file is world-readable).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -98,6 +99,31 @@ def resolve(btf: Btf, reads: contract.KernelReads, events: Iterable[str]) -> Lay
     if missing:
         raise LayoutError("; ".join(missing))
     return Layout(values, start, group_dead)
+
+
+def resolve_bits(btf: Btf, reads: contract.KernelReads) -> dict[str, int]:
+    """The KBIT entries: NAME -> the byte holding the bit, NAME_MASK -> its mask in that byte.
+
+    Apart from resolve(): only the programs that read them ask, so a kernel
+    without one of these bits costs the block-layer programs nothing.
+    Little-endian only (BTF counts bit offsets in memory order there).
+    """
+    values: dict[str, int] = {}
+    missing: list[str] = []
+    for name, (struct, path) in reads.bits.items():
+        try:
+            m = btf.member(struct, path)
+        except BtfError as exc:
+            missing.append(str(exc))
+            continue
+        if m.bitfield_size != 1 or sys.byteorder != "little":
+            missing.append(f"struct {struct} member {path} is not a one-bit field on a little-endian machine")
+            continue
+        values[name] = m.bit_offset // 8
+        values[name + "_MASK"] = 1 << (m.bit_offset % 8)
+    if missing:
+        raise LayoutError("; ".join(missing))
+    return values
 
 
 def load(events: Iterable[str], path: str = BTF_PATH) -> Layout:

@@ -1,0 +1,366 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * tasks.bpf.c - per-process I/O wait, file reads, fsync time and dirty-page
+ * throttling, for the "tasks" rows of every dump (tracer/tasks.py).
+ *
+ *   sched_switch      a traced thread blocks (not preempted, prev_state not
+ *                     running) with task_struct.in_iowait set: note when.
+ *                     This is where the kernel starts delay accounting's
+ *                     block-I/O delay (delayacct_blkio_start in block_task)
+ *   sched_wakeup      the thread is woken: add the time blocked to its
+ *                     process's io_wait_ns (where delayacct_blkio_end runs),
+ *                     and to throttle_ns when balance_dirty_pages put it there
+ *   balance_dirty_pages  pause > 0: the thread's next I/O wait is throttling
+ *   syscalls:sys_enter/exit_{read,pread64,readv,preadv,preadv2}
+ *                     bytes returned from a regular file (page cache or not)
+ *   syscalls:sys_enter/exit_{fsync,fdatasync,sync_file_range}  time inside
+ *   sched_process_fork / exit  the pid filter follows forks; a process's
+ *                     exit is stamped, and user space deletes it once read
+ *
+ * Kernel structs are read only at offsets from the running kernel's BTF
+ * (IOTRACE_K_*, from iotrace.h's IOTRACE_KERNEL_TABLE, resolved by
+ * tracer/kernel.py).  fentry/fexit would be cheaper for the syscalls and
+ * vfs_read, but tracing programs are refused on the machines measured.
+ * Counters are cumulative; user space takes differences at each drain.
+ */
+#include "tasks.h"
+
+/* preadv2's flags field; the header tree bcc compiles against may not declare it (a repeat is legal C11) */
+typedef int rwf_t;
+
+BPF_ARRAY(tconfig, struct iotrace_tasks_config, 1);
+/* tgid -> 1: the traced processes, when filter_pids is set */
+BPF_HASH(tpids, u32, u8, IOTRACE_TASKS_PIDS);
+/* tgid -> struct iotrace_task */
+BPF_HASH(tasks, u32, struct iotrace_task, IOTRACE_TASKS_ENTRIES);
+/* tid -> struct iotrace_thread */
+BPF_HASH(threads, u32, struct iotrace_thread, IOTRACE_TASKS_THREADS);
+/* enum iotrace_tasks_reason -> u64 events, per CPU, never reset */
+BPF_PERCPU_ARRAY(treasons, u64, IOTRACE_TASKS_REASON_COUNT);
+
+static __always_inline void tcount(u32 reason)
+{
+	u64 *n = treasons.lookup(&reason);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
+static __always_inline int tread(void *dst, u32 size, u64 addr)
+{
+	int err = bpf_probe_read_kernel(dst, size, (const void *)addr);
+
+	if (err)
+		tcount(IOTRACE_TASKS_DROP_KERNEL_READ);
+	return err;
+}
+
+static __always_inline struct iotrace_tasks_config *tcfg(void)
+{
+	u32 zero = 0;
+
+	return tconfig.lookup(&zero);
+}
+
+/* Whether process tgid is traced. */
+static __always_inline bool twanted(struct iotrace_tasks_config *cfg, u32 tgid)
+{
+	if (!cfg || !cfg->enabled)
+		return false;
+	return !cfg->filter_pids || tpids.lookup(&tgid);
+}
+
+/* The current process's entry, made if missing (the current task is that process). */
+static __always_inline struct iotrace_task *current_task(u32 tgid, u64 now)
+{
+	struct iotrace_task *t = tasks.lookup(&tgid);
+	struct iotrace_task fresh = {};
+
+	if (t)
+		return t;
+	fresh.first_ns = now;
+	bpf_get_current_comm(fresh.comm, sizeof(fresh.comm));
+	/* another CPU may make it at the same time: then that one is used */
+	tasks.insert(&tgid, &fresh);
+	t = tasks.lookup(&tgid);
+	if (!t)
+		tcount(IOTRACE_TASKS_DROP_TASKS_FULL);
+	return t;
+}
+
+/* The current thread's entry, made if missing. */
+static __always_inline struct iotrace_thread *current_thread(u32 tid, u32 tgid)
+{
+	struct iotrace_thread *th = threads.lookup(&tid);
+	struct iotrace_thread fresh = {};
+
+	if (th)
+		return th;
+	fresh.tgid = tgid;
+	threads.insert(&tid, &fresh);
+	th = threads.lookup(&tid);
+	if (!th)
+		tcount(IOTRACE_TASKS_DROP_THREADS_FULL);
+	return th;
+}
+
+/* Whether the task at `task` is in an I/O wait (task_struct.in_iowait, a one-bit field). */
+static __always_inline bool in_iowait(u64 task)
+{
+	u8 b = 0;
+
+	if (tread(&b, sizeof(b), task + IOTRACE_K_TASK_IN_IOWAIT))
+		return false;
+	return b & IOTRACE_K_TASK_IN_IOWAIT_MASK;
+}
+
+/* sched_switch(preempt, prev, next, prev_state): prev is the current task */
+RAW_TRACEPOINT_PROBE(sched_switch)
+{
+	struct iotrace_thread *th;
+	u64 id, now;
+
+	/* blocking, as block_task does it: not a preemption, and not left running */
+	if (ctx->args[0] & 1 || !(u32)ctx->args[3])
+		return 0;
+	if (!in_iowait(ctx->args[1]))
+		return 0;
+	id = bpf_get_current_pid_tgid();
+	if (!twanted(tcfg(), id >> 32))
+		return 0;
+	now = bpf_ktime_get_ns();
+	th = current_thread((u32)id, id >> 32);
+	if (!th)
+		return 0;
+	th->block_ns = now;
+	/* the wait balance_dirty_pages announced, or any other (a read in progress stays noted) */
+	if (th->flags & IOTRACE_TASKS_THROTTLE_NEXT)
+		th->flags = (th->flags & ~IOTRACE_TASKS_THROTTLE_NEXT) | IOTRACE_TASKS_THROTTLED;
+	else
+		th->flags &= ~IOTRACE_TASKS_THROTTLED;
+	return 0;
+}
+
+/* sched_wakeup(p) */
+RAW_TRACEPOINT_PROBE(sched_wakeup)
+{
+	struct iotrace_thread *th;
+	struct iotrace_task *t;
+	u64 task = ctx->args[0], start, d;
+	u32 tid = 0;
+
+	/* in_iowait stays set until the task runs again (io_schedule_finish) */
+	if (!in_iowait(task))
+		return 0;
+	if (tread(&tid, sizeof(tid), task + IOTRACE_K_TASK_PID))
+		return 0;
+	th = threads.lookup(&tid);
+	if (!th || !th->block_ns)
+		return 0;
+	start = th->block_ns;
+	th->block_ns = 0;
+	d = bpf_ktime_get_ns() - start;
+	t = tasks.lookup(&th->tgid);
+	if (!t) {
+		tcount(IOTRACE_TASKS_DROP_TASKS_FULL);
+		return 0;
+	}
+	__sync_fetch_and_add(&t->io_wait_ns, d);
+	__sync_fetch_and_add(&t->io_waits, 1);
+	if (th->flags & IOTRACE_TASKS_THROTTLED) {
+		__sync_fetch_and_add(&t->throttle_ns, d);
+		__sync_fetch_and_add(&t->throttles, 1);
+	}
+	th->flags &= ~IOTRACE_TASKS_THROTTLED;
+	return 0;
+}
+
+/* balance_dirty_pages(wb, dtc, dirty_ratelimit, task_ratelimit, dirtied, period, pause, start_time) */
+RAW_TRACEPOINT_PROBE(balance_dirty_pages)
+{
+	struct iotrace_thread *th;
+	u64 id;
+
+	/* pause > 0: io_schedule_timeout(pause) follows */
+	if ((long)ctx->args[6] <= 0)
+		return 0;
+	id = bpf_get_current_pid_tgid();
+	if (!twanted(tcfg(), id >> 32))
+		return 0;
+	if (!current_task(id >> 32, bpf_ktime_get_ns()))
+		return 0;
+	th = current_thread((u32)id, id >> 32);
+	if (th)
+		th->flags |= IOTRACE_TASKS_THROTTLE_NEXT;
+	return 0;
+}
+
+/*
+ * Whether fd of the current task is a regular file:
+ * current->files->fdt->fd[fd]->f_inode->i_mode.  The fd table may be
+ * replaced meanwhile (it grows under RCU; the old one stays readable), and
+ * a read that fails is counted.
+ */
+static __always_inline bool fd_is_regular(u64 fd)
+{
+	u64 files = 0, fdt = 0, fds = 0, file = 0, inode = 0;
+	u32 max_fds = 0;
+	u16 mode = 0;
+	u64 task = bpf_get_current_task();
+
+	if (tread(&files, sizeof(files), task + IOTRACE_K_TASK_FILES) || !files ||
+	    tread(&fdt, sizeof(fdt), files + IOTRACE_K_FILES_FDT) || !fdt ||
+	    tread(&max_fds, sizeof(max_fds), fdt + IOTRACE_K_FDT_MAX_FDS) || fd >= max_fds ||
+	    tread(&fds, sizeof(fds), fdt + IOTRACE_K_FDT_FD) || !fds ||
+	    tread(&file, sizeof(file), fds + fd * 8) || !file ||
+	    tread(&inode, sizeof(inode), file + IOTRACE_K_FILE_INODE) || !inode ||
+	    tread(&mode, sizeof(mode), inode + IOTRACE_K_INODE_MODE))
+		return false;
+	return (mode & IOTRACE_TASKS_S_IFMT) == IOTRACE_TASKS_S_IFREG;
+}
+
+/* A read syscall begins: note it when its fd is a regular file. */
+static __always_inline void read_enter(u64 fd)
+{
+	struct iotrace_thread *th;
+	u64 id = bpf_get_current_pid_tgid();
+
+	if (!twanted(tcfg(), id >> 32) || !fd_is_regular(fd))
+		return;
+	if (!current_task(id >> 32, bpf_ktime_get_ns()))
+		return;
+	th = current_thread((u32)id, id >> 32);
+	if (th)
+		th->flags |= IOTRACE_TASKS_READING;
+}
+
+/* A read syscall returns `ret`: its bytes count if it was noted. */
+static __always_inline void read_exit(long ret)
+{
+	struct iotrace_thread *th;
+	struct iotrace_task *t;
+	u32 tid = bpf_get_current_pid_tgid();
+
+	th = threads.lookup(&tid);
+	if (!th || !(th->flags & IOTRACE_TASKS_READING))
+		return;
+	th->flags &= ~IOTRACE_TASKS_READING;
+	if (ret <= 0)
+		return;
+	t = tasks.lookup(&th->tgid);
+	if (!t)
+		return;
+	__sync_fetch_and_add(&t->read_bytes, ret);
+	__sync_fetch_and_add(&t->reads, 1);
+}
+
+static __always_inline void sync_enter(void)
+{
+	struct iotrace_thread *th;
+	u64 id = bpf_get_current_pid_tgid(), now;
+
+	if (!twanted(tcfg(), id >> 32))
+		return;
+	now = bpf_ktime_get_ns();
+	if (!current_task(id >> 32, now))
+		return;
+	th = current_thread((u32)id, id >> 32);
+	if (th)
+		th->fsync_ns = now;
+}
+
+static __always_inline void sync_exit(void)
+{
+	struct iotrace_thread *th;
+	struct iotrace_task *t;
+	u32 tid = bpf_get_current_pid_tgid();
+	u64 start;
+
+	th = threads.lookup(&tid);
+	if (!th || !th->fsync_ns)
+		return;
+	start = th->fsync_ns;
+	th->fsync_ns = 0;
+	t = tasks.lookup(&th->tgid);
+	if (!t)
+		return;
+	__sync_fetch_and_add(&t->fsync_ns, bpf_ktime_get_ns() - start);
+	__sync_fetch_and_add(&t->fsyncs, 1);
+}
+
+/*
+ * The syscalls' own tracepoints (perf-event ones: their fields are the
+ * syscall's arguments, no pt_regs layout to know), so that no program runs
+ * for any other syscall.
+ */
+#define READ_SYSCALL(name) \
+TRACEPOINT_PROBE(syscalls, sys_enter_ ## name) { read_enter(args->fd); return 0; } \
+TRACEPOINT_PROBE(syscalls, sys_exit_ ## name) { read_exit(args->ret); return 0; }
+#define SYNC_SYSCALL(name) \
+TRACEPOINT_PROBE(syscalls, sys_enter_ ## name) { sync_enter(); return 0; } \
+TRACEPOINT_PROBE(syscalls, sys_exit_ ## name) { sync_exit(); return 0; }
+
+READ_SYSCALL(read)
+READ_SYSCALL(pread64)
+READ_SYSCALL(readv)
+READ_SYSCALL(preadv)
+READ_SYSCALL(preadv2)
+SYNC_SYSCALL(fsync)
+SYNC_SYSCALL(fdatasync)
+SYNC_SYSCALL(sync_file_range)
+
+/* sched_process_fork(parent, child): forks of traced processes join the filter */
+RAW_TRACEPOINT_PROBE(sched_process_fork)
+{
+	struct iotrace_tasks_config *cfg = tcfg();
+	struct iotrace_task fresh = {};
+	u32 parent = bpf_get_current_pid_tgid() >> 32;
+	u32 pid = 0, tgid = 0;
+	u8 one = 1;
+
+	if (!cfg || !cfg->enabled || !cfg->filter_pids || !cfg->follow_children)
+		return 0;
+	if (!tpids.lookup(&parent))
+		return 0;
+	if (tread(&pid, sizeof(pid), ctx->args[1] + IOTRACE_K_TASK_PID) ||
+	    tread(&tgid, sizeof(tgid), ctx->args[1] + IOTRACE_K_TASK_TGID))
+		return 0;
+	if (pid != tgid)
+		return 0;	/* a thread: its process is traced already */
+	if (tpids.update(&pid, &one)) {
+		tcount(IOTRACE_TASKS_DROP_PIDS_FULL);
+		return 0;
+	}
+	/* a row from its start, so that a child that exits without I/O still shows */
+	fresh.first_ns = bpf_ktime_get_ns();
+	fresh.ppid = parent;
+	bpf_get_current_comm(fresh.comm, sizeof(fresh.comm));
+	if (tasks.update(&pid, &fresh))
+		tcount(IOTRACE_TASKS_DROP_TASKS_FULL);
+	return 0;
+}
+
+/* sched_process_exit(task, group_dead) */
+RAW_TRACEPOINT_PROBE(sched_process_exit)
+{
+	struct iotrace_task *t;
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tid = id, tgid = id >> 32;
+
+	threads.delete(&tid);
+#ifdef IOTRACE_HAVE_GROUP_DEAD
+	if (!(ctx->args[1] & 1))
+		return 0;
+#else
+	if (tid != tgid)
+		return 0;	/* without group_dead: the leader's exit stands for the process's */
+#endif
+	t = tasks.lookup(&tgid);
+	if (t) {
+		/* its name at the end (after any exec); user space deletes the entry once read */
+		bpf_get_current_comm(t->comm, sizeof(t->comm));
+		t->exit_ns = bpf_ktime_get_ns();
+	}
+	tpids.delete(&tgid);
+	return 0;
+}

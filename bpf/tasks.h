@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * tasks.h - the contract between bpf/tasks.bpf.c (per-process I/O wait, file
+ * reads, fsync and dirty-page throttling) and tracer/tasks.py.
+ *
+ * Same rules as iotrace.h, whose parser (tracer/contract.py) reads this file
+ * too: constants are "#define IOTRACE_NAME <integer>", enums list
+ * "NAME = <integer>," one per line and end with a *_COUNT.  The kernel
+ * members and raw tracepoints these programs read are in iotrace.h's
+ * IOTRACE_KERNEL_TABLE (marked "tasks.bpf.c").
+ */
+#ifndef IOTRACE_TASKS_H
+#define IOTRACE_TASKS_H
+
+#define IOTRACE_TASKS_ENTRIES 16384	/* processes with counters (exited ones go at the next drain) */
+#define IOTRACE_TASKS_THREADS 65536	/* threads with a wait in progress, or that had one */
+#define IOTRACE_TASKS_PIDS 65536	/* the traced processes, when a pid filter is set */
+#define IOTRACE_TASKS_COMM_LEN 16
+#define IOTRACE_TASKS_S_IFMT 0xF000	/* inode mode: file type bits (stat.h, fixed by POSIX) */
+#define IOTRACE_TASKS_S_IFREG 0x8000	/* regular file */
+
+/* Thread flags (struct iotrace_thread.flags). */
+#define IOTRACE_TASKS_THROTTLE_NEXT 1	/* balance_dirty_pages said it will sleep: the next I/O wait is throttling */
+#define IOTRACE_TASKS_THROTTLED 2	/* the I/O wait in progress is dirty-page throttling */
+#define IOTRACE_TASKS_READING 4	/* in a read syscall on a regular file */
+
+/* What could not be recorded, each counted (per CPU, never reset). */
+enum iotrace_tasks_reason {
+	IOTRACE_TASKS_DROP_TASKS_FULL = 0,	/* no room for a process: its counters lost */
+	IOTRACE_TASKS_DROP_THREADS_FULL = 1,	/* no room for a thread: a wait or fsync lost */
+	IOTRACE_TASKS_DROP_PIDS_FULL = 2,	/* a forked child could not join the filter */
+	IOTRACE_TASKS_DROP_KERNEL_READ = 3,	/* a read of a kernel struct failed: its event lost */
+	IOTRACE_TASKS_REASON_COUNT = 4,
+};
+
+/* Global switches, written by user space: array map of one entry. */
+struct iotrace_tasks_config {
+	u32 enabled;		/* 0 until user space has written the filter */
+	u32 filter_pids;	/* 1: only tgids in the tpids map */
+	u32 follow_children;	/* 1: forks of traced processes join it */
+	u32 pad;
+};
+
+/*
+ * A process's counters since it was first seen, by tgid; never reset (user
+ * space takes differences).  Updated with atomic adds: its threads run on
+ * several CPUs.  An exited process (exit_ns set) is deleted by user space
+ * once it has read it.
+ */
+struct iotrace_task {
+	u64 io_wait_ns;		/* threads blocked in I/O wait (in_iowait), block to wakeup */
+	u64 io_waits;
+	u64 read_bytes;		/* returned by read syscalls on regular files */
+	u64 reads;
+	u64 fsync_ns;		/* in fsync, fdatasync, sync_file_range */
+	u64 fsyncs;
+	u64 throttle_ns;	/* blocked by balance_dirty_pages */
+	u64 throttles;
+	u64 first_ns;		/* when the entry was made */
+	u64 exit_ns;		/* when its last thread exited; 0 while alive */
+	u32 ppid;		/* parent's tgid when forked while traced; 0 unknown */
+	u32 pad;
+	char comm[IOTRACE_TASKS_COMM_LEN];
+};
+
+/* A thread's wait or fsync in progress, by tid. */
+struct iotrace_thread {
+	u64 block_ns;		/* blocked in I/O wait since; 0 when not */
+	u64 fsync_ns;		/* in a sync syscall since; 0 when not */
+	u32 tgid;
+	u32 flags;		/* IOTRACE_TASKS_THROTTLE_NEXT, _THROTTLED, _READING */
+};
+
+#endif /* IOTRACE_TASKS_H */

@@ -1,0 +1,229 @@
+"""Per-process rows of every dump: I/O wait, file reads, fsync time, dirty-page throttling.
+
+Owns bpf/tasks.bpf.c (a BPF object of its own, beside tracer.probe's): it
+loads and attaches it, keeps its pid filter (the same semantics as the
+block-layer probe's: the given processes and, unless told not to, the
+processes they fork from then on; every process when none is given), and
+turns the kernel's cumulative per-process counters into per-window
+differences at each `drain()`.  A process that exited is reported in the
+window it exited in, then forgotten (its entry deleted in the kernel).
+
+What is measured, and where (the kernel's own accounting points):
+
+- io_wait: from the moment a thread blocks with task_struct.in_iowait set
+  (sched_switch, not a preemption) to its wakeup (sched_wakeup): delay
+  accounting's block-I/O delay, what iotop's IO> shows.  Like delay
+  accounting, a wait is counted when it ends.
+- read_bytes: what read, pread64, readv, preadv and preadv2 returned from
+  regular files, page-cache hits included (the syscalls' tracepoints; the
+  fd's file type read through current->files at entry).  mmap, sendfile,
+  splice, copy_file_range and io_uring are not counted.
+- fsync: time inside the fsync, fdatasync and sync_file_range syscalls.
+- throttled: I/O waits that balance_dirty_pages began (it traces a pause
+  > 0, then sleeps in io_schedule_timeout); also counted in io_wait.
+
+The disk side (disk_read_bytes) comes from the dump's own read series:
+see tracer.aggregate.task_rows.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes as ct
+import time
+from dataclasses import dataclass, field
+
+from . import contract, kernel
+from .errors import UserError
+
+COUNTERS = ("io_wait_ns", "io_waits", "read_bytes", "reads", "fsync_ns", "fsyncs", "throttle_ns", "throttles")
+RAW_EVENTS = ("sched_switch", "sched_wakeup", "balance_dirty_pages", "sched_process_fork", "sched_process_exit")
+
+
+def header() -> contract.Contract:
+    """bpf/tasks.h's constants and reason codes."""
+    return contract.parse((contract.bpf_dir() / "tasks.h").read_text())
+
+
+def reason_names() -> list[str]:
+    """The drop reasons of tasks.h, e.g. 'tasks_full'."""
+    return header().names("tasks_reason", "IOTRACE_TASKS_DROP_")
+
+
+@dataclass
+class TaskRaw:
+    """One process's counters over one window, as drained (before the disk side is added)."""
+
+    pid: int
+    ppid: int
+    comm: str
+    counts: dict[str, int]          # COUNTERS -> this window's amount
+    started: bool = False           # first seen in this window (forked, or first traced)
+    exited: bool = False            # its last thread exited in this window
+
+
+@dataclass
+class _Seen:
+    first_ns: int
+    counts: tuple[int, ...]
+
+
+@dataclass
+class Window:
+    """The kernel's cumulative entries turned into one window's rows; pure, no BPF."""
+
+    seen: dict[int, _Seen] = field(default_factory=dict)
+
+    def take(self, entries: list[tuple[int, int, int, int, str, tuple[int, ...]]], start_ns: int,
+             keep_idle: bool) -> tuple[list[TaskRaw], list[int]]:
+        """(rows, tgids to delete) from entries (tgid, ppid, first_ns, exit_ns, comm, counters).
+
+        A tgid whose first_ns changed is a new process (pid reused): counted
+        from zero.  `keep_idle`: a row for every entry, even one with nothing
+        new (the pid filter's processes are all "traced processes").
+        """
+        rows, gone = [], []
+        for tgid, ppid, first_ns, exit_ns, comm, counts in entries:
+            prev = self.seen.get(tgid)
+            base = prev.counts if prev is not None and prev.first_ns == first_ns else (0,) * len(COUNTERS)
+            delta = {name: max(0, c - b) for name, c, b in zip(COUNTERS, counts, base, strict=True)}
+            started = prev is None or prev.first_ns != first_ns
+            started = started and first_ns >= start_ns
+            exited = exit_ns != 0
+            if keep_idle or exited or started or any(delta.values()):
+                rows.append(TaskRaw(tgid, ppid, comm, delta, started, exited))
+            if exited:
+                gone.append(tgid)
+                self.seen.pop(tgid, None)
+            else:
+                self.seen[tgid] = _Seen(first_ns, tuple(counts))
+        rows.sort(key=lambda r: r.pid)
+        return rows, gone
+
+
+def _proc_ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _proc_comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+class TaskTracer:
+    """bpf/tasks.bpf.c loaded and attached; `drain()` gives a window's TaskRaw rows, `close()` detaches."""
+
+    def __init__(self, pids: list[int] | None = None, follow_children: bool = True):
+        from .probe import import_bcc, kernel_headers
+
+        bcc = import_bcc()
+        kernel_headers()
+        try:
+            layout = kernel.load(RAW_EVENTS)
+            from .btf import Btf
+            bits = kernel.resolve_bits(Btf.load(kernel.BTF_PATH), contract.load().kernel)
+        except kernel.LayoutError as exc:
+            raise UserError(f"per-process rows need the kernel's BTF: {exc}") from None
+        cflags = [f"-I{contract.bpf_dir()}", *layout.cflags(), *(f"-DIOTRACE_K_{k}={v}" for k, v in bits.items())]
+        if layout.group_dead:
+            cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
+        text = (contract.bpf_dir() / "tasks.bpf.c").read_text()
+        try:
+            self.bpf = bcc.BPF(text=text, cflags=cflags)
+        except Exception as exc:  # bcc raises bare Exception for compile/load/attach errors
+            raise UserError(f"could not load the per-process programs: {str(exc).strip().splitlines()[-1]}") from None
+        self.reasons = reason_names()
+        self.filtered = bool(pids)
+        self._window = Window()
+        self._reasons_seen = [0] * len(self.reasons)
+        self._misses_seen: dict[str, int] = {}
+        self._start_ns = time.monotonic_ns()
+        for pid in pids or ():
+            self.add_pid(pid)
+        cfg = self.bpf["tconfig"].Leaf()
+        cfg.enabled = 1
+        cfg.filter_pids = 1 if pids else 0
+        cfg.follow_children = 1 if follow_children else 0
+        self.bpf["tconfig"][ct.c_int(0)] = cfg
+
+    def add_pid(self, pid: int) -> None:
+        """Trace process `pid` (and, with follow_children, what it forks from now on)."""
+        tpids, tasks = self.bpf["tpids"], self.bpf["tasks"]
+        tpids[tpids.Key(pid)] = ct.c_uint8(1)
+        v = tasks.Leaf()
+        v.first_ns = time.monotonic_ns()
+        v.ppid = _proc_ppid(pid)
+        v.comm = _proc_comm(pid).encode()[:15]
+        tasks[tasks.Key(pid)] = v
+
+    def drain(self, final: bool = False) -> list[TaskRaw]:
+        """The window since the last drain: a row per process with something in it (every traced
+        process when a pid filter is set), exited ones included, then forgotten."""
+        tasks = self.bpf["tasks"]
+        entries = []
+        for k, v in tasks.items():
+            comm = bytes(v.comm).split(b"\0", 1)[0].decode(errors="replace")
+            entries.append((k.value, v.ppid, v.first_ns, v.exit_ns, comm, tuple(getattr(v, c) for c in COUNTERS)))
+        rows, gone = self._window.take(entries, self._start_ns, keep_idle=self.filtered)
+        for tgid in gone:
+            try:
+                del tasks[tasks.Key(tgid)]
+            except KeyError:
+                pass
+        for r in rows:
+            if not r.ppid and not r.exited:
+                r.ppid = _proc_ppid(r.pid)
+        self._start_ns = time.monotonic_ns()
+        return rows
+
+    def dropped(self) -> dict[str, int]:
+        """Events lost since the last call, by reason ("tasks_<reason>"), non-zero ones only; the kernel's
+        skips of these programs (recursion misses) as "tasks_skipped_<program>"."""
+        from .probe import prog_stats
+
+        table = self.bpf["treasons"]
+        totals = [sum(table[ct.c_int(i)]) for i in range(len(self.reasons))]
+        out = {f"tasks_{name}": t - s for name, t, s in zip(self.reasons, totals, self._reasons_seen, strict=True)
+               if t - s}
+        self._reasons_seen = totals
+        for name, fn in self.bpf.funcs.items():
+            name = (name.decode() if isinstance(name, bytes) else name).split("__")[-1]
+            misses = prog_stats(fn.fd).recursion_misses
+            if misses - self._misses_seen.get(name, 0):
+                out[f"tasks_skipped_{name}"] = misses - self._misses_seen.get(name, 0)
+            self._misses_seen[name] = misses
+        return out
+
+    def program_costs(self) -> dict[str, dict[str, int]]:
+        """Each program's runs, time (both 0 unless kernel.bpf_stats_enabled) and skipped events."""
+        from .probe import prog_stats
+
+        out = {}
+        for name, fn in self.bpf.funcs.items():
+            name = name.decode() if isinstance(name, bytes) else name
+            st = prog_stats(fn.fd)
+            out[name] = {"runs": st.run_cnt, "run_time_ns": st.run_time_ns, "missed": st.recursion_misses}
+        return out
+
+    def close(self) -> None:
+        if self.bpf is None:
+            return
+        self.bpf.cleanup()
+        atexit.unregister(self.bpf.cleanup)
+        self.bpf = None
+
+
+def open_tracer(pids: list[int], follow_children: bool) -> tuple[TaskTracer | None, str]:
+    """A TaskTracer, or (None, why not): the block-layer trace goes on without per-process rows."""
+    try:
+        return TaskTracer(pids, follow_children), ""
+    except UserError as exc:
+        return None, str(exc)
+
