@@ -85,9 +85,14 @@ def test_merged_dumps_add_task_rows_by_pid():
 
 def test_the_header_and_the_kernel_table_parse():
     assert reason_names() == ["tasks_full", "threads_full", "pids_full", "kernel_read"]
-    reads = contract.load().kernel
+    con = contract.load()
+    reads = con.kernel_tasks
     assert reads.bits == {"TASK_IN_IOWAIT": ("task_struct", "in_iowait")}
     assert {"sched_switch", "sched_wakeup", "balance_dirty_pages"} <= reads.raw_tps.keys()
+    assert "TASK_FILES" in reads.members
+    # the block-layer programs' table holds none of them: a kernel without one costs them nothing
+    assert not (reads.members.keys() | reads.raw_tps.keys() | reads.bits.keys()) & \
+        (con.kernel.members.keys() | con.kernel.raw_tps.keys() | con.kernel.bits.keys())
 
 
 class BitBtf:
@@ -154,7 +159,7 @@ def test_epochs_cold_then_warm_against_delay_accounting(ext4_mnt, tmp_path, dela
     for attempt in range(1, 4):
         results, out = tmp_path / f"workers{attempt}.jsonl", tmp_path / f"run{attempt}.jsonl"
         _sysctl("kernel.task_delayacct", "1")
-        code, stdout, stderr = run_traced_group(["-o", str(out), "--", PYTHON,
+        code, stdout, stderr = run_traced_group(["--tasks", "-o", str(out), "--", PYTHON,
                                                  str(ROOT / "tests" / "tasksload.py"), str(data), str(results)],
                                                 env, timeout=300)
         assert code == 0, stderr

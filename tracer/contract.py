@@ -54,6 +54,11 @@ class KernelReads:
     raw_tps: dict[str, list[str]]              # event -> argument types, as ctx->args[] holds them
     bits: dict[str, tuple[str, str]] = field(default_factory=dict)   # NAME -> (struct, one-bit member)
 
+    def merged(self, other: KernelReads) -> KernelReads:
+        return KernelReads({**self.members, **other.members}, {**self.enums, **other.enums},
+                           {**self.heads, **other.heads}, {**self.raw_tps, **other.raw_tps},
+                           {**self.bits, **other.bits})
+
 
 @dataclass(frozen=True)
 class Contract:
@@ -62,6 +67,9 @@ class Contract:
     defines: dict[str, int]
     enums: dict[str, dict[str, int]]
     kernel: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
+    # the entries marked "tasks.bpf.c": read by the per-process programs only, so a kernel that
+    # lacks one costs the block-layer programs nothing
+    kernel_tasks: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
 
     def const(self, name: str) -> int:
         return self.defines["IOTRACE_" + name]
@@ -102,15 +110,17 @@ class Contract:
         return self.const("HIST_BUCKETS")
 
 
-def _parse_kernel(text: str) -> KernelReads:
-    reads = KernelReads({}, {}, {}, {})
-    block = _KERNEL_TABLE.search(text)
-    for line in (block.group(1).splitlines() if block else ()):
+def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads]:
+    """(the block-layer programs' reads, the per-process programs' reads: lines marked tasks.bpf.c)."""
+    block, tasks = KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {})
+    table = _KERNEL_TABLE.search(text)
+    for line in (table.group(1).splitlines() if table else ()):
         if not line.strip():
             continue
         m = _KERNEL_ENTRY.match(line.strip())
         if not m:
             raise ValueError(f"iotrace.h: bad line in IOTRACE_KERNEL_TABLE: {line.strip()!r}")
+        reads = tasks if "tasks.bpf.c" in line else block
         kind, args = m.group(1), [a.strip() for a in m.group(2).split(",")]
         if kind == "KMEMBER":
             reads.members[args[0]] = (args[1], args[2], int(args[3]))
@@ -122,7 +132,7 @@ def _parse_kernel(text: str) -> KernelReads:
             reads.bits[args[0]] = (args[1], args[2])
         else:
             reads.raw_tps[args[0]] = args[1:]
-    return reads
+    return block, tasks
 
 
 def parse(text: str) -> Contract:
@@ -137,7 +147,7 @@ def parse(text: str) -> Contract:
         count = [v for m, v in members.items() if m.endswith("_COUNT")]
         if not count or sorted(v for m, v in members.items() if not m.endswith("_COUNT")) != list(range(count[0])):
             raise ValueError(f"enum {name} in iotrace.h must number its members 0..N-1 and end with *_COUNT = N")
-    return Contract(defines, enums, _parse_kernel(text))
+    return Contract(defines, enums, *_parse_kernel(text))
 
 
 @lru_cache(maxsize=1)

@@ -126,10 +126,11 @@ def resolve_bits(btf: Btf, reads: contract.KernelReads) -> dict[str, int]:
     return values
 
 
-def load(events: Iterable[str], path: str = BTF_PATH) -> Layout:
-    """The layout of the running kernel for the raw tracepoints `events`; LayoutError if it cannot be had."""
+def load(events: Iterable[str], path: str = BTF_PATH, reads: contract.KernelReads | None = None) -> Layout:
+    """The layout of the running kernel for the raw tracepoints `events` and the table `reads` (the
+    block-layer programs' by default); LayoutError if it cannot be had."""
     try:
         btf = Btf.load(path)
     except BtfError as exc:
         raise LayoutError(str(exc)) from None
-    return resolve(btf, contract.load().kernel, events)
+    return resolve(btf, contract.load().kernel if reads is None else reads, events)

@@ -126,9 +126,10 @@ class TaskTracer:
         bcc = import_bcc()
         kernel_headers()
         try:
-            layout = kernel.load(RAW_EVENTS)
+            con = contract.load()
+            layout = kernel.load(RAW_EVENTS, reads=con.kernel.merged(con.kernel_tasks))
             from .btf import Btf
-            bits = kernel.resolve_bits(Btf.load(kernel.BTF_PATH), contract.load().kernel)
+            bits = kernel.resolve_bits(Btf.load(kernel.BTF_PATH), con.kernel_tasks)
         except kernel.LayoutError as exc:
             raise UserError(f"per-process rows need the kernel's BTF: {exc}") from None
         cflags = [f"-I{contract.bpf_dir()}", *layout.cflags(), *(f"-DIOTRACE_K_{k}={v}" for k, v in bits.items())]
