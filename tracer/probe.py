@@ -143,6 +143,24 @@ def prog_stats(fd: int) -> ProgStats:
     return ProgStats(info.run_time_ns, info.run_cnt, info.recursion_misses)
 
 
+def program_costs(bpf, name=lambda fn_name: fn_name) -> dict[str, dict[str, int]]:
+    """Each program of a loaded bcc object, by name(function name): its runs, run time (both 0 unless
+    kernel.bpf_stats_enabled) and the events the kernel skipped."""
+    out = {}
+    for fn_name, fn in bpf.funcs.items():
+        st = prog_stats(fn.fd)
+        out[name(fn_name.decode() if isinstance(fn_name, bytes) else fn_name)] = {
+            "runs": st.run_cnt, "run_time_ns": st.run_time_ns, "missed": st.recursion_misses}
+    return out
+
+
+def unload(bpf) -> None:
+    """Detach and free a bcc object, once."""
+    bpf.cleanup()
+    # bcc registered the same cleanup at exit; running it twice fails loudly
+    atexit.unregister(bpf.cleanup)
+
+
 def tracefs() -> Path:
     for d in TRACEFS_DIRS:
         if (d / "events").is_dir():
@@ -536,8 +554,7 @@ class Probe:
 
     def program_costs(self) -> dict[str, dict[str, int]]:
         """Each program's events, time spent (both 0 unless kernel.bpf_stats_enabled) and events skipped."""
-        return {name: {"runs": st.run_cnt, "run_time_ns": st.run_time_ns, "missed": st.recursion_misses}
-                for name, st in self.prog_stats().items()}
+        return program_costs(self.bpf, lambda name: name.rsplit("__", 1)[-1])
 
     def _skipped(self) -> dict[str, int]:
         """Events the kernel skipped since the last drain, per program: {"drop_skipped_<name>": n}.
@@ -604,9 +621,6 @@ class Probe:
         return new
 
     def close(self) -> None:
-        if self.bpf is None:
-            return
-        self.bpf.cleanup()
-        # bcc registered the same cleanup at exit; running it twice fails loudly
-        atexit.unregister(self.bpf.cleanup)
-        self.bpf = None
+        if self.bpf is not None:
+            unload(self.bpf)
+            self.bpf = None

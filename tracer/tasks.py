@@ -28,7 +28,6 @@ see tracer.aggregate.task_rows.
 
 from __future__ import annotations
 
-import atexit
 import ctypes as ct
 import time
 from dataclasses import dataclass, field
@@ -204,21 +203,16 @@ class TaskTracer:
 
     def program_costs(self) -> dict[str, dict[str, int]]:
         """Each program's runs, time (both 0 unless kernel.bpf_stats_enabled) and skipped events."""
-        from .probe import prog_stats
+        from .probe import program_costs
 
-        out = {}
-        for name, fn in self.bpf.funcs.items():
-            name = name.decode() if isinstance(name, bytes) else name
-            st = prog_stats(fn.fd)
-            out[name] = {"runs": st.run_cnt, "run_time_ns": st.run_time_ns, "missed": st.recursion_misses}
-        return out
+        return program_costs(self.bpf)
 
     def close(self) -> None:
-        if self.bpf is None:
-            return
-        self.bpf.cleanup()
-        atexit.unregister(self.bpf.cleanup)
-        self.bpf = None
+        from .probe import unload
+
+        if self.bpf is not None:
+            unload(self.bpf)
+            self.bpf = None
 
 
 def open_tracer(pids: list[int], follow_children: bool) -> tuple[TaskTracer | None, str]:
