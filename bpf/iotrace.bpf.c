@@ -213,7 +213,8 @@ static __always_inline bool claim_stale(u32 base, u64 tag, u64 now, struct slot_
 		if (!ref_at(base + i, r))
 			return false;
 		old = *r->tag;
-		if (old && now - r->s->start_ns > IOTRACE_STALE_NS &&
+		/* a start_ns after `now` is a slot another CPU is filling in right now: not stale */
+		if (old && r->s->start_ns < now && now - r->s->start_ns > IOTRACE_STALE_NS &&
 		    __sync_val_compare_and_swap(r->tag, old, tag) == old) {
 			unspill(r);	/* the old request's key is still in the slot */
 			count_reason(IOTRACE_NOTE_RECLAIMED);
@@ -667,9 +668,10 @@ static __always_inline bool addr_find(u64 addr, struct slot_ref *r)
 	return other != home && sp && *sp && scan_for(other, addr, r);
 }
 
+/* The slot's key, from its copy in the slot: right even while a stale claim swaps the tag. */
 static __always_inline u64 slot_hash(const struct slot_ref *r)
 {
-	return key_hash(0, *r->tag);
+	return key_hash(0, r->s->sector);
 }
 
 /*
@@ -700,9 +702,13 @@ static __always_inline bool addr_claim(u64 addr, u64 now, struct slot_ref *r)
 	if (free < IOTRACE_INFLIGHT_SLOTS && ref_at(free, r) && __sync_val_compare_and_swap(r->tag, 0, addr) == 0) {
 		r->s->start_ns = now;
 		r->s->issue_ns = 0;
+		r->s->sector = addr;	/* the key's copy, for slot_hash() */
 		return true;
 	}
-	return slot_claim(h, addr, now, r);
+	if (!slot_claim(h, addr, now, r))
+		return false;
+	r->s->sector = addr;
+	return true;
 reclaim:
 	count_reason(IOTRACE_NOTE_RECLAIMED);
 	r->s->start_ns = now;

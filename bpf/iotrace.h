@@ -203,7 +203,7 @@ KRAWTP(balance_dirty_pages, struct bdi_writeback *, struct dirty_throttle_contro
 struct iotrace_slot {
 	u32 dev;		/* kernel dev_t as the tracepoint gives it */
 	u32 op;			/* enum iotrace_op */
-	u64 sector;		/* current start sector (perf-event path: moves on front merge / partial) */
+	u64 sector;		/* perf-event path: current start sector (moves on front merge / partial); raw: the request's address */
 	u64 start_ns;		/* block_io_start */
 	u64 issue_ns;		/* last block_rq_issue, 0 if never issued */
 	u64 cgroup;		/* submitter's cgroup v2 id */
