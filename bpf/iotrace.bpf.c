@@ -676,9 +676,12 @@ static __always_inline u64 slot_hash(const struct slot_ref *r)
 
 /*
  * A slot for a starting request.  Its address may still hold a slot: the
- * request object's previous life ended unseen (a skipped completion,
- * counted in the program's recursion misses, or a free without one); the
- * new life takes it over.  One pass over the home group finds either that
+ * request object's previous life ended without a completion this program
+ * saw.  Measured here: now and then (~1 in 10^4 requests of a loop device
+ * over a file on another loop device) the kernel completes a request with
+ * no block_rq_complete program run and no recursion miss counted, on both
+ * attach paths; the request object is then reused within microseconds.
+ * So the new life takes the slot over and the lost one is counted.  One pass over the home group finds either that
  * or the first free slot; the rest of slot_claim() only when the group is full.
  */
 static __always_inline bool addr_claim(u64 addr, u64 now, struct slot_ref *r)
@@ -710,7 +713,7 @@ static __always_inline bool addr_claim(u64 addr, u64 now, struct slot_ref *r)
 	r->s->sector = addr;
 	return true;
 reclaim:
-	count_reason(IOTRACE_NOTE_RECLAIMED);
+	count_reason(IOTRACE_DROP_LOST_COMPLETION);
 	r->s->start_ns = now;
 	r->s->issue_ns = 0;
 	return true;

@@ -107,7 +107,8 @@ enum iotrace_reason {
 	IOTRACE_NOTE_CLOCK_SKEW = 15,	/* two CPUs' clocks disagreed: a phase taken as 0 */
 	IOTRACE_DROP_KERNEL_READ = 16,	/* a read of a kernel struct failed (raw path): its request is lost */
 	IOTRACE_DROP_NESTED = 17,	/* a completion interrupted another's accounting on its CPU */
-	IOTRACE_REASON_COUNT = 18,
+	IOTRACE_DROP_LOST_COMPLETION = 18,	/* raw path: a request object started again, its last completion unseen */
+	IOTRACE_REASON_COUNT = 19,
 };
 
 #define IOTRACE_HASH_MUL 0x9E3779B97F4A7C15ULL	/* Fibonacci hashing */

@@ -68,14 +68,17 @@ def assert_every_request(dumps: list[dict], loop, attach: str) -> None:
     assert len({s["pid"] for s in rows}) == 2, rows            # each job process is its own series
     nonzero = ({k: v for k, v in final["dropped"].items() if v}, {k: v for k, v in final["events"].items() if v},
                {p: c["missed"] for p, c in final["bpf_programs"].items() if c["missed"]})
-    assert sum(s["count"] for s in rows) == REQUESTS, \
+    # the kernel now and then completes a request without running any completion program (README,
+    # Dropped events): never silently, it is counted as lost_completion when its object starts again
+    lost = final["dropped"]["lost_completion"]
+    assert sum(s["count"] for s in rows) + lost == REQUESTS, \
         ([(s["pid"], s["comm"], s["op"], s["count"]) for s in series_of(final, device=loop.name)], nonzero,
          final.get("coverage"))
     assert sum(s["bytes"] for s in rows) == REQUESTS * 4096
     for s in rows:      # every request issued: all three phases of each
         assert {ph: s["latency_us"][ph]["count"] for ph in ("queue", "device", "total")} == \
             dict.fromkeys(("queue", "device", "total"), s["count"]), s["latency_us"]
-    assert not any(final["dropped"].values()), final["dropped"]
+    assert not any(n for reason, n in final["dropped"].items() if reason != "lost_completion"), final["dropped"]
     skipped = {p: c["missed"] for p, c in final["bpf_programs"].items() if c["missed"]}
     assert not skipped, skipped
 

@@ -527,10 +527,11 @@ class Probe:
         delta = totals - self._reasons_seen
         self._reasons_seen = totals
         reasons = {name: int(n) for name, n in zip(self.contract.reasons, delta, strict=True)}
-        reasons.update({f"drop_{reason}": 0 for reason in USER_DROPS})
+        for reason in USER_DROPS:      # lost_completion: counted by the BPF side too, on the raw path
+            reasons.setdefault(f"drop_{reason}", 0)
         reasons.update(self._skipped())
         if self.attach == "tracepoint":
-            reasons["drop_lost_completion"] = self._lost_completions(final)
+            reasons["drop_lost_completion"] += self._lost_completions(final)
         raw = RawInterval(
             start_ns=self._interval_start, end_ns=end,
             series_keys=skeys, series_vals=_fold_series(svals),

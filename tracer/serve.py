@@ -300,7 +300,8 @@ def _drop_reasons() -> list[str]:
     from . import contract
     from .probe import USER_DROPS
 
-    return [r.removeprefix("drop_") for r in contract.load().reasons if r.startswith("drop_")] + list(USER_DROPS)
+    kernel = [r.removeprefix("drop_") for r in contract.load().reasons if r.startswith("drop_")]
+    return list(dict.fromkeys(kernel + list(USER_DROPS)))     # lost_completion is counted on both sides
 
 
 # ---- the command -----------------------------------------------------------------
