@@ -532,6 +532,8 @@ class Probe:
         reasons.update(self._skipped())
         if self.attach == "tracepoint":
             reasons["drop_lost_completion"] += self._lost_completions(final)
+        elif final:
+            reasons["drop_lost_completion"] += self._lost_at_end()
         raw = RawInterval(
             start_ns=self._interval_start, end_ns=end,
             series_keys=skeys, series_vals=_fold_series(svals),
@@ -582,6 +584,27 @@ class Probe:
         self._misses_seen = totals
         return out
 
+    def _taken_slots(self) -> tuple[np.ndarray, np.ndarray]:
+        """(indices, slots) of the in-flight table's taken slots."""
+        idx, tags, slots = self._slot_buffers
+        t = np.flatnonzero(read_array(self.bpf["tags"], idx, tags, self._lib))
+        return t, (read_array(self.bpf["inflight"], idx, slots, self._lib)[t] if len(t) else slots[:0])
+
+    def _lost_at_end(self) -> int:
+        """Raw path, last drain: slots whose completion never came and whose request object was not
+        reused since (a reuse counts them in the kernel).  The disk is only known at completion, so
+        they are counted only when no disk has anything in flight, before and after the table is
+        read; a slot under LOST_MIN_AGE_NS old may be a request still on its way."""
+        def idle() -> bool:
+            return all(devices.in_flight(dev) in (0, None) for dev in devices.whole_disks().values())
+
+        before_ns = time.monotonic_ns()
+        if not idle():
+            return 0
+        _, sl = self._taken_slots()
+        old = int((sl["start_ns"] < before_ns - LOST_MIN_AGE_NS).sum())
+        return old if old and idle() else 0
+
     def _lost_completions(self, final: bool = False) -> int:
         """Requests newly found to have completed without iotrace seeing it.
 
@@ -593,11 +616,7 @@ class Probe:
         the table was read, or when it is older than IOTRACE_STALE_NS.  Each
         is counted once; the BPF side reuses the slot once it is stale.
         """
-        def taken() -> tuple[np.ndarray, np.ndarray]:
-            idx, tags, slots = self._slot_buffers
-            t = np.flatnonzero(read_array(self.bpf["tags"], idx, tags, self._lib))
-            return t, (read_array(self.bpf["inflight"], idx, slots, self._lib)[t] if len(t) else slots[:0])
-
+        taken = self._taken_slots
         before_ns = time.monotonic_ns()
         t, sl = taken()
         old = sl["start_ns"] < before_ns - LOST_MIN_AGE_NS
