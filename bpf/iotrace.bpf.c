@@ -756,13 +756,21 @@ RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0], id = bpf_get_current_pid_tgid();
 	struct slot_ref r;
 
+	struct iotrace_config *cfg;
+	struct rq_head h;
+
 	/*
 	 * Who, here, in the submitter's context; what and where (op, size,
 	 * disk) at the completion, in the one read of the request it needs
-	 * anyway.  So --dev applies at completion: until then another disk's
-	 * request holds a slot too.
+	 * anyway.  Only with --dev is the disk read here too (then cached), so
+	 * that other disks' requests take no slot.
 	 */
 	if (!task_wanted(id >> 32))
+		return 0;
+	cfg = get_config();
+	if (cfg && cfg->filter_devs &&
+	    (kread(&h, sizeof(h), rq) ||
+	     !dev_wanted(queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now))))
 		return 0;
 	if (!addr_claim(rq, now, &r)) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
