@@ -31,12 +31,14 @@ demo: setup
 	$(AS_ROOT) $(PY) scripts/demo.py
 
 # Overhead vs no tracer, bpftrace and blktrace (fio on a RAM-backed loop device, interleaved
-# runs), the cost of a 100k-bucket dump, and a short soak run; results also in bench-*.json.
+# runs), the cost of a 100k-bucket dump, a short soak run and what --tasks costs per context switch
+# and syscall; results also in bench-*.json.
 bench:
 	@bash scripts/setup.sh --bench
 	$(AS_ROOT) $(PY) scripts/bench_overhead.py --json bench-overhead.json
 	$(AS_ROOT) $(PY) scripts/bench_frontend.py --json bench-frontend.json
 	$(AS_ROOT) $(PY) scripts/soak.py --seconds 60 --json bench-soak.json
+	$(AS_ROOT) $(PY) scripts/bench_tasks.py --json bench-tasks.json
 
 # Remove the venv and every cache.
 clean:
