@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import contract
 from .btf import Btf, BtfError
@@ -104,8 +104,8 @@ def resolve(btf: Btf, reads: contract.KernelReads, events: Iterable[str]) -> Lay
 def resolve_bits(btf: Btf, reads: contract.KernelReads) -> dict[str, int]:
     """The KBIT entries: NAME -> the byte holding the bit, NAME_MASK -> its mask in that byte.
 
-    Apart from resolve(): only the programs that read them ask, so a kernel
-    without one of these bits costs the block-layer programs nothing.
+    Only the per-process table has them (load() resolves them with the rest),
+    so a kernel without one costs the block-layer programs nothing.
     Little-endian only (BTF counts bit offsets in memory order there).
     """
     values: dict[str, int] = {}
@@ -128,9 +128,13 @@ def resolve_bits(btf: Btf, reads: contract.KernelReads) -> dict[str, int]:
 
 def load(events: Iterable[str], path: str = BTF_PATH, reads: contract.KernelReads | None = None) -> Layout:
     """The layout of the running kernel for the raw tracepoints `events` and the table `reads` (the
-    block-layer programs' by default); LayoutError if it cannot be had."""
+    block-layer programs' by default), one-bit fields included; LayoutError if it cannot be had."""
+    reads = contract.load().kernel if reads is None else reads
     try:
         btf = Btf.load(path)
     except BtfError as exc:
         raise LayoutError(str(exc)) from None
-    return resolve(btf, contract.load().kernel if reads is None else reads, events)
+    layout = resolve(btf, reads, events)
+    if reads.bits:
+        layout = replace(layout, values={**layout.values, **resolve_bits(btf, reads)})
+    return layout

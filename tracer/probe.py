@@ -143,15 +143,22 @@ def prog_stats(fd: int) -> ProgStats:
     return ProgStats(info.run_time_ns, info.run_cnt, info.recursion_misses)
 
 
+def programs_stats(bpf, name=lambda fn_name: fn_name) -> dict[str, ProgStats]:
+    """Each program of a loaded bcc object, by name(its function's name): the kernel's statistics."""
+    return {name(fn_name.decode() if isinstance(fn_name, bytes) else fn_name): prog_stats(fn.fd)
+            for fn_name, fn in bpf.funcs.items()}
+
+
 def program_costs(bpf, name=lambda fn_name: fn_name) -> dict[str, dict[str, int]]:
-    """Each program of a loaded bcc object, by name(function name): its runs, run time (both 0 unless
-    kernel.bpf_stats_enabled) and the events the kernel skipped."""
-    out = {}
-    for fn_name, fn in bpf.funcs.items():
-        st = prog_stats(fn.fd)
-        out[name(fn_name.decode() if isinstance(fn_name, bytes) else fn_name)] = {
-            "runs": st.run_cnt, "run_time_ns": st.run_time_ns, "missed": st.recursion_misses}
-    return out
+    """Each program of a loaded bcc object: its runs, run time (both 0 unless kernel.bpf_stats_enabled)
+    and the events the kernel skipped."""
+    return {n: {"runs": st.run_cnt, "run_time_ns": st.run_time_ns, "missed": st.recursion_misses}
+            for n, st in programs_stats(bpf, name).items()}
+
+
+def tracepoint_of(fn_name: str) -> str:
+    """bcc's program name -> its tracepoint: tracepoint__block__block_rq_issue, raw_tracepoint__block_rq_issue."""
+    return fn_name.rsplit("__", 1)[-1]
 
 
 def unload(bpf) -> None:
@@ -549,15 +556,11 @@ class Probe:
 
     def prog_stats(self) -> dict[str, ProgStats]:
         """Per-program kernel statistics, by tracepoint name."""
-        out = {}
-        for name, fn in self.bpf.funcs.items():
-            name = name.decode() if isinstance(name, bytes) else name
-            out[name.rsplit("__", 1)[-1]] = prog_stats(fn.fd)
-        return out
+        return programs_stats(self.bpf, tracepoint_of)
 
     def program_costs(self) -> dict[str, dict[str, int]]:
         """Each program's events, time spent (both 0 unless kernel.bpf_stats_enabled) and events skipped."""
-        return program_costs(self.bpf, lambda name: name.rsplit("__", 1)[-1])
+        return program_costs(self.bpf, tracepoint_of)
 
     def _skipped(self) -> dict[str, int]:
         """Events the kernel skipped since the last drain, per program: {"drop_skipped_<name>": n}.

@@ -126,12 +126,11 @@ class TaskTracer:
         kernel_headers()
         try:
             con = contract.load()
+            # one read of the BTF for the members, raw tracepoints and one-bit fields alike
             layout = kernel.load(RAW_EVENTS, reads=con.kernel.merged(con.kernel_tasks))
-            from .btf import Btf
-            bits = kernel.resolve_bits(Btf.load(kernel.BTF_PATH), con.kernel_tasks)
         except kernel.LayoutError as exc:
             raise UserError(f"per-process rows need the kernel's BTF: {exc}") from None
-        cflags = [f"-I{contract.bpf_dir()}", *layout.cflags(), *(f"-DIOTRACE_K_{k}={v}" for k, v in bits.items())]
+        cflags = [f"-I{contract.bpf_dir()}", *layout.cflags()]
         if layout.group_dead:
             cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
         text = (contract.bpf_dir() / "tasks.bpf.c").read_text()
@@ -186,16 +185,15 @@ class TaskTracer:
     def dropped(self) -> dict[str, int]:
         """Events lost since the last call, by reason ("tasks_<reason>"), non-zero ones only; the kernel's
         skips of these programs (recursion misses) as "tasks_skipped_<program>"."""
-        from .probe import prog_stats
+        from .probe import programs_stats, tracepoint_of
 
         table = self.bpf["treasons"]
         totals = [sum(table[ct.c_int(i)]) for i in range(len(self.reasons))]
         out = {f"tasks_{name}": t - s for name, t, s in zip(self.reasons, totals, self._reasons_seen, strict=True)
                if t - s}
         self._reasons_seen = totals
-        for name, fn in self.bpf.funcs.items():
-            name = (name.decode() if isinstance(name, bytes) else name).split("__")[-1]
-            misses = prog_stats(fn.fd).recursion_misses
+        for name, st in programs_stats(self.bpf, tracepoint_of).items():
+            misses = st.recursion_misses
             if misses - self._misses_seen.get(name, 0):
                 out[f"tasks_skipped_{name}"] = misses - self._misses_seen.get(name, 0)
             self._misses_seen[name] = misses
