@@ -791,8 +791,13 @@ RAW_TRACEPOINT_PROBE(block_rq_issue)
 	return 0;
 }
 
-/* A completion with no slot: the flush machinery's own request, or count_unmatched's reasons. */
-static __always_inline void rq_unmatched(u64 rq)
+/*
+ * A completion with no slot: the flush machinery's own request, or
+ * count_unmatched's reasons.  A preflush/FUA data write completes twice:
+ * its data (accounted, slot freed), then, once the flush sequence is done,
+ * again with no bytes: that tail is no lost start.
+ */
+static __always_inline void rq_unmatched(u64 rq, u32 nr_bytes)
 {
 	u32 opf = 0;
 
@@ -800,7 +805,7 @@ static __always_inline void rq_unmatched(u64 rq)
 	if ((opf & ((1U << IOTRACE_K_REQ_OP_BITS) - 1)) == IOTRACE_K_REQ_OP_FLUSH)
 		count_reason(IOTRACE_NOTE_INTERNAL_FLUSH);
 	else
-		count_unmatched(false);
+		count_unmatched(nr_bytes == 0);
 }
 
 /*
@@ -816,7 +821,7 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 	struct slot_ref r;
 
 	if (!addr_find(rq, &r)) {
-		rq_unmatched(rq);
+		rq_unmatched(rq, nr_bytes);
 		return 0;
 	}
 	s = r.s;

@@ -278,3 +278,21 @@ def test_coverage_matches_diskstats_exactly(loop, tmp_path):
     assert c["diskstats"] > 2000
     assert not cov["filtered"]
     assert f"{loop.name} " in stdout and "coverage:" in stdout
+
+
+@bpf
+def test_flush_sequence_tails_are_no_lost_starts(ext4_mnt, tmp_path):
+    """A preflush/FUA write (jbd2's commits under fsync) completes twice, the second time with no bytes
+    once its flush sequence ends: traced with no filter, that tail is a note, never a lost start."""
+    loop, mnt = ext4_mnt
+    out = tmp_path / "out.jsonl"
+    tracer = start_tracer(["-o", str(out)])
+    job = fio_cmd(str(mnt / "f.dat"), rw="randwrite", size="2M", direct=0, fsync=4)
+    assert subprocess.run(job, capture_output=True).returncode == 0
+    tracer.send_signal(signal.SIGINT)
+    finish(tracer)
+    final = read_dumps(out)[-1]
+    assert series_of(final, device=loop.name, op="flush") or series_of(final, device=loop.name, op="write")
+    # 128 fsyncs: jbd2 commits a FUA block for each; only requests already in flight at attach lack a start
+    assert final["events"]["flush_tail"] > 0, final["events"]
+    assert final["dropped"]["no_start"] < final["events"]["flush_tail"], (final["dropped"], final["events"])
