@@ -4,7 +4,7 @@
 A drained interval with 100k populated buckets (1000 series: 200 processes
 x 5 devices, 100 buckets each over their phases) is turned into a dump the
 way the tracer does it at every interval: aggregation
-(tracer.aggregate.build_dump), the JSON line with every HdrHistogram
+(tracer.pipeline.aggregate.build_dump), the JSON line with every HdrHistogram
 encoded, and the terminal table.  Target: under 200 ms, on the best of the
 runs (this VM's speed wanders by +-50% from one minute to the next).  The same run
 times a baseline, json.dumps of the raw (key, count) pairs, so the ratio
@@ -31,9 +31,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tracer import contract  # noqa: E402
-from tracer.aggregate import Clock, build_dump  # noqa: E402
 from tracer.cli import Session, TraceArgs  # noqa: E402
-from tracer.probe import Probe, ProbeOptions, RawInterval  # noqa: E402
+from tracer.pipeline.aggregate import Clock, build_dump  # noqa: E402
+from tracer.sources.probe import Probe, ProbeOptions, RawInterval  # noqa: E402
 
 DUMP_TARGET_MS = 200
 

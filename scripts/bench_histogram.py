@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tracer.histogram import BUCKETS, Histogram  # noqa: E402
+from tracer.model.histogram import BUCKETS, Histogram  # noqa: E402
 
 QS = (50, 90, 99, 99.9)
 

@@ -2,7 +2,7 @@
 
     sudo .venv/bin/python scripts/bench_tasks.py [--seconds 2] [--filter]
 
-With kernel.bpf_stats_enabled on (restored after), loads tracer.tasks.TaskTracer
+With kernel.bpf_stats_enabled on (restored after), loads tracer.sources.tasks.TaskTracer
 (every process, or with --filter only this script's own process) and runs:
 a pipe ping-pong between two processes (two context switches per round trip;
 sched_switch and sched_wakeup run for every switch on the machine), reads of
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tracer.tasks import TaskTracer  # noqa: E402
+from tracer.sources.tasks import TaskTracer  # noqa: E402
 
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 

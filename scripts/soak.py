@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tracer.probe import USER_DROPS  # noqa: E402
+from tracer.sources.probe import USER_DROPS  # noqa: E402
 
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
 RSS_LIMIT_MB = 150

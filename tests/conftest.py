@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tracer.probe import USER_DROPS
+from tracer.sources.probe import USER_DROPS
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, read_dumps, run_iotrace, series_of
 
-from tracer import alerts
-from tracer.dump import Dump, PhaseStats, Series, from_json, to_json
 from tracer.errors import UserError
-from tracer.histogram import Histogram
 from tracer.iostat import ALERT_EXIT, IostatRow
+from tracer.model.dump import Dump, PhaseStats, Series, from_json, to_json
+from tracer.model.histogram import Histogram
+from tracer.pipeline import alerts
 
 TESTS = Path(__file__).resolve().parent
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

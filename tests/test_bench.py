@@ -17,8 +17,8 @@ import pytest
 from conftest import PYTHON, ROOT, run_iotrace
 
 from tracer import bench, cli
-from tracer import benchresult as br
-from tracer.probe import USER_DROPS
+from tracer.model import benchresult as br
+from tracer.sources.probe import USER_DROPS
 
 bpf = pytest.mark.bpf
 TINY = ["fio", "--rw=randread", "--bs=4k", "--size=4M", "--ioengine=psync"]     # 1024 reads, a few 100 ms

@@ -1,4 +1,4 @@
-"""tracer.btf: synthetic BTF blobs written here, and the running kernel's BTF
+"""tracer.sources.btf: synthetic BTF blobs written here, and the running kernel's BTF
 cross-checked against bpftool.  No root needed."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tracer.btf import Btf, BtfError, Member
+from tracer.sources.btf import Btf, BtfError, Member
 
 # -- a small BTF writer
 

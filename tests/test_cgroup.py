@@ -11,7 +11,7 @@ import pytest
 from conftest import PYTHON, assert_count, read_dumps, series_of
 from test_core import IOLOAD, finish, start_tracer
 
-from tracer.cgroups import cgroup2_mount
+from tracer.sources.cgroups import cgroup2_mount
 
 bpf = pytest.mark.bpf
 

@@ -1,6 +1,6 @@
 """`iotrace compare`: the gate's decisions on crafted bench results, and the result file format.
 
-No root needed: results are built with tracer.benchresult's records and writer, as
+No root needed: results are built with tracer.model.benchresult's records and writer, as
 `iotrace bench` builds them.
 """
 
@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from tracer import benchresult as br
 from tracer import cli
-from tracer.compare import IMPROVED, NOISE, OK, REGRESSION, judge
+from tracer.model import benchresult as br
+from tracer.views.compare import IMPROVED, NOISE, OK, REGRESSION, judge
 
 WL = "randread-4k-qd1"
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracer import cgroups
-from tracer.cgroups import CgroupResolver, container_of
-from tracer.dump import Dump, PhaseStats, Series, from_json, to_json
-from tracer.histogram import Histogram
-from tracer.report import render_table
+from tracer.model.dump import Dump, PhaseStats, Series, from_json, to_json
+from tracer.model.histogram import Histogram
+from tracer.sources import cgroups
+from tracer.sources.cgroups import CgroupResolver, container_of
+from tracer.views.report import render_table
 
 CID = "4f1c2b9d8e7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f10"   # 64 hex, as runtimes make them
 CID2 = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, ROOT, assert_count, fio_cmd, read_dumps, run_iotrace, series_of
 
-from tracer.probe import USER_DROPS
+from tracer.sources.probe import USER_DROPS
 
 IOLOAD = str(Path(__file__).with_name("ioload.py"))
 bpf = pytest.mark.bpf
@@ -265,7 +265,7 @@ def test_coverage_matches_diskstats_exactly(loop, tmp_path):
     tracer.send_signal(signal.SIGINT)
     stdout, _ = finish(tracer)
     dumps = read_dumps(out)
-    from tracer.dump import merge_coverage
+    from tracer.model.dump import merge_coverage
     cov = merge_coverage([d["coverage"] for d in dumps])
     c = cov["devices"][loop.name]
     ops = {s["op"] for d in dumps for s in series_of(d, device=loop.name)}

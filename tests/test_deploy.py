@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tracer import cgroups, serve
-from tracer.probe import TRACEFS_DIRS
+from tracer import serve
+from tracer.sources import cgroups
+from tracer.sources.probe import TRACEFS_DIRS
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 DOCKERFILE = DEPLOY / "Dockerfile"
@@ -85,7 +86,7 @@ def test_daemonset_mounts_what_the_tracer_needs():
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in container()["volumeMounts"]}
     host_of = {path: volumes[m["name"]] for path, m in mounts.items()}
-    # tracefs where tracer.probe looks for it
+    # tracefs where tracer.sources.probe looks for it
     assert any(host_of.get(str(p)) == str(p) for p in TRACEFS_DIRS)
     # kernel headers at the host's own paths: the build link in /lib/modules points into /usr/src
     for path in ("/lib/modules", "/usr/src"):

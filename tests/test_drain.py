@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tracer import contract
-from tracer.probe import Probe, ProbeOptions
+from tracer.sources.probe import Probe, ProbeOptions
 
 bpf = pytest.mark.bpf
 PID = 424242        # no such process: only the planted cells carry it

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tracer import contract
-from tracer.histogram import (
+from tracer.model.histogram import (
     BUCKETS,
     Histogram,
     bucket_index,

@@ -17,9 +17,9 @@ import pytest
 from conftest import PYTHON, ROOT, assert_count, read_dumps, run_iotrace, series_of
 
 from tracer import iostat
-from tracer.devices import DiskStats, read_diskstats
-from tracer.dump import Dump, PhaseStats, Series
-from tracer.histogram import Histogram
+from tracer.model.dump import Dump, PhaseStats, Series
+from tracer.model.histogram import Histogram
+from tracer.sources.devices import DiskStats, read_diskstats
 
 TESTS = Path(__file__).resolve().parent
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (loop devices, setpriv)")

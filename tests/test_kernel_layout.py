@@ -1,4 +1,4 @@
-"""tracer.kernel: iotrace.h's kernel table resolved against a BTF, and every gap named (no root)."""
+"""tracer.sources.kernel: iotrace.h's kernel table resolved against a BTF, and every gap named (no root)."""
 
 from __future__ import annotations
 
@@ -6,15 +6,16 @@ import os
 
 import pytest
 
-from tracer import contract, kernel
-from tracer.btf import Btf, BtfError, Member
+from tracer import contract
+from tracer.sources import kernel
+from tracer.sources.btf import Btf, BtfError, Member
 
 READS = contract.load().kernel
 EVENTS = ("block_rq_issue", "block_rq_complete", "sched_process_exit")
 
 
 class FakeBtf:
-    """The few lookups tracer.kernel makes, answered from tables (the real reader has its own tests)."""
+    """The few lookups tracer.sources.kernel makes, answered from tables (the real reader has its own tests)."""
 
     def __init__(self, members: dict, enums: dict, protos: dict):
         self.members, self.enums, self.protos = members, enums, protos

@@ -17,8 +17,8 @@ import time
 import pytest
 
 from tracer import groundtruth as gt
-from tracer.devices import in_flight
-from tracer.probe import LOST_MIN_AGE_NS, Probe, ProbeOptions
+from tracer.sources.devices import in_flight
+from tracer.sources.probe import LOST_MIN_AGE_NS, Probe, ProbeOptions
 
 bpf = pytest.mark.bpf
 

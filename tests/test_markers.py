@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, ROOT, assert_count, read_dumps, run_iotrace, series_of
 
-from tracer import control, marker
+from tracer import marker
+from tracer.runtime import control
 
 TESTS = Path(__file__).resolve().parent
 bpf = pytest.mark.bpf
@@ -391,8 +392,8 @@ def test_the_tracer_end_reads_enclosing_and_loop(tracer_end):
 
 
 def test_merged_windows_add_loops_without_counting_nested_ones_twice():
-    from tracer import dump as dumpmod
-    from tracer.report import windows_by_label
+    from tracer.model import dump as dumpmod
+    from tracer.views.report import windows_by_label
 
     def d(label, enclosing=None, loop=None):
         x = dumpmod.Dump(kind="marker", label=label, start=datetime(2025, 1, 1, tzinfo=UTC),
@@ -465,7 +466,7 @@ def test_import_is_light():
         assert r.returncode == 0, r.stderr
         mods = set(json.loads(r.stdout))
         assert "tracer.marker" in mods
-        assert not {"numpy", "bcc", "tracer.cli", "tracer.dump", "tracer.control"} & mods
+        assert not {"numpy", "bcc", "tracer.cli", "tracer.model.dump", "tracer.runtime.control"} & mods
         # top-level lines after `site`: what importing tracer.marker pulled in
         lines = r.stderr.splitlines()
         after_site = lines[next(i for i, x in enumerate(lines) if x.endswith("| site")) + 1:]
@@ -523,7 +524,7 @@ def test_mark_cli_finds_the_one_tracer_and_waits_for_it(tmp_path):
     stop = threading.Event()
     t = _acking(ctl, stop)
     code = ("import sys; from tracer.cli import main; rc = main(sys.argv[1:]); "
-            "heavy = {'numpy', 'bcc', 'tracer.dump', 'tracer.aggregate'} & set(sys.modules); "
+            "heavy = {'numpy', 'bcc', 'tracer.model.dump', 'tracer.pipeline.aggregate'} & set(sys.modules); "
             "sys.exit(f'imported {heavy}') if heavy else sys.exit(rc)")
     try:
         r = subprocess.run([PYTHON, "-c", code, "mark", "epoch 7"], env=_env(run), capture_output=True,

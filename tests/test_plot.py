@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from conftest import PYTHON, REQUIRE_BPF, ROOT, assert_count, read_dumps, run_iotrace
 
-from tracer import dump as dumpmod
-from tracer import plot
+from tracer.model import dump as dumpmod
+from tracer.views import plot
 
 try:        # in the dev extra, so `make setup` installs it; CI must not skip these quietly
     from PIL import Image  # a matplotlib dependency: checks the PNGs

@@ -27,7 +27,7 @@ from test_report_views import (
     write,
 )
 
-from tracer import dump as dumpmod
+from tracer.model import dump as dumpmod
 
 READS = [1 * MS] * 30 + [4 * MS] * 10
 

@@ -1,6 +1,6 @@
 """Tests of `iotrace report --by label` and `iotrace diff`, on crafted dumps (no root, no BPF).
 
-Dumps are built from planted latencies, written with tracer.dump.write and
+Dumps are built from planted latencies, written with tracer.model.dump.write and
 rendered by the CLI as a subprocess; the expected numbers come from the
 planted values (exact nearest-rank percentiles), never from the code under test.
 """
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from conftest import run_iotrace
 
-from tracer import dump as dumpmod
-from tracer.dump import Dump, PhaseStats, Series
-from tracer.histogram import Histogram
+from tracer.model import dump as dumpmod
+from tracer.model.dump import Dump, PhaseStats, Series
+from tracer.model.histogram import Histogram
 
 MS, US = 1_000_000, 1_000
 T0 = datetime(2026, 1, 1, 8, 0, 0, tzinfo=UTC)

@@ -22,9 +22,9 @@ from conftest import PYTHON, ROOT, reaped  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from tracer import cli, serve  # noqa: E402
-from tracer.dump import Dump, PhaseStats, Series  # noqa: E402
 from tracer.errors import UserError  # noqa: E402
-from tracer.histogram import Histogram, bucket_index, bucket_lower  # noqa: E402
+from tracer.model.dump import Dump, PhaseStats, Series  # noqa: E402
+from tracer.model.histogram import Histogram, bucket_index, bucket_lower  # noqa: E402
 
 RNG = np.random.default_rng(6)
 
@@ -313,7 +313,7 @@ def exposition(text: str) -> dict[tuple, float]:
 def test_not_ready_and_attached_0_until_the_probe_is_loaded(monkeypatch, capsys):
     """While the BPF programs load, /metrics answers with iotrace_attached 0 and every drop reason at 0,
     and /ready with 503; once loaded, 1 and 200."""
-    import tracer.probe
+    import tracer.sources.probe
 
     port = free_port()
     seen = {}
@@ -328,7 +328,7 @@ def test_not_ready_and_attached_0_until_the_probe_is_loaded(monkeypatch, capsys)
     def one_round(interval, probe, clock, exporter, sig, file):
         seen["attached"] = get(port, "/metrics"), get(port, serve.READY_PATH)
 
-    monkeypatch.setattr(tracer.probe, "Probe", LoadingProbe)
+    monkeypatch.setattr(tracer.sources.probe, "Probe", LoadingProbe)
     monkeypatch.setattr(serve, "_loop", one_round)
     assert serve.main(["--listen", f"127.0.0.1:{port}"]) == 0
     (code, text), (ready, body) = seen["loading"]

@@ -16,9 +16,12 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, ROOT, read_dumps, run_traced_group
 
-from tracer import aggregate, contract, dump, kernel
-from tracer.btf import Member
-from tracer.tasks import COUNTERS, TaskRaw, Window, reason_names
+from tracer import contract
+from tracer.model import dump
+from tracer.pipeline import aggregate
+from tracer.sources import kernel
+from tracer.sources.btf import Member
+from tracer.sources.tasks import COUNTERS, TaskRaw, Window, reason_names
 
 bpf = pytest.mark.bpf
 MiB = 1 << 20

@@ -5,7 +5,7 @@ detached and its backing file removed, also on Ctrl-C, SIGTERM and errors);
 running each repetition as `python -m tracer.cli -o X.jsonl --dev LOOP -- fio
 ...` in its own process group, so a failing or stuck run is isolated and can
 be stopped whole; and turning its dumps and fio's JSON into a
-tracer.benchresult.BenchResult.  `iotrace compare` (tracer/compare.py) reads
+tracer.model.benchresult.BenchResult.  `iotrace compare` (tracer/compare.py) reads
 two results.
 """
 
@@ -30,8 +30,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from . import benchresult as br
-from .errors import UserError
+from tracer.errors import UserError
+from tracer.model import benchresult as br
 
 SCRATCH_MB = 256
 DEFAULT_DIR = "/dev/shm"
@@ -127,7 +127,7 @@ class Plan:
 
 
 def parse_args(argv: list[str]) -> Plan:
-    from .cli import _at_least, _Parser
+    from tracer.cli import _at_least, _Parser
 
     fio_args: list[str] = []
     if "--" in argv:
@@ -196,7 +196,7 @@ class Device:
 
 
 def _device(path: str, **info) -> Device:
-    from . import devices
+    from tracer.sources import devices
 
     dev = devices.resolve(path)
     name = devices.name_of(dev)
@@ -338,7 +338,7 @@ def fio_iops(path: Path) -> dict[str, float]:
 
 def rep_from(dumps_path: Path, fio_path: Path | None, dev: Device) -> br.Rep:
     """One repetition's record: iotrace's dumps merged per op on the device, with fio's IOPS."""
-    from . import dump as dumpmod
+    from tracer.model import dump as dumpmod
 
     dumps = list(dumpmod.read(str(dumps_path)))
     if not dumps:
@@ -415,7 +415,7 @@ def environment(dev: Device) -> dict:
 
 
 def _describe(rep: br.Rep) -> str:
-    from .report import fmt_latency
+    from tracer.views.report import fmt_latency
 
     parts = []
     for op, o in rep.ops.items():
@@ -441,7 +441,7 @@ def run_plan(plan: Plan, dev: Device, scratch: bool, workdir: Path, progress: Te
 
 def render(result: br.BenchResult, out: TextIO) -> None:
     """The medians of a result, one row per workload and op, with p99's range across repetitions."""
-    from .report import fmt_latency
+    from tracer.views.report import fmt_latency
 
     head = f"{'WORKLOAD':<22} {'OP':<7} {'COUNT':>8} {'IOPS':>9} {'p50':>7} {'p90':>7} {'p99':>7} " \
            f"{'p99 range':>17} {'p99.9':>7} {'Q:p50':>7} {'D:p50':>7}"
@@ -503,7 +503,7 @@ def _announce(plan: Plan, dev: Device) -> None:
 
 
 def main(argv: list[str], out: TextIO = sys.stdout) -> int:
-    from .cli import _invoking_user
+    from tracer.cli import _invoking_user
 
     plan = parse_args(argv)
     _preflight(plan)

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from .errors import UserError
+from tracer.errors import UserError
 
 EPILOG = """\
 examples:
@@ -71,12 +71,12 @@ The table shows total latency percentiles, and p50/p99 of queue (Q:) and device 
 # Imported only when used, so `iotrace mark` never pays for numpy or bcc.
 SUBCOMMANDS = {
     "report": "tracer.cli:run_report",
-    "diff": "tracer.diff:main",
-    "mark": "tracer.control:run_mark",
+    "diff": "tracer.views.diff:main",
+    "mark": "tracer.runtime.control:run_mark",
     "bench": "tracer.bench:main",
-    "compare": "tracer.compare:main",
+    "compare": "tracer.views.compare:main",
     "serve": "tracer.serve:main",
-    "plot": "tracer.plot:main",
+    "plot": "tracer.views.plot:main",
     "top": "tracer.top:main",
 }
 
@@ -100,7 +100,7 @@ class TraceArgs:
     fail_on_alert: bool = False
     diskstats: bool = False
     attach: str = "auto"                                    # how the BPF programs attach (--attach)
-    tasks: bool = False                                     # --tasks: per-process rows (tracer.tasks)
+    tasks: bool = False                                     # --tasks: per-process rows (tracer.sources.tasks)
     count: int | None = None                                # reports to make, the final one included
     json: bool = False                                      # -j: dumps as JSON lines on stdout, no table
 
@@ -198,7 +198,7 @@ def add_attach_option(p: argparse.ArgumentParser) -> None:
 
 
 def trace_parser() -> argparse.ArgumentParser:
-    from . import contract
+    from tracer import contract
 
     con = contract.load()   # defaults shown in --help come from the BPF contract
     p = _Parser(prog="iotrace", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
@@ -404,7 +404,7 @@ class Session:
         # the whole run so far, merged as it goes: a long run keeps one dump, not all of them
         self.total = None
         self.extras = None      # tracer.iostat.TraceExtras: --csv rows and --alert checks per dump
-        self.tasks = None       # tracer.tasks.TaskTracer: the per-process rows of every dump, when it loaded
+        self.tasks = None       # tracer.sources.tasks.TaskTracer: the per-process rows of every dump, when it loaded
 
     def drain(self, probe, final: bool = False):
         """Close the window on both BPF objects at once: (raw interval, task rows or None, their drops)."""
@@ -414,15 +414,15 @@ class Session:
         return raw, self.tasks.drain(final), self.tasks.dropped()
 
     def build(self, drained, clock, kind: str, label: str | None = None):
-        from .aggregate import build_dump
+        from tracer.pipeline.aggregate import build_dump
 
         raw, tasks, dropped = drained
         return build_dump(raw, clock, kind, label=label, tasks=tasks, tasks_dropped=dropped)
 
     def emit(self, dump) -> None:
-        from . import dump as dumpmod
-        from .cgroups import resolve_containers
-        from .report import render_table
+        from tracer.model import dump as dumpmod
+        from tracer.sources.cgroups import resolve_containers
+        from tracer.views.report import render_table
 
         resolve_containers(dump)
         if self.extras:     # before the write: the dump's alerts go in its JSON line
@@ -442,9 +442,9 @@ class Session:
 
 
 def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
-    from . import cgroups, devices
-    from .iostat import TraceExtras, offer_diskstats, run_diskstats
-    from .marker import ENV_CONTROL
+    from tracer.iostat import TraceExtras, offer_diskstats, run_diskstats
+    from tracer.marker import ENV_CONTROL
+    from tracer.sources import cgroups, devices
 
     if args.diskstats:
         return run_diskstats(args, out)
@@ -466,10 +466,10 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     # from here on, Ctrl-C and SIGTERM end the trace in order instead of raising
     sig = _Signals()
     try:
-        from .aggregate import Clock
-        from .probe import Probe, ProbeOptions
-        from .report import render_table
-        from .tasks import open_tracer
+        from tracer.pipeline.aggregate import Clock
+        from tracer.sources.probe import Probe, ProbeOptions
+        from tracer.sources.tasks import open_tracer
+        from tracer.views.report import render_table
 
         opts = ProbeOptions(pids=list(args.pids) + ([child] if child else []), follow_children=not args.no_children,
                             per_thread=args.threads, devs=devs, inflight_slots=args.inflight_slots,
@@ -536,7 +536,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
 
 def _open_control():
     """The control socket for markers, or (None, why not): tracing goes on without it."""
-    from .control import ControlSocket
+    from tracer.runtime.control import ControlSocket
 
     try:
         return ControlSocket.open(owner=_invoking_user()), None
@@ -626,8 +626,8 @@ is an error naming it.
 
 
 def run_report(argv: list[str], out: TextIO = sys.stdout) -> int:
-    from . import dump as dumpmod
-    from .report import render_by_label, render_table, windows_by_label
+    from tracer.model import dump as dumpmod
+    from tracer.views.report import render_by_label, render_table, windows_by_label
 
     p = _Parser(prog="iotrace report", formatter_class=argparse.RawDescriptionHelpFormatter,
                 description="Render saved iotrace dumps as one table, merging every "
@@ -674,8 +674,8 @@ def run_report(argv: list[str], out: TextIO = sys.stdout) -> int:
 
 def _follow(path: str, out: TextIO, hist: bool, as_json: bool) -> int:
     """Each dump of `path` as it is appended, until SIGINT or SIGTERM (exit 0)."""
-    from . import dump as dumpmod
-    from .report import render_table
+    from tracer.model import dump as dumpmod
+    from tracer.views.report import render_table
 
     sig = _Signals()
 

@@ -81,7 +81,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .devices import devno, kdev, name_of
+from tracer.sources.devices import devno, kdev, name_of
 
 TRACEFS = Path("/sys/kernel/tracing")
 BLOCK_EVENTS = ("block_io_start", "block_rq_issue", "block_rq_complete", "block_rq_merge",
@@ -319,8 +319,8 @@ class Stamper:
     """
 
     def __init__(self, devs: Sequence[int], per_cpu: int = STAMP_PER_CPU, attach: str = "auto"):
-        from . import probe
-        from .contract import bpf_dir
+        from tracer.contract import bpf_dir
+        from tracer.sources import probe
 
         probe.check_privileges()
         self._bcc = probe.import_bcc()
@@ -359,7 +359,7 @@ class Stamper:
         if max(claimed) > self.per_cpu:
             raise TruthError(f"the {side} stamper overflowed: {max(claimed)} events on one CPU for "
                              f"{self.per_cpu} records")
-        from .probe import read_array
+        from tracer.sources.probe import read_array
 
         table = b[b"stamps"]
         size = self.ncpu * self.per_cpu
@@ -941,7 +941,7 @@ class SeriesResult:
     status: str                   # "compared", "only-truth", "only-iotrace"
     checks: list[Check] = field(default_factory=list)
     truth: TruthSeries | None = None
-    iotrace: object | None = None  # tracer.dump.Series
+    iotrace: object | None = None  # tracer.model.dump.Series
 
     @property
     def ok(self) -> bool:
@@ -1007,7 +1007,7 @@ def _within(exact: float, low: float, high: float, reported: float, rel: float =
     high], anything within `rel` of that range or in a bucket it touches
     passes too; so does anything within `noise` ns of it.
     """
-    from .histogram import bucket_index
+    from tracer.model.histogram import bucket_index
 
     def bucket(v: float) -> int:
         return bucket_index(max(0, int(round(v))))
@@ -1028,8 +1028,8 @@ def _within(exact: float, low: float, high: float, reported: float, rel: float =
 
 
 def load_iotrace(dumps) -> tuple[dict, dict[str, int], dict[str, int]]:
-    """iotrace's series by (tgid, devno, op), merged over dumps (tracer.dump.Dump or JSON dicts)."""
-    from . import dump as dumpmod
+    """iotrace's series by (tgid, devno, op), merged over dumps (tracer.model.dump.Dump or JSON dicts)."""
+    from tracer.model import dump as dumpmod
 
     ds = [d if isinstance(d, dumpmod.Dump) else dumpmod.from_json(d) for d in dumps]
     if not ds:
@@ -1039,7 +1039,7 @@ def load_iotrace(dumps) -> tuple[dict, dict[str, int], dict[str, int]]:
 
 
 def compare_series(t: TruthSeries, s) -> list[Check]:
-    """Checks of one iotrace series (tracer.dump.Series) against the exact one."""
+    """Checks of one iotrace series (tracer.model.dump.Series) against the exact one."""
     checks = [Check("count", t.count, s.count, t.count == s.count, "equal" if t.count == s.count else "differs"),
               Check("bytes", t.bytes, s.bytes, t.bytes == s.bytes, "equal" if t.bytes == s.bytes else "differs")]
     for ph in PHASES:
@@ -1213,7 +1213,7 @@ def wall_to_mono_ns(dt) -> int:
 
 
 def dumps_end_mono_ns(dumps) -> int:
-    from . import dump as dumpmod
+    from tracer.model import dump as dumpmod
 
     ds = [d if isinstance(d, dumpmod.Dump) else dumpmod.from_json(d) for d in dumps]
     return max(wall_to_mono_ns(d.end) for d in ds)

@@ -31,9 +31,9 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import TextIO
 
-from . import alerts as alertmod
-from .devices import DiskStats, read_diskstats, whole_disks
-from .errors import UserError
+from tracer.errors import UserError
+from tracer.pipeline import alerts as alertmod
+from tracer.sources.devices import DiskStats, read_diskstats, whole_disks
 
 DISKSTATS = "/proc/diskstats"
 PROC = "/proc"
@@ -267,7 +267,7 @@ class CsvLog:
     """
 
     def __init__(self, path: str):
-        from .cli import _open_output  # the same rules as -o: append, owned by the sudo user
+        from tracer.cli import _open_output  # the same rules as -o: append, owned by the sudo user
 
         self.file = _open_output(path)
         self.writer = csv.writer(self.file, lineterminator="\n")
@@ -288,7 +288,7 @@ class CsvLog:
 
     def write_dump(self, dump, disk: list[IostatRow], every_device: bool) -> None:
         """Rows of one dump; `every_device`: a row for each of `disk` even when it was idle (--dev given)."""
-        from .dump import duration_of, merge_by_device_op
+        from tracer.model.dump import duration_of, merge_by_device_op
 
         by_name = {r.device: r for r in disk}
         seconds = duration_of(dump)
@@ -314,7 +314,7 @@ class CsvLog:
 # ---- the trace loop's per-dump work ----------------------------------------------
 
 def _device_names(specs: list[str]) -> list[str] | None:
-    from .devices import name_of, resolve
+    from tracer.sources.devices import name_of, resolve
 
     return [name_of(resolve(d)) for d in specs] or None
 
@@ -432,7 +432,7 @@ class DiskWindow:
 
 
 def render_window(w: DiskWindow, out: TextIO, root: bool) -> None:
-    from .report import fmt_size
+    from tracer.views.report import fmt_size
 
     out.write(f"\ndiskstats {w.kind}: {w.start:%H:%M:%S} - {w.end:%H:%M:%S} ({w.seconds:.1f}s); iostat -x's "
               f"columns from /proc/diskstats, bytes from /proc/PID/io; no BPF, so no percentiles\n")
@@ -476,7 +476,7 @@ def _check_diskstats_args(args) -> list[alertmod.Rule]:
 
 def run_diskstats(args, out: TextIO = sys.stdout) -> int:
     """`iotrace --diskstats`: iostat's numbers per device and bytes per process, every -i, until -d or Ctrl-C."""
-    from .cli import _check_pids, _open_output, _Signals, deadline, interval_due
+    from tracer.cli import _check_pids, _open_output, _Signals, deadline, interval_due
 
     rules = _check_diskstats_args(args)
     names = _device_names(args.devs)

@@ -55,8 +55,8 @@ from typing import TextIO
 
 import numpy as np
 
-from .errors import UserError
-from .histogram import Histogram, bucket_index, bucket_lower, bucket_upper
+from tracer.errors import UserError
+from tracer.model.histogram import Histogram, bucket_index, bucket_lower, bucket_upper
 
 # ---- metric names: the one source of truth ------------------------------------
 
@@ -184,7 +184,7 @@ class Exporter:
     # ---- folding
 
     def fold(self, dump) -> None:
-        from .report import row_comm
+        from tracer.views.report import row_comm
 
         now = self.clock()
         groups: dict[OwnerKey, list] = {}
@@ -297,8 +297,8 @@ class Exporter:
 
 def _drop_reasons() -> list[str]:
     """Every drop reason, so each has a series (at 0) from the first scrape."""
-    from . import contract
-    from .probe import USER_DROPS
+    from tracer import contract
+    from tracer.sources.probe import USER_DROPS
 
     kernel = [r.removeprefix("drop_") for r in contract.load().reasons if r.startswith("drop_")]
     return list(dict.fromkeys(kernel + list(USER_DROPS)))     # lost_completion is counted on both sides
@@ -376,7 +376,7 @@ def with_ready(app, exporter: Exporter):
 
 
 def parser():
-    from .cli import _at_least, _Parser, _positive, add_attach_option
+    from tracer.cli import _at_least, _Parser, _positive, add_attach_option
 
     p = _Parser(prog="iotrace serve", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
                 description="Export block I/O latency to Prometheus: histograms per device, op and latency "
@@ -400,9 +400,9 @@ def parser():
 
 
 def main(argv: list[str], out: TextIO = sys.stdout) -> int:
-    from . import devices
-    from .cgroups import resolve_cgroup
-    from .cli import _open_output, _Signals
+    from tracer.cli import _open_output, _Signals
+    from tracer.sources import devices
+    from tracer.sources.cgroups import resolve_cgroup
 
     ns = parser().parse_args(argv)
     host, port = _listen_address(ns.listen)
@@ -421,8 +421,8 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
         server = _start_server(prom, host, port, registry)
         server.set_app(with_ready(server.get_app(), exporter))
         sig = _Signals()
-        from .aggregate import Clock
-        from .probe import Probe, ProbeOptions
+        from tracer.pipeline.aggregate import Clock
+        from tracer.sources.probe import Probe, ProbeOptions
 
         probe = Probe(ProbeOptions(devs=devs, cgroup_id=cgroup_id, cgroup_level=cgroup_level, attach=ns.attach))
         exporter.attached = True
@@ -449,9 +449,9 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
 
 
 def _loop(interval: float, probe, clock, exporter: Exporter, sig, file) -> None:
-    from . import dump as dumpmod
-    from .aggregate import build_dump
-    from .cgroups import resolve_containers
+    from tracer.model import dump as dumpmod
+    from tracer.pipeline.aggregate import build_dump
+    from tracer.sources.cgroups import resolve_containers
 
     next_tick = time.monotonic() + interval
     while True:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from .errors import UserError
+from tracer.errors import UserError
 
 SORTS = ("p99", "bytes", "iops")
 COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<7"), ("IOPS", ">8"), ("MB/s", ">8"),
@@ -38,7 +38,7 @@ class TopRow:
     pct_us: dict        # p50, p90, p99, p99.9, max of the total phase; empty when it has none
 
     def cells(self) -> list[str]:
-        from .report import fmt_latency, fmt_size
+        from tracer.views.report import fmt_latency, fmt_size
 
         lat = [fmt_latency(self.pct_us.get(k)) for k in ("p50", "p90", "p99", "p99.9", "max")]
         return [str(self.pid), self.comm[:15], self.device[:9], self.op, f"{self.iops:.0f}", f"{self.mbps:.2f}",
@@ -47,7 +47,7 @@ class TopRow:
 
 def top_rows(dump, sort: str = "p99") -> list[TopRow]:
     """The rows of one dump, sorted: highest p99, most bytes or most requests first."""
-    from .dump import duration_of, summarize
+    from tracer.model.dump import duration_of, summarize
 
     seconds = duration_of(dump) or 1e-9
     summarize(dump.series)
@@ -107,7 +107,7 @@ def _view(scr, probe, interval: float, sort: str, where: str, count: int | None 
     """Redraw every interval until q; after `count` screens, return the last one's lines."""
     import curses
 
-    from .aggregate import Clock, build_dump
+    from tracer.pipeline.aggregate import Clock, build_dump
 
     try:
         curses.curs_set(0)
@@ -159,8 +159,8 @@ sort.  Ctrl-C quits too.  For a log instead of a screen: sudo iotrace -i 1.
 
 
 def main(argv: list[str], out: TextIO) -> int:
-    from . import devices
-    from .cli import _Parser, _positive, add_attach_option, interval_count, take_interval
+    from tracer.cli import _Parser, _positive, add_attach_option, interval_count, take_interval
+    from tracer.sources import devices
 
     p = _Parser(prog="iotrace top", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
                 description="A live view of block I/O per process, device and op, with latency percentiles, "
@@ -178,8 +178,8 @@ def main(argv: list[str], out: TextIO) -> int:
         raise UserError("top needs a terminal; for a log, run 'sudo iotrace -i 1' instead")
     devs = [devices.resolve(d) for d in ns.devs]
 
-    from .iostat import offer_diskstats
-    from .probe import Probe, ProbeOptions
+    from tracer.iostat import offer_diskstats
+    from tracer.sources.probe import Probe, ProbeOptions
 
     print("iotrace top: loading the BPF programs ...", file=sys.stderr, flush=True)
     try:

@@ -31,8 +31,8 @@ import os
 import time
 import warnings
 
-from .. import marker
-from . import fsync_saved
+from tracer import marker
+from tracer.integrations import fsync_saved
 
 try:
     import keras

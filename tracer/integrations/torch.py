@@ -39,8 +39,8 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 
-from .. import marker
-from . import fsync_saved
+from tracer import marker
+from tracer.integrations import fsync_saved
 
 
 class TimedLoader:

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError
+from tracer.errors import UserError
 
 SYS_BLOCK = Path("/sys/block")
 SYS_DEV_BLOCK = Path("/sys/dev/block")

@@ -14,9 +14,9 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
-from . import benchresult as br
-from .benchresult import IOPS, LATENCY_METRICS, PHASES, BenchResult, Spread
-from .errors import UserError
+from tracer.errors import UserError
+from tracer.model import benchresult as br
+from tracer.model.benchresult import IOPS, LATENCY_METRICS, PHASES, BenchResult, Spread
 
 DEFAULT_LIMITS = {"p50": 0.10, "p99": 0.10}
 DEFAULT_PHASE = "total"
@@ -172,7 +172,7 @@ def compare(base: BenchResult, new: BenchResult, limits: dict[str, float], phase
 # ---- the table ---------------------------------------------------------------
 
 def _fmt(metric: str, v: float) -> str:
-    from .report import fmt_latency
+    from tracer.views.report import fmt_latency
 
     if metric != IOPS:
         return fmt_latency(v)
@@ -227,7 +227,7 @@ def comparison_json(c: Comparison, base: dict, new: dict) -> dict:
 
 
 def main(argv: list[str], out: TextIO = sys.stdout) -> int:
-    from .cli import _Parser
+    from tracer.cli import _Parser
 
     p = _Parser(prog="iotrace compare", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
                 description="Compare two 'iotrace bench' results workload by workload, and fail (exit 1) on a "

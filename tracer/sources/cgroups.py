@@ -33,7 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from .errors import UserError
+from tracer.errors import UserError
 
 ENV_ROOT = "IOTRACE_CGROUP_ROOT"   # where the host's cgroup2 hierarchy is mounted, if not found in mountinfo
 DEFAULT_ROOTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")

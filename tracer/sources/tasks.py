@@ -1,6 +1,6 @@
 """Per-process rows of every dump: I/O wait, file reads, fsync time, dirty-page throttling.
 
-Owns bpf/tasks.bpf.c (a BPF object of its own, beside tracer.probe's): it
+Owns bpf/tasks.bpf.c (a BPF object of its own, beside tracer.sources.probe's): it
 loads and attaches it, keeps its pid filter (the same semantics as the
 block-layer probe's: the given processes and, unless told not to, the
 processes they fork from then on; every process when none is given), and
@@ -23,7 +23,7 @@ What is measured, and where (the kernel's own accounting points):
   > 0, then sleeps in io_schedule_timeout); also counted in io_wait.
 
 The disk side (disk_read_bytes) comes from the dump's own read series:
-see tracer.aggregate.task_rows.
+see tracer.pipeline.aggregate.task_rows.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ import ctypes as ct
 import time
 from dataclasses import dataclass, field
 
-from . import contract, kernel
-from .errors import UserError
+from tracer import contract
+from tracer.errors import UserError
+from tracer.sources import kernel
 
 COUNTERS = ("io_wait_ns", "io_waits", "read_bytes", "reads", "fsync_ns", "fsyncs", "throttle_ns", "throttles")
 RAW_EVENTS = ("sched_switch", "sched_wakeup", "balance_dirty_pages", "sched_process_fork", "sched_process_exit")
@@ -120,7 +121,7 @@ class TaskTracer:
     """bpf/tasks.bpf.c loaded and attached; `drain()` gives a window's TaskRaw rows, `close()` detaches."""
 
     def __init__(self, pids: list[int] | None = None, follow_children: bool = True):
-        from .probe import import_bcc, kernel_headers
+        from tracer.sources.probe import import_bcc, kernel_headers
 
         bcc = import_bcc()
         kernel_headers()
@@ -185,7 +186,7 @@ class TaskTracer:
     def dropped(self) -> dict[str, int]:
         """Events lost since the last call, by reason ("tasks_<reason>"), non-zero ones only; the kernel's
         skips of these programs (recursion misses) as "tasks_skipped_<program>"."""
-        from .probe import programs_stats, tracepoint_of
+        from tracer.sources.probe import programs_stats, tracepoint_of
 
         table = self.bpf["treasons"]
         totals = [sum(table[ct.c_int(i)]) for i in range(len(self.reasons))]
@@ -201,12 +202,12 @@ class TaskTracer:
 
     def program_costs(self) -> dict[str, dict[str, int]]:
         """Each program's runs, time (both 0 unless kernel.bpf_stats_enabled) and skipped events."""
-        from .probe import program_costs
+        from tracer.sources.probe import program_costs
 
         return program_costs(self.bpf)
 
     def close(self) -> None:
-        from .probe import unload
+        from tracer.sources.probe import unload
 
         if self.bpf is not None:
             unload(self.bpf)

@@ -32,8 +32,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import TextIO
 
-from . import marker
-from .errors import UserError
+from tracer import marker
+from tracer.errors import UserError
 
 BAD_MESSAGES_SHOWN = 3     # then bad messages are only counted
 
@@ -195,7 +195,7 @@ def resolve(control: str | None) -> str:
 
 
 def run_mark(argv: list[str], out: TextIO = sys.stdout) -> int:
-    from .cli import _Parser
+    from tracer.cli import _Parser
 
     p = _Parser(prog="iotrace mark", formatter_class=argparse.RawDescriptionHelpFormatter,
                 description="Close a running tracer's current dump, labelled LABEL (kind 'marker' in the "

@@ -22,7 +22,7 @@ from typing import TextIO
 
 import numpy as np
 
-from .errors import UserError
+from tracer.errors import UserError
 
 WIDTH_IN = 12.0
 PANEL_HEIGHT_IN = 3.6
@@ -69,7 +69,7 @@ class _Window:
 
 
 def _windows(dumps, device: str | None, op: str | None) -> tuple[list[_Window], object]:
-    from .dump import duration_of, merge_by_device_op
+    from tracer.model.dump import duration_of, merge_by_device_op
 
     dumps = sorted(dumps, key=lambda d: d.end)
     t0 = min(d.start for d in dumps)
@@ -118,7 +118,7 @@ def _time_panel(ax, windows: list[_Window], groups: list[tuple[str, str]], phase
 
 def _heat_matrix(windows: list[_Window], phase: str) -> tuple[np.ndarray, np.ndarray]:
     """(counts[band, window], band edges in ms); bands of 1/ROWS_PER_OCTAVE of a power of two of ns."""
-    from .histogram import Histogram, bucket_value
+    from tracer.model.histogram import Histogram, bucket_value
 
     hists = [Histogram.merge_all(s.phases[phase].hist for s in w.rows.values() if phase in s.phases)
              for w in windows]
@@ -179,7 +179,7 @@ def _label_panel(ax, windows: list[_Window], phase: str) -> list[str]:
 
 def render(dumps, path: str, device: str | None = None, op: str | None = None, phase: str = "total",
            source: str = "") -> PlotResult:
-    """Draw the panels for `dumps` (tracer.dump.Dump) into the PNG at `path`."""
+    """Draw the panels for `dumps` (tracer.model.dump.Dump) into the PNG at `path`."""
     figure, canvas, log_norm = _matplotlib()
     if not dumps:
         raise UserError(f"no dumps in {source or 'the input'}")
@@ -224,8 +224,8 @@ Needs matplotlib: pip install 'iotrace[plot]'.
 
 
 def main(argv: list[str], out: TextIO) -> int:
-    from .cli import _Parser
-    from .dump import read
+    from tracer.cli import _Parser
+    from tracer.model.dump import read
 
     p = _Parser(prog="iotrace plot", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
                 description="Draw saved iotrace dumps as charts in one PNG: latency over time, a latency "

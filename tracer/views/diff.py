@@ -5,7 +5,7 @@ the dumps of one label in it merged.  Rows are matched on process name,
 device and op -- not on pid, which differs from one run to the next and
 between loader workers restarted each epoch.  This module owns the side
 syntax, the matching and the rendering of the changes; the numbers of a row
-come from tracer.report, so that they read as in `iotrace report`.
+come from tracer.views.report, so that they read as in `iotrace report`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import os
 from dataclasses import dataclass
 from typing import TextIO
 
-from . import dump as dumpmod
-from .dump import Dump, Series
-from .errors import UserError
-from .report import (
+from tracer.errors import UserError
+from tracer.model import dump as dumpmod
+from tracer.model.dump import Dump, Series
+from tracer.views.report import (
     LATENCY_KEYS,
     STAT_KEYS,
     UNLABELLED,
@@ -217,7 +217,7 @@ def diff_json(a: Side, b: Side, phase: str = "total") -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    from .cli import _Parser
+    from tracer.cli import _Parser
 
     p = _Parser(prog="iotrace diff", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
                 usage='iotrace diff A B [--phase PHASE]\n       iotrace diff FILE --labels "LABEL A" "LABEL B"',

@@ -15,7 +15,7 @@ spread of a metric across repetitions.
 
     SPREAD = {"median": float, "min": float, "max": float, "n": reps}
 
-Latencies are microseconds, as in the dump (tracer.dump); "iops" is fio's own
+Latencies are microseconds, as in the dump (tracer.model.dump); "iops" is fio's own
 figure (null for flushes, which fio does not count as I/O).  The "summary" is
 written for people reading the file; readers recompute it from "reps".
 """
@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .errors import UserError
+from tracer.errors import UserError
 
 KIND = "iotrace-bench"
 SCHEMA = 1

@@ -6,7 +6,7 @@ the compiler flags ``-DIOTRACE_K_<NAME>=<value>``, or a LayoutError that
 names everything the running kernel lacks.  bcc compiles against whatever
 header tree is installed and applies no CO-RE relocation, so these values
 are the only kernel layout the programs may rely on.  Pure Python over
-tracer.btf: no bcc, no root (the BTF file is world-readable).
+tracer.sources.btf: no bcc, no root (the BTF file is world-readable).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from . import contract
-from .btf import Btf, BtfError
+from tracer import contract
+from tracer.sources.btf import Btf, BtfError
 
 BTF_PATH = "/sys/kernel/btf/vmlinux"
 # A head is read into the program's stack in one go: keep it small

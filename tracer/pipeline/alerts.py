@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .errors import UserError
+from tracer.errors import UserError
 
 PHASES = ("total", "queue", "device")
 LATENCY_STATS = ("p50", "p90", "p99", "p99.9", "max", "mean", "min")
@@ -78,7 +78,7 @@ class Alert:
 
 def _fmt(value: float, unit: str) -> str:
     if unit == "us":
-        from .report import fmt_latency
+        from tracer.views.report import fmt_latency
         return fmt_latency(value)
     return f"{value:.2f}{unit}"
 
@@ -158,11 +158,11 @@ def _latency_value(rule: Rule, s) -> float | None:
 
 
 def check(rules: Iterable[Rule], dump=None, disk: Iterable = ()) -> list[Alert]:
-    """The alerts `dump` (a tracer.dump.Dump, or None) and `disk` (tracer.iostat.IostatRow) set off.
+    """The alerts `dump` (a tracer.model.dump.Dump, or None) and `disk` (tracer.iostat.IostatRow) set off.
 
     Rows with no requests in the window never fire: there is no latency to compare.
     """
-    from .dump import merge_by_device_op
+    from tracer.model.dump import merge_by_device_op
 
     rules = list(rules)
     groups = merge_by_device_op(dump.series) if dump is not None and any(r.needs_bpf for r in rules) else []

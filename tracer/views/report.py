@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TextIO
 
-from .dump import PCT_KEYS, Dump, Series, duration_of, merge_dumps, summarize
+from tracer.model.dump import PCT_KEYS, Dump, Series, duration_of, merge_dumps, summarize
 
 BAR_WIDTH = 40
 

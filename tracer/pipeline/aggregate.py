@@ -1,5 +1,5 @@
 """The aggregator: turns a drained interval (raw numpy arrays from
-tracer.probe) into a Dump of Series with histograms.  Pure numpy, no root.
+tracer.sources.probe) into a Dump of Series with histograms.  Pure numpy, no root.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from . import contract, devices
-from .dump import Dump, PhaseStats, Series
-from .histogram import Histogram
+from tracer import contract
+from tracer.model.dump import Dump, PhaseStats, Series
+from tracer.model.histogram import Histogram
+from tracer.sources import devices
 
 
 class Clock:
@@ -57,7 +58,7 @@ def _group_hists(keys: np.ndarray, counts: np.ndarray) -> dict[tuple[int, int, i
 
 def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: list | None = None,
                tasks_dropped: dict[str, int] | None = None) -> Dump:
-    """A Dump from a probe.RawInterval; with `tasks` (tracer.tasks.TaskRaw rows of the same window)
+    """A Dump from a probe.RawInterval; with `tasks` (tracer.sources.tasks.TaskRaw rows of the same window)
     it carries "tasks", and `tasks_dropped`'s non-zero counts join its dropped events."""
     con = contract.load()
     ops, phases = con.ops, con.phases
@@ -104,7 +105,7 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: li
 
 
 def task_rows(tasks: list, series: list[Series]) -> list[dict]:
-    """The dump's "tasks": a row per process of the window (tracer.tasks.TaskRaw), with
+    """The dump's "tasks": a row per process of the window (tracer.sources.tasks.TaskRaw), with
     disk_read_bytes from the same window's read series of that process (its tgid: with
     --threads a process's threads are added up).  A process with read series but no row
     (untraced by the task programs, e.g. one that only faulted pages in) gets one with

@@ -42,9 +42,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from .errors import UserError
-from .histogram import Histogram
-from .marker import LOOP_KEYS, check_loop
+from tracer.errors import UserError
+from tracer.marker import LOOP_KEYS, check_loop
+from tracer.model.histogram import Histogram
 
 SCHEMA = 1
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
@@ -111,7 +111,7 @@ class Series:
     phases: dict[str, PhaseStats]
     tgid: int = 0
     cgroup_id: int = 0
-    container: str = ""     # tracer.cgroups.container_of its cgroup; "" for a host process or unknown
+    container: str = ""     # tracer.sources.cgroups.container_of its cgroup; "" for a host process or unknown
 
     @property
     def key(self) -> tuple[int, str, str]:

@@ -3,7 +3,7 @@ with bcc, and drains their maps into plain numpy arrays.
 
 It knows nothing about percentiles, tables or files: `Probe.drain()` hands
 over the raw series and bucket counts of one interval (`RawInterval`), and
-the aggregator (tracer.aggregate) takes it from there.
+the aggregator (tracer.pipeline.aggregate) takes it from there.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import contract, devices, kernel
-from .errors import UserError
+from tracer import contract
+from tracer.errors import UserError
+from tracer.sources import devices, kernel
 
 # Programs that began on the old generation finish within microseconds
 # (BPF programs do not sleep); this margin is generous.
@@ -305,7 +306,7 @@ def bio_level_devices(devs: list[int]) -> list[int]:
     Decided at start: the bio programs cost every bio on every disk an
     extra program run, so they are attached only when such a disk is traced.
     """
-    from . import devices
+    from tracer.sources import devices
 
     disks = devices.whole_disks()
     names = {dev: name for name, dev in disks.items()}
@@ -328,7 +329,7 @@ def read_array(table, keys: np.ndarray, vals: np.ndarray, lib, start: int = 0) -
 
 
 def _diskstats() -> dict | None:
-    from .devices import read_diskstats
+    from tracer.sources.devices import read_diskstats
 
     try:
         return read_diskstats()
