@@ -22,9 +22,10 @@ setup-torch:
 test: setup setup-tf setup-torch
 	$(AS_ROOT) $(PY) -m pytest -q $(PYTEST_ARGS)
 
-# Lint with ruff (configured in pyproject.toml).
+# Lint with ruff, and check the package's layers with import-linter (both configured in pyproject.toml).
 lint:
 	.venv/bin/ruff check tracer tests scripts
+	.venv/bin/lint-imports
 
 # Run the demo.
 demo: setup

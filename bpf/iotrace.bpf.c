@@ -10,7 +10,7 @@
  *                     CPU's histograms of the current generation, and
  *                     free the slot
  *
- * Two ways to attach, chosen by tracer/probe.py at load (one source, the
+ * Two ways to attach, chosen by tracer/sources/probe.py at load (one source, the
  * other path compiled out):
  *
  *   IOTRACE_RAW_TP    raw tracepoints.  A request is its struct request *:
@@ -29,15 +29,15 @@
  *                     perf-event or kprobe program runs there, ours or
  *                     another tool's; a completion skipped, or now and then
  *                     lost without a count, leaves its slot taken, which
- *                     tracer/probe.py finds and counts.
+ *                     tracer/sources/probe.py finds and counts.
  *
  * Every program's skipped events (recursion misses) are reported by
- * tracer/probe.py; everything else that goes wrong is counted here in the
+ * tracer/sources/probe.py; everything else that goes wrong is counted here in the
  * reasons map.  User space flips the generation, waits out programs still
  * running on the old one, then drains it: intervals are exact and nothing
  * races a delete.  Keys, values and codes live in iotrace.h.
  *
- * tracer/probe.py substitutes IOTRACE_START_CATEGORY / IOTRACE_START_EVENT
+ * tracer/sources/probe.py substitutes IOTRACE_START_CATEGORY / IOTRACE_START_EVENT
  * (block_io_start, or block_rq_insert on kernels before 6.5) and defines
  * IOTRACE_BIO_LEVEL when a bio-based disk is to be traced, and
  * IOTRACE_HAVE_GROUP_DEAD where sched_process_exit says whether a thread
@@ -553,7 +553,7 @@ static __always_inline void on_exit(bool group_dead)
  *
  * The programs get the tracepoint's own arguments (ctx->args[]) and read
  * the kernel structs behind them at the offsets, and compare with the enum
- * values, that tracer/kernel.py took from the running kernel's BTF and
+ * values, that tracer/sources/kernel.py took from the running kernel's BTF and
  * passed as IOTRACE_K_* (the list is IOTRACE_KERNEL_TABLE in iotrace.h): bcc
  * applies no CO-RE relocation, and its header tree may be another
  * kernel's.  A raw tracepoint program has a recursion guard of its own,

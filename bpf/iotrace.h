@@ -33,7 +33,7 @@
 #define IOTRACE_HIST_BUCKETS ((IOTRACE_HIST_MAX_MSB - IOTRACE_HIST_SUB_BITS + 2) << IOTRACE_HIST_SUB_BITS)
 #define IOTRACE_HDR_SIGFIGS 2
 
-/* Map capacities; tracer/probe.py may override the ones marked (tunable). */
+/* Map capacities; tracer/sources/probe.py may override the ones marked (tunable). */
 #ifndef IOTRACE_INFLIGHT_SLOTS
 #define IOTRACE_INFLIGHT_SLOTS 8192	/* (tunable) power of two; see the slot below */
 #endif
@@ -116,7 +116,7 @@ enum iotrace_reason {
 /*
  * What the raw-tracepoint programs read of the kernel.  bcc applies no
  * CO-RE relocation, and the header tree it compiles against may be another
- * kernel's, so tracer/kernel.py looks every entry up in the running
+ * kernel's, so tracer/sources/kernel.py looks every entry up in the running
  * kernel's BTF at start, names whatever is missing, and passes the values
  * as -DIOTRACE_K_<NAME>=<value>.  The block is never compiled: it is read
  * by tracer/contract.py, one entry per line.
@@ -135,7 +135,7 @@ enum iotrace_reason {
  *                                                  only for the programs that ask
  *                                                  (tracer.kernel.resolve_bits)
  * Entries marked "tasks.bpf.c" are read by the per-process programs
- * (tracer/tasks.py) only.
+ * (tracer/sources/tasks.py) only.
  */
 #ifdef IOTRACE_KERNEL_TABLE
 KMEMBER(RQ_Q, request, q, 8)

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * tasks.bpf.c - per-process I/O wait, file reads, fsync time and dirty-page
- * throttling, for the "tasks" rows of every dump (tracer/tasks.py).
+ * throttling, for the "tasks" rows of every dump (tracer/sources/tasks.py).
  *
  *   sched_switch      a traced thread blocks (not preempted, prev_state not
  *                     running) with task_struct.in_iowait set: note when.
@@ -19,7 +19,7 @@
  *
  * Kernel structs are read only at offsets from the running kernel's BTF
  * (IOTRACE_K_*, from iotrace.h's IOTRACE_KERNEL_TABLE, resolved by
- * tracer/kernel.py).  fentry/fexit would be cheaper for the syscalls and
+ * tracer/sources/kernel.py).  fentry/fexit would be cheaper for the syscalls and
  * vfs_read, but tracing programs are refused on the machines measured.
  * Counters are cumulative; user space takes differences at each drain.
  */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * tasks.h - the contract between bpf/tasks.bpf.c (per-process I/O wait, file
- * reads, fsync and dirty-page throttling) and tracer/tasks.py.
+ * reads, fsync and dirty-page throttling) and tracer/sources/tasks.py.
  *
  * Same rules as iotrace.h, whose parser (tracer/contract.py) reads this file
  * too: constants are "#define IOTRACE_NAME <integer>", enums list

@@ -11,10 +11,11 @@ import pytest
 from conftest import PYTHON, read_dumps, run_iotrace, series_of
 
 from tracer.errors import UserError
-from tracer.iostat import ALERT_EXIT, IostatRow
+from tracer.model.diskstats import IostatRow
 from tracer.model.dump import Dump, PhaseStats, Series, from_json, to_json
 from tracer.model.histogram import Histogram
 from tracer.pipeline import alerts
+from tracer.sinks.alerts import ALERT_EXIT
 
 TESTS = Path(__file__).resolve().parent
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

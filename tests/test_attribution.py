@@ -30,7 +30,8 @@ from conftest import (
 )
 from test_core import start_tracer
 
-from tracer.sources.devices import DiskStats, read_diskstats
+from tracer.model.diskstats import DiskStats
+from tracer.sources.devices import read_diskstats
 from tracer.sources.probe import USER_DROPS
 
 ATTRLOAD = str(Path(__file__).with_name("attrload.py"))

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, ROOT, run_iotrace
 
-from tracer import bench, cli
+from tracer import cli
+from tracer.cli import bench
+from tracer.cli.common import COMMANDS
 from tracer.model import benchresult as br
 from tracer.sources.probe import USER_DROPS
 
@@ -259,7 +261,7 @@ def test_ci_workflow_commands_exist(tmp_path, capsys, monkeypatch):
     lines = _run_lines(doc)
     runs = [argv for ln in lines if (argv := _iotrace_argv(ln, env))]
     assert sorted(argv[0] for argv in runs) == ["bench", "compare"], runs
-    assert all(argv[0] in cli.SUBCOMMANDS for argv in runs)
+    assert all(argv[0] in COMMANDS for argv in runs)
     targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M)
     made = [t for ln in lines for t in re.findall(r"^make (\w+)", ln)]
     assert made and all(t in targets for t in made), made

@@ -12,7 +12,7 @@ import pytest
 from conftest import PYTHON, ROOT, assert_count, reaped, run_iotrace
 from test_core import IOLOAD, assert_one_line_error
 
-from tracer import cli
+from tracer.cli import trace as cli
 
 bpf = pytest.mark.bpf
 

@@ -1,5 +1,5 @@
 """deploy/: the Dockerfile, the Kubernetes manifest and the Grafana dashboard agree with the
-exporter (tracer.serve's metric names and options) and with what the tracer needs on a node.
+exporter (tracer.sinks.prometheus's metric names and options) and with what the tracer needs on a node.
 No root, no cluster: the files are parsed and cross-checked."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tracer import serve
+from tracer.cli import serve as servecli
+from tracer.sinks import prometheus as serve
 from tracer.sources import cgroups
 from tracer.sources.probe import TRACEFS_DIRS
 
@@ -49,8 +50,8 @@ def exprs() -> list[str]:
 
 
 def listen_port(args: list[str]) -> int:
-    ns = serve.parser().parse_args(args)
-    return serve._listen_address(ns.listen)[1]
+    ns = servecli.parser().parse_args(args)
+    return serve.listen_address(ns.listen)[1]
 
 
 # ---- the manifest ----
@@ -68,8 +69,8 @@ def test_manifest_kinds_and_selector():
 def test_daemonset_runs_serve_with_valid_options():
     args = container()["args"]
     assert args[0] == "serve"
-    ns = serve.parser().parse_args(args[1:])     # options the exporter really has
-    host, _ = serve._listen_address(ns.listen)
+    ns = servecli.parser().parse_args(args[1:])     # options the exporter really has
+    host, _ = serve.listen_address(ns.listen)
     assert host == "0.0.0.0"                      # reachable from Prometheus, not loopback only
 
 
@@ -135,7 +136,7 @@ def test_dockerfile_installs_bcc_and_runs_serve():
     assert _instruction(text, "ENTRYPOINT") == ["iotrace"]
     cmd = _instruction(text, "CMD")
     assert cmd[0] == "serve"
-    serve.parser().parse_args(cmd[1:])
+    servecli.parser().parse_args(cmd[1:])
     # everything the editable install reads at run time is copied in, and not ignored
     copied = {shlex.split(line)[1].rstrip("/") for line in re.findall(r"^COPY .+$", text, re.M)}
     assert {"pyproject.toml", "bpf", "tracer"} <= copied

@@ -16,10 +16,13 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, ROOT, assert_count, read_dumps, run_iotrace, series_of
 
-from tracer import iostat
+from tracer.model import diskstats as dsmodel
+from tracer.model.diskstats import DiskStats
 from tracer.model.dump import Dump, PhaseStats, Series
 from tracer.model.histogram import Histogram
-from tracer.sources.devices import DiskStats, read_diskstats
+from tracer.sinks import csv as csvsink
+from tracer.sources import diskstats as dssource
+from tracer.sources.devices import read_diskstats
 
 TESTS = Path(__file__).resolve().parent
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (loop devices, setpriv)")
@@ -40,21 +43,21 @@ def test_window_gives_iostat_columns():
               weighted_ms=200)
     b = stats(reads=300, read_sectors=2400, read_ms=450, writes=60, write_sectors=880, write_ms=130, io_ms=1600,
               weighted_ms=3200, in_flight=3)
-    r = iostat.window("sdx", a, b, 2.0)
+    r = dsmodel.window("sdx", a, b, 2.0)
     assert r.columns() == {"r/s": 100.0, "w/s": 25.0, "rkB/s": 400.0, "wkB/s": 200.0, "r_await": 2.0,
                            "w_await": 2.0, "aqu-sz": 1.5, "%util": 75.0}
     assert r.active
     # io_ms beyond the window (clocks differ): capped, as iostat does; no requests: awaits are 0
-    assert iostat.window("sdx", a, stats(io_ms=2200), 2.0).util == 100.0
-    idle = iostat.window("sdx", a, a, 2.0)
+    assert dsmodel.window("sdx", a, stats(io_ms=2200), 2.0).util == 100.0
+    idle = dsmodel.window("sdx", a, a, 2.0)
     assert not idle.active and idle.r_await == 0 and idle.util == 0
 
 
 def test_window_of_a_new_or_reattached_device_counts_from_zero():
     now = stats(reads=7, read_ms=14)
-    assert iostat.window("loop9", None, now, 1.0).reads == 7
+    assert dsmodel.window("loop9", None, now, 1.0).reads == 7
     # counters went back: detached and attached anew meanwhile
-    assert iostat.window("loop9", stats(reads=1000, read_ms=5000), now, 1.0).reads == 7
+    assert dsmodel.window("loop9", stats(reads=1000, read_ms=5000), now, 1.0).reads == 7
 
 
 def _diskstats_file(path: Path, reads: int, writes: int) -> None:
@@ -66,7 +69,7 @@ def _diskstats_file(path: Path, reads: int, writes: int) -> None:
 def test_disk_sampler_windows_and_whole_run(tmp_path):
     f = tmp_path / "diskstats"
     _diskstats_file(f, 10, 0)
-    s = iostat.DiskSampler(["loop0"], path=str(f))
+    s = dssource.DiskSampler(["loop0"], path=str(f))
     _diskstats_file(f, 40, 5)
     [w1] = s.sample()
     _diskstats_file(f, 41, 25)
@@ -93,9 +96,9 @@ def test_proc_sampler_deltas_children_and_reused_pids(tmp_path):
     _proc(tmp_path, 10, "train (a) py", 1, 500, 4096, 0)     # a comm with spaces and parentheses
     _proc(tmp_path, 11, "worker", 10, 501, 0, 0)
     _proc(tmp_path, 20, "other", 1, 502, 100, 100)
-    every = iostat.ProcSampler(proc=str(tmp_path))
-    mine = iostat.ProcSampler([10], proc=str(tmp_path))
-    alone = iostat.ProcSampler([10], children=False, proc=str(tmp_path))
+    every = dssource.ProcSampler(proc=str(tmp_path))
+    mine = dssource.ProcSampler([10], proc=str(tmp_path))
+    alone = dssource.ProcSampler([10], children=False, proc=str(tmp_path))
     _proc(tmp_path, 10, "train (a) py", 1, 500, 8192, 4096)
     _proc(tmp_path, 11, "worker", 10, 501, 4096, 0)
     _proc(tmp_path, 20, "other", 1, 502, 100, 100)           # no I/O in the window: not listed
@@ -124,14 +127,14 @@ def test_csv_rows_merge_processes_and_keep_idle_devices(tmp_path):
     d = Dump("interval", t0, t0 + timedelta(seconds=2), "h", "k",
              [_series(1, "loop0", "7:0", "read", [1000] * 50), _series(2, "loop0", "7:0", "read", [9000] * 50),
               _series(1, "loop0", "7:0", "write", [5000] * 10)])
-    disk = [iostat.IostatRow("loop0", 2.0, reads=100, read_sectors=800, read_ms=20, writes=10, write_sectors=80,
+    disk = [dsmodel.IostatRow("loop0", 2.0, reads=100, read_sectors=800, read_ms=20, writes=10, write_sectors=80,
                              write_ms=5, io_ms=500, weighted_ms=100),
-            iostat.IostatRow("loop1", 2.0)]
-    log = iostat.CsvLog(str(tmp_path / "x.csv"))
+            dsmodel.IostatRow("loop1", 2.0)]
+    log = csvsink.CsvLog(str(tmp_path / "x.csv"))
     log.write_dump(d, disk, every_device=True)
     log.close()
     rows = list(csv.DictReader((tmp_path / "x.csv").open()))
-    assert list(rows[0]) == list(iostat.CSV_COLUMNS)
+    assert list(rows[0]) == list(csvsink.CSV_COLUMNS)
     assert [(r["device"], r["op"], r["count"]) for r in rows] == [("loop0", "read", "100"), ("loop0", "write", "10"),
                                                                   ("loop1", "-", "")]
     read = rows[0]
@@ -142,7 +145,7 @@ def test_csv_rows_merge_processes_and_keep_idle_devices(tmp_path):
     assert float(read["MB/s"]) == pytest.approx(100 * 4096 / 2 / 1e6, abs=1e-3)
     assert rows[2]["%util"] == "0.00" and rows[2]["p99_us"] == ""
     # appending to the same file writes no second header
-    log = iostat.CsvLog(str(tmp_path / "x.csv"))
+    log = csvsink.CsvLog(str(tmp_path / "x.csv"))
     log.write_dump(d, disk, every_device=False)      # an idle device without --dev: left out
     log.close()
     again = list(csv.DictReader((tmp_path / "x.csv").open()))
@@ -175,7 +178,7 @@ def test_csv_matches_diskstats_and_the_dumps(loop, tmp_path):
     assert r.returncode == 0, r.stderr
     dumps = read_dumps(out)
     rows = list(csv.DictReader(table.open()))
-    assert list(rows[0]) == list(iostat.CSV_COLUMNS)
+    assert list(rows[0]) == list(csvsink.CSV_COLUMNS)
     assert {r["device"] for r in rows} == {loop.name}        # --dev: only that device
     assert len(dumps) >= 3 and {r["time"] for r in rows} == {d["end"] for d in dumps}   # a row (or more) per dump
 

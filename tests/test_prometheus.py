@@ -36,9 +36,9 @@ import numpy as np
 import pytest
 from conftest import PYTHON, REQUIRE_BPF, ROOT, assert_count, fio_cmd, read_dumps
 
-from tracer import serve
 from tracer.model import dump as dumpmod
 from tracer.model.histogram import Histogram, bucket_index
+from tracer.sinks import prometheus as serve
 
 pytestmark = pytest.mark.bpf
 SCRAPE_S = 1

@@ -4,6 +4,9 @@ the last test, which starts the real exporter."""
 
 from __future__ import annotations
 
+import csv
+import json
+import os
 import signal
 import socket
 import subprocess
@@ -21,10 +24,12 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from conftest import PYTHON, ROOT, reaped  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from tracer import cli, serve  # noqa: E402
+from tracer import cli  # noqa: E402
+from tracer.cli import serve as servecli  # noqa: E402
 from tracer.errors import UserError  # noqa: E402
 from tracer.model.dump import Dump, PhaseStats, Series  # noqa: E402
 from tracer.model.histogram import Histogram, bucket_index, bucket_lower  # noqa: E402
+from tracer.sinks import prometheus as serve  # noqa: E402
 
 RNG = np.random.default_rng(6)
 
@@ -212,7 +217,7 @@ def test_top_zero_puts_everything_in_other():
     ("localhost:0", ("localhost", 0)), ("0.0.0.0:65535", ("0.0.0.0", 65535)),
 ])
 def test_listen_address(text, want):
-    assert serve._listen_address(text) == want
+    assert serve.listen_address(text) == want
 
 
 @pytest.mark.parametrize("text", ["9464", "127.0.0.1", "127.0.0.1:", "host:port", "1.2.3.4:70000", "::1:80", ""])
@@ -229,19 +234,19 @@ def test_port_in_use_is_one_line():
         port = busy.getsockname()[1]
         registry = prometheus_client.CollectorRegistry(auto_describe=False)
         with pytest.raises(UserError, match=f"cannot listen on 127.0.0.1:{port}: the port is in use"):
-            serve._start_server(prometheus_client, "127.0.0.1", port, registry)
+            serve.start_server(prometheus_client, "127.0.0.1", port, registry)
 
 
 def test_unknown_host():
     registry = prometheus_client.CollectorRegistry(auto_describe=False)
     with pytest.raises(UserError, match="unknown host"):
-        serve._start_server(prometheus_client, "no-such-host.invalid", 0, registry)
+        serve.start_server(prometheus_client, "no-such-host.invalid", 0, registry)
 
 
 def test_missing_prometheus_client_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)    # import now raises ImportError
     with pytest.raises(UserError, match=r"pip install 'iotrace\[prometheus\]'"):
-        serve.main(["--listen", "127.0.0.1:0"])
+        servecli.run(["--listen", "127.0.0.1:0"])
 
 
 @pytest.mark.parametrize("argv", [["--top", "-1"], ["--interval", "0"], ["--idle", "x"], ["--nope"]])
@@ -325,17 +330,22 @@ def test_not_ready_and_attached_0_until_the_probe_is_loaded(monkeypatch, capsys)
         def close(self):
             seen["closed"] = True
 
-    def one_round(interval, probe, clock, exporter, sig, file):
-        seen["attached"] = get(port, "/metrics"), get(port, serve.READY_PATH)
+    class OneRound:     # the live loop, replaced: one scrape once attached
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self):
+            seen["attached"] = get(port, "/metrics"), get(port, serve.READY_PATH)
+            return 0
 
     monkeypatch.setattr(tracer.sources.probe, "Probe", LoadingProbe)
-    monkeypatch.setattr(serve, "_loop", one_round)
-    assert serve.main(["--listen", f"127.0.0.1:{port}"]) == 0
+    monkeypatch.setattr(servecli, "Live", OneRound)
+    assert servecli.run(["--listen", f"127.0.0.1:{port}"]) == 0
     (code, text), (ready, body) = seen["loading"]
     samples = exposition(text)
     assert code == 200 and samples[(serve.ATTACHED, ())] == 0
     dropped = values(samples, serve.DROPPED)
-    assert set(serve._drop_reasons()) == {dict(k)["reason"] for k in dropped} and not any(dropped.values())
+    assert set(serve.drop_reasons()) == {dict(k)["reason"] for k in dropped} and not any(dropped.values())
     # the kernel's skips
     assert {"skipped_start", "skipped_complete", "lost_completion"} <= {dict(k)["reason"] for k in dropped}
     assert ready == 503 and "not ready" in body
@@ -367,3 +377,38 @@ def test_real_serve_goes_from_0_to_1_and_ready():
     assert (200, 0) not in states and {r for r, _ in states} <= {200, 503}, states
     attached = [a for _, a in states]
     assert attached == sorted(attached) and attached[-1] == 1
+
+
+@pytest.mark.bpf
+def test_real_serve_writes_jsonl_csv_and_alerts_through_the_trace_modes_sinks(loop, tmp_path):
+    """serve takes -o, --csv, --alert and --fail-on-alert as trace mode does: each interval folded into the
+    metrics is also a JSON line carrying its alerts and CSV rows beside iostat's columns; exit 3 at the end."""
+    out, csv_path = tmp_path / "fold.jsonl", tmp_path / "io.csv"
+    port = free_port()
+    proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "serve", "--listen", f"127.0.0.1:{port}", "--interval", "1",
+                             "--dev", loop.name, "-o", str(out), "--csv", str(csv_path), "--alert", "p99>1ns",
+                             "--fail-on-alert"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with reaped(proc):
+        deadline = time.monotonic() + 120
+        while get(port, serve.READY_PATH)[0] != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.1)
+        with open(loop.path, "rb", buffering=0) as f:
+            for i in range(64):
+                os.pread(f.fileno(), 4096, i * 8192)
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        time.sleep(2.5)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 3, stderr
+    dumps = [json.loads(line) for line in out.read_text().splitlines()]
+    assert dumps[-1]["kind"] == "final" and len(dumps) >= 2
+    reads = sum(s["count"] for d in dumps for s in d["series"] if s["device"] == loop.name and s["op"] == "read")
+    assert reads >= 64
+    fired = [a for d in dumps for a in d.get("alerts", [])]
+    assert fired and all(a["device"] == loop.name for a in fired)
+    assert "iotrace: alert:" in stderr and "exit 3 (--fail-on-alert)" in stderr
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    mine = [r for r in rows if r["device"] == loop.name and r["op"] == "read"]
+    assert sum(int(r["count"]) for r in mine) == reads and all(r["r/s"] != "" for r in mine)

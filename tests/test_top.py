@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, REQUIRE_BPF, ROOT, run_iotrace
 
-from tracer import top
 from tracer.model.dump import Dump, PhaseStats, Series
 from tracer.model.histogram import Histogram
+from tracer.views import top
 
 TESTS = Path(__file__).resolve().parent
 T0 = datetime(2026, 1, 1, 8, 30, tzinfo=UTC)

@@ -31,7 +31,7 @@ Loop timing: loop_step(seconds) (called by the integrations' batch timers)
 adds one step and the time it waited for its batch to every open window;
 end() sends them with the window's marker, with the window's wall time.
 
-This module owns the client side and the wire format; tracer/control.py is
+This module owns the client side and the wire format; tracer/runtime/control.py is
 the tracer's side.  It is imported by trainers, without root, bcc or numpy:
 standard library only, and nothing from the rest of tracer.  It never raises
 into the caller.  With no tracer listening every call is a no-op returning

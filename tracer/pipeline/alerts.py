@@ -10,7 +10,7 @@ A rule is `[SCOPE:]METRIC CMP VALUE[UNIT]`:
 Latency metrics are checked per device and op with every process merged,
 as the CSV shows them; diskstats metrics per device.  An alert fires when
 the value is above the line (`>`) or at or above it (`>=`).  Pure
-functions of Dump data and tracer.iostat rows: no root, no I/O.
+functions of Dump data and tracer.model.diskstats rows: no root, no I/O.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tracer.errors import UserError
 
 PHASES = ("total", "queue", "device")
 LATENCY_STATS = ("p50", "p90", "p99", "p99.9", "max", "mean", "min")
-# diskstats metric -> (unit, attribute of tracer.iostat.IostatRow)
+# diskstats metric -> (unit, attribute of tracer.model.diskstats.IostatRow)
 DISK_METRICS = {"util": ("%", "util"), "r_await": ("ms", "r_await"), "w_await": ("ms", "w_await"),
                 "aqu-sz": ("", "aqu_sz")}
 OPS = ("read", "write", "flush", "discard", "other")
@@ -78,7 +78,7 @@ class Alert:
 
 def _fmt(value: float, unit: str) -> str:
     if unit == "us":
-        from tracer.views.report import fmt_latency
+        from tracer.units import fmt_latency
         return fmt_latency(value)
     return f"{value:.2f}{unit}"
 
@@ -158,7 +158,7 @@ def _latency_value(rule: Rule, s) -> float | None:
 
 
 def check(rules: Iterable[Rule], dump=None, disk: Iterable = ()) -> list[Alert]:
-    """The alerts `dump` (a tracer.model.dump.Dump, or None) and `disk` (tracer.iostat.IostatRow) set off.
+    """The alerts `dump` (a tracer.model.dump.Dump, or None) and `disk` (tracer.model.diskstats.IostatRow) set off.
 
     Rows with no requests in the window never fire: there is no latency to compare.
     """
@@ -186,3 +186,56 @@ def check(rules: Iterable[Rule], dump=None, disk: Iterable = ()) -> list[Alert]:
             if row.active and rule.crosses(value):
                 fired.append(Alert(rule.text, rule.metric, row.device, None, value, rule.threshold, rule.unit))
     return fired
+
+
+class AlertCheck:
+    """The pipeline stage of --alert: each window's alerts, told on stderr and recorded in it ("alerts").
+
+    With BPF dumps, the diskstats metrics (util, awaits, aqu-sz) come from a
+    DiskSampler of its own over the same window; a diskstats window carries
+    its rows already.  tracer.sinks.alerts turns the counts into the exit
+    status.
+    """
+
+    def __init__(self, rules: list[Rule], devices: list[str] | None = None, err=None):
+        import sys
+
+        self.rules = rules
+        self.devices = devices
+        self.err = err or sys.stderr
+        self.sampler = None
+        self.fired = 0
+        self.alerted_windows = 0
+        self.windows = 0
+
+    def start(self) -> None:
+        """The diskstats baseline: when the first window begins."""
+        from tracer.sources.diskstats import DiskSampler
+
+        self.sampler = DiskSampler(self.devices)
+
+    def apply(self, window) -> None:
+        from tracer.model.diskstats import DiskWindow
+
+        if isinstance(window, DiskWindow):
+            if window.kind == "run":
+                return
+            fired = self._check(window, None, window.devices)
+            window.alerts = [a.to_json() for a in fired]
+            return
+        if self.sampler is None:
+            self.start()
+        disk = self.sampler.sample()
+        window.extra["alerts"] = [a.to_json() for a in self._check(window, window, disk)]
+
+    def _check(self, window, dump, disk) -> list[Alert]:
+        label = getattr(window, "label", None)
+        what = f"{window.kind}{' ' + repr(label) if label else ''} ending {window.end:%H:%M:%S}"
+        fired = check(self.rules, dump, disk)
+        for a in fired:
+            print(f"iotrace: alert: {what}: {a.describe()}", file=self.err)
+        self.windows += 1
+        self.fired += len(fired)
+        self.alerted_windows += bool(fired)
+        self.err.flush()
+        return fired

@@ -5,10 +5,10 @@ and /proc/diskstats counters.  No root needed.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from tracer.errors import UserError
+from tracer.model.diskstats import DiskStats
 
 SYS_BLOCK = Path("/sys/block")
 SYS_DEV_BLOCK = Path("/sys/dev/block")
@@ -98,29 +98,6 @@ def resolve(spec: str) -> int:
         raise UserError(f"--dev {spec}: a partition or not a whole disk; block requests are "
                         f"reported per disk, give the disk instead ({', '.join(disks)})")
     raise UserError(f"--dev {spec}: no such block device; known devices: {', '.join(disks) or 'none'}")
-
-
-@dataclass(frozen=True)
-class DiskStats:
-    """One /proc/diskstats line (the fields iotrace uses)."""
-
-    reads: int
-    read_sectors: int
-    read_ms: int
-    writes: int
-    write_sectors: int
-    write_ms: int
-    in_flight: int
-    io_ms: int
-    weighted_ms: int
-    discards: int
-    discard_sectors: int
-    flushes: int
-
-    @property
-    def completions(self) -> int:
-        """Data requests completed (reads, writes, discards): what iotrace counts too."""
-        return self.reads + self.writes + self.discards
 
 
 def read_diskstats(path: str = "/proc/diskstats") -> dict[str, DiskStats]:

@@ -9,14 +9,11 @@ never fail a build.  Exit 0: no regression; 1: a regression; 2: bad input.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from dataclasses import dataclass
 from typing import TextIO
 
 from tracer.errors import UserError
-from tracer.model import benchresult as br
-from tracer.model.benchresult import IOPS, LATENCY_METRICS, PHASES, BenchResult, Spread
+from tracer.model.benchresult import IOPS, LATENCY_METRICS, BenchResult, Spread
 
 DEFAULT_LIMITS = {"p50": 0.10, "p99": 0.10}
 DEFAULT_PHASE = "total"
@@ -172,7 +169,7 @@ def compare(base: BenchResult, new: BenchResult, limits: dict[str, float], phase
 # ---- the table ---------------------------------------------------------------
 
 def _fmt(metric: str, v: float) -> str:
-    from tracer.views.report import fmt_latency
+    from tracer.units import fmt_latency
 
     if metric != IOPS:
         return fmt_latency(v)
@@ -190,7 +187,7 @@ def _shown_verdict(r: Row) -> str:
     return v
 
 
-def _describe(path: str, r: BenchResult) -> str:
+def describe(path: str, r: BenchResult) -> str:
     env = r.env
     bits = [r.suite_id, f"{r.repeat} rep(s)", env.get("date"), env.get("host"), env.get("kernel"), env.get("commit")]
     return f"{path}: " + ", ".join(str(b) for b in bits if b)
@@ -211,7 +208,7 @@ def render(c: Comparison, base_desc: str, new_desc: str, out: TextIO) -> None:
               f"{_cell(r.metric, r.new):>24} {change:>8}  {_shown_verdict(r)}", file=out)
 
 
-def _side_json(path: str, r: BenchResult) -> dict:
+def side_json(path: str, r: BenchResult) -> dict:
     env = r.env
     return {"path": path, "suite": r.suite_id, "repeat": r.repeat,
             **{k: env.get(k) for k in ("date", "host", "kernel", "commit")}}
@@ -224,42 +221,3 @@ def comparison_json(c: Comparison, base: dict, new: dict) -> dict:
              "fails": r.fails} for r in c.rows]
     return {"kind": "iotrace-compare", "base": base, "new": new, "notes": c.notes, "rows": rows,
             "regressions": len(c.regressions), "pass": not c.regressions}
-
-
-def main(argv: list[str], out: TextIO = sys.stdout) -> int:
-    from tracer.cli import _Parser
-
-    p = _Parser(prog="iotrace compare", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
-                description="Compare two 'iotrace bench' results workload by workload, and fail (exit 1) on a "
-                            "regression larger than both its threshold and the run-to-run spread.")
-    p.add_argument("base", metavar="BASE.json", help="the baseline result")
-    p.add_argument("new", metavar="NEW.json", help="the result to judge")
-    p.add_argument("--max-regress", type=parse_limit, action="append", metavar="METRIC=PERCENT",
-                   help="largest allowed change for the worse, e.g. p99=10%% (repeatable; default "
-                        f"{' '.join(f'{m}={v * 100:g}%%' for m, v in DEFAULT_LIMITS.items())})")
-    p.add_argument("--phase", action="append", choices=(*PHASES, "all"),
-                   help=f"phase whose latency is gated (repeatable; default {DEFAULT_PHASE})")
-    p.add_argument("-j", "--json", action="store_true",
-                   help="one JSON object on stdout instead of the table (the verdict line goes to stderr); "
-                        "the same exit status")
-    ns = p.parse_args(argv)
-    limits = dict(ns.max_regress) if ns.max_regress else dict(DEFAULT_LIMITS)
-    phases = set(PHASES) if ns.phase and "all" in ns.phase else set(ns.phase or [DEFAULT_PHASE])
-    base, new = br.read(ns.base), br.read(ns.new)
-    c = compare(base, new, limits, phases)
-    if ns.json:
-        out.write(json.dumps(comparison_json(c, _side_json(ns.base, base), _side_json(ns.new, new))) + "\n")
-        out = sys.stderr        # the verdict line: for the CI log, off the JSON
-    else:
-        render(c, _describe(ns.base, base), _describe(ns.new, new), out)
-    regs = c.regressions
-    gated = sum(r.gated for r in c.rows)
-    if regs:
-        listed = ", ".join(f"{r.workload} {r.op} {r.phase} {r.metric} {r.change:+.1%}" for r in regs)
-        print(f"FAIL: {len(regs)} regression(s) beyond both the threshold and the run-to-run spread: {listed}",
-              file=out)
-        return 1
-    improved = sum(r.gated and r.verdict == IMPROVED for r in c.rows)
-    noisy = sum(r.gated and r.verdict == NOISE for r in c.rows)
-    print(f"OK: no regression in {gated} gated comparison(s) ({improved} improved, {noisy} within noise)", file=out)
-    return 0

@@ -15,10 +15,8 @@ the PNG's Description text, so the file says what it shows.
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass, field
-from typing import TextIO
 
 import numpy as np
 
@@ -45,7 +43,7 @@ class PlotResult:
     groups: list[tuple[str, str]] = field(default_factory=list)   # (device, op) drawn
 
 
-def _matplotlib():
+def require_matplotlib():
     """matplotlib's Figure and the Agg canvas, or a one-line UserError saying how to install it."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -180,7 +178,7 @@ def _label_panel(ax, windows: list[_Window], phase: str) -> list[str]:
 def render(dumps, path: str, device: str | None = None, op: str | None = None, phase: str = "total",
            source: str = "") -> PlotResult:
     """Draw the panels for `dumps` (tracer.model.dump.Dump) into the PNG at `path`."""
-    figure, canvas, log_norm = _matplotlib()
+    figure, canvas, log_norm = require_matplotlib()
     if not dumps:
         raise UserError(f"no dumps in {source or 'the input'}")
     windows, t0 = _windows(dumps, device, op)
@@ -209,41 +207,3 @@ def render(dumps, path: str, device: str | None = None, op: str | None = None, p
     fig.savefig(path, format="png", metadata={"Title": f"iotrace plot of {source}", "Software": "iotrace",
                                               "Description": "panels: " + " | ".join(panels)})
     return PlotResult(path, panels, round(WIDTH_IN * DPI), round(PANEL_HEIGHT_IN * n * DPI), len(dumps), groups)
-
-
-EPILOG = """\
-examples:
-  iotrace plot run.jsonl -o io.png                  every device and op
-  iotrace plot run.jsonl -o io.png --device nvme0n1 --op read
-
-Panels: p50/p99 per device and op over time (log scale) with MB/s; a heatmap
-of requests per latency band over time, from the dumps' histograms; and, when
-the dumps carry labels (markers: "epoch 1", ...), p50/p99 and MB per label.
-Needs matplotlib: pip install 'iotrace[plot]'.
-"""
-
-
-def main(argv: list[str], out: TextIO) -> int:
-    from tracer.cli import _Parser
-    from tracer.model.dump import read
-
-    p = _Parser(prog="iotrace plot", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
-                description="Draw saved iotrace dumps as charts in one PNG: latency over time, a latency "
-                            "heatmap, and per-label bars.")
-    p.add_argument("files", nargs="+", metavar="RUN.jsonl")
-    p.add_argument("-o", "--output", required=True, metavar="FILE.png", help="the PNG to write")
-    p.add_argument("--device", metavar="DEV", help="only this device (loop0, /dev/nvme0n1)")
-    p.add_argument("--op", choices=OPS, help="only this op")
-    p.add_argument("--phase", choices=PHASES, default="total",
-                   help="latency phase: total (default), queue (~Q2D) or device (D2C)")
-    ns = p.parse_args(argv)
-    _matplotlib()           # before reading anything: say at once when it is missing
-    dumps = [d for path in ns.files for d in read(path)]
-    device = ns.device.removeprefix("/dev/") if ns.device else None
-    try:
-        res = render(dumps, ns.output, device, ns.op, ns.phase, source=", ".join(ns.files))
-    except OSError as exc:
-        raise UserError(f"cannot write {ns.output}: {exc.strerror or exc}") from None
-    out.write(f"iotrace: wrote {res.path} ({res.width}x{res.height}, {res.dumps} dumps, "
-              f"{len(res.groups)} device/op rows): {'; '.join(t.split(':')[0] for t in res.panels)}\n")
-    return 0

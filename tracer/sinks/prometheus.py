@@ -1,9 +1,9 @@
-"""iotrace serve: a long-running Prometheus exporter of block-I/O latency.
+"""The Prometheus sink of `iotrace serve`: block-I/O latency for a long-running exporter.
 
 This module owns the exporter: its metric names (the one list deploy/ and
 its tests check the Grafana dashboard against), the Prometheus bucket bounds
 and how iotrace's fine buckets fold into them, the cumulative state with its
-bounded label cardinality, and the serve loop.
+bounded label cardinality, and the HTTP server (/metrics, /ready).
 
 Every --interval it drains the kernel's histograms (as `iotrace -i` does)
 and adds the dump to cumulative counters, which a Prometheus scrape reads:
@@ -41,17 +41,12 @@ An owner that comes back starts new series from zero.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import re
-import select
-import signal
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TextIO
 
 import numpy as np
 
@@ -280,7 +275,7 @@ class Exporter:
                 for (device, op), (n, b) in o.io.items():
                     ios.add_metric((device, op, comm, ctr), n)
                     nbytes.add_metric((device, op, comm, ctr), b)
-            for reason, n in sorted({**dict.fromkeys(_drop_reasons(), 0), **self.dropped}.items()):
+            for reason, n in sorted({**dict.fromkeys(drop_reasons(), 0), **self.dropped}.items()):
                 dropped.add_metric((reason,), n)
             drains, labelled, folded, attached = self.drains, len(self.owners), self.folded, self.attached
         yield lat
@@ -295,7 +290,7 @@ class Exporter:
                                 "load (the counters are 0 for want of tracing then, not of I/O)", value=int(attached))
 
 
-def _drop_reasons() -> list[str]:
+def drop_reasons() -> list[str]:
     """Every drop reason, so each has a series (at 0) from the first scrape."""
     from tracer import contract
     from tracer.sources.probe import USER_DROPS
@@ -308,30 +303,8 @@ def _drop_reasons() -> list[str]:
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
 
-EPILOG = f"""\
-examples:
-  sudo iotrace serve                               metrics on http://{DEFAULT_LISTEN}/metrics
-  sudo iotrace serve --listen :9464 --interval 15  every interface (as in deploy/kubernetes)
-  sudo iotrace serve --dev nvme0n1 -o fold.jsonl   one disk; also append each folded dump to a file
 
-metrics:
-  {LATENCY}{{device,op,phase,comm,container}}  histogram, {len(BOUNDS_S)} buckets 10us..10s
-  {IOS}, {BYTES}{{device,op,comm,container}}
-  {DROPPED}{{reason}}, {DRAINS}, {LABELLED}, {FOLDED}
-  {ATTACHED}   0 while the BPF programs load (seconds), 1 once attached
-
-readiness: {READY_PATH} answers 200 once the programs are attached, 503 before
-(deploy/kubernetes probes it); /metrics answers from the start.
-
-At most --top (comm, container) pairs keep labels of their own, ranked by
-recent I/O; the rest is counted under comm="other".  A pair with no I/O for
---idle seconds (its processes exited) is folded into "other" too, so a node
-where processes come and go keeps a bounded number of series.  SIGTERM or
-Ctrl-C end it (exit 0).
-"""
-
-
-def _listen_address(text: str) -> tuple[str, int]:
+def listen_address(text: str) -> tuple[str, int]:
     """'HOST:PORT', '[V6]:PORT' or ':PORT' (every interface) -> (host, port)."""
     m = re.fullmatch(r"\[([0-9A-Fa-f:.%a-z]+)\]:(\d{1,5})|([^\[\]:]*):(\d{1,5})", text.strip())
     if not m or int(m.group(2) or m.group(4)) > 65535:
@@ -340,7 +313,7 @@ def _listen_address(text: str) -> tuple[str, int]:
     return host, int(m.group(2) or m.group(4))
 
 
-def _import_prometheus():
+def import_prometheus():
     try:
         import prometheus_client
     except ImportError:
@@ -349,7 +322,7 @@ def _import_prometheus():
     return prometheus_client
 
 
-def _start_server(prom, host: str, port: int, registry):
+def start_server(prom, host: str, port: int, registry):
     """The HTTP server in its own thread; UserError, one line, if it cannot listen."""
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
@@ -375,98 +348,52 @@ def with_ready(app, exporter: Exporter):
     return wsgi
 
 
-def parser():
-    from tracer.cli import _at_least, _Parser, _positive, add_attach_option
 
-    p = _Parser(prog="iotrace serve", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
-                description="Export block I/O latency to Prometheus: histograms per device, op and latency "
-                            "phase, labelled with process name and container, plus I/O, byte and "
-                            "dropped-event counters.")
+
+def add_arguments(p, mode: str) -> None:
+    if mode != "serve":
+        return
+    from tracer.options import at_least, positive
+
     p.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
                    help=f"where to serve /metrics (default {DEFAULT_LISTEN}; ':9464' for every interface)")
-    p.add_argument("-i", "--interval", type=_positive, default=5.0, metavar="SECONDS",
-                   help="drain the kernel's histograms into the metrics this often (default 5)")
-    p.add_argument("--top", type=_at_least(0), default=20, metavar="N",
+    p.add_argument("--top", type=at_least(0), default=20, metavar="N",
                    help="(comm, container) pairs with labels of their own; the rest is comm=\"other\" (default 20)")
-    p.add_argument("--idle", type=_positive, default=600.0, metavar="SECONDS",
+    p.add_argument("--idle", type=positive, default=600.0, metavar="SECONDS",
                    help="fold a pair into \"other\" after this long without I/O (default 600)")
-    add_attach_option(p)
-    p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
-                   help="only this disk (loop0, /dev/nvme0n1, 7:0); repeatable. Default: every device")
-    p.add_argument("--cgroup", metavar="PATH",
-                   help="only I/O submitted from this cgroup v2 or below it, e.g. /kubepods.slice for pods only")
-    p.add_argument("-o", "--output", metavar="FILE.jsonl", help="also append each folded dump to FILE")
-    return p
 
 
-def main(argv: list[str], out: TextIO = sys.stdout) -> int:
-    from tracer.cli import _open_output, _Signals
-    from tracer.sources import devices
-    from tracer.sources.cgroups import resolve_cgroup
+class PrometheusSink:
+    """Folds each dump into `exporter`, which `server` serves; close() stops the server."""
 
-    ns = parser().parse_args(argv)
-    host, port = _listen_address(ns.listen)
-    prom = _import_prometheus()
-    devs = [devices.resolve(d) for d in ns.devs]
-    cgroup_id, cgroup_level = resolve_cgroup(ns.cgroup) if ns.cgroup else (0, 0)
+    def __init__(self, exporter: Exporter, server, where: str):
+        self.exporter = exporter
+        self.server = server
+        self.where = where
+
+    def attached(self) -> None:
+        """The BPF programs are attached: /ready answers 200 and iotrace_attached is 1 from now on."""
+        self.exporter.attached = True
+
+    def on_dump(self, window) -> None:
+        self.exporter.fold(window)
+
+    def close(self, status: int) -> int:
+        self.server.shutdown()
+        self.server.server_close()
+        return status
+
+
+def from_args(ns, ctx) -> PrometheusSink | None:
+    """Listens at once, before the BPF programs load (seconds of compiling): a port in use fails first."""
+    if ctx.mode != "serve":
+        return None
+    host, port = listen_address(ns.listen)
+    prom = import_prometheus()
     exporter = Exporter(top=ns.top, idle_s=ns.idle)
     registry = prom.CollectorRegistry(auto_describe=False)
     registry.register(exporter)
-    file = _open_output(ns.output) if ns.output else None
-    server = None
-    probe = None
-    sig = None
-    try:
-        # listen before loading BPF (seconds of compiling): a port in use fails at once
-        server = _start_server(prom, host, port, registry)
-        server.set_app(with_ready(server.get_app(), exporter))
-        sig = _Signals()
-        from tracer.pipeline.aggregate import Clock
-        from tracer.sources.probe import Probe, ProbeOptions
-
-        probe = Probe(ProbeOptions(devs=devs, cgroup_id=cgroup_id, cgroup_level=cgroup_level, attach=ns.attach))
-        exporter.attached = True
-        clock = Clock()
-        bound = server.server_address[1]
-        where = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
-        print(f"iotrace: serving block I/O metrics on http://{where}/metrics, every {ns.interval:g}s"
-              f"{' on ' + ', '.join(ns.devs) if ns.devs else ''}{' in ' + ns.cgroup if ns.cgroup else ''}; "
-              f"SIGTERM or Ctrl-C to end", file=sys.stderr)
-        _loop(ns.interval, probe, clock, exporter, sig, file)
-        out.write(f"iotrace serve: {exporter.drains} intervals folded, {len(exporter.owners)} labelled owners, "
-                  f"{exporter.folded} folded into \"{OTHER}\"\n")
-        return 0
-    finally:
-        if sig:
-            sig.restore()
-        if server:
-            server.shutdown()
-            server.server_close()
-        if probe:
-            probe.close()
-        if file:
-            file.close()
-
-
-def _loop(interval: float, probe, clock, exporter: Exporter, sig, file) -> None:
-    from tracer.model import dump as dumpmod
-    from tracer.pipeline.aggregate import build_dump
-    from tracer.sources.cgroups import resolve_containers
-
-    next_tick = time.monotonic() + interval
-    while True:
-        timeout = max(0.0, next_tick - time.monotonic())
-        select.select([sig.r], [], [], 0 if sig.pending else timeout)
-        signals = sig.take()
-        stop = signal.SIGINT in signals or signal.SIGTERM in signals
-        now = time.monotonic()
-        if stop or now >= next_tick or signal.SIGUSR1 in signals:
-            dump = build_dump(probe.drain(final=stop), clock, "final" if stop else "interval")
-            resolve_containers(dump)
-            exporter.fold(dump)
-            if file:
-                dumpmod.write(file, dump)
-        if stop:
-            return
-        while next_tick <= now:   # fell behind (suspended?): skip, do not burst
-            next_tick += interval
+    server = start_server(prom, host, port, registry)
+    server.set_app(with_ready(server.get_app(), exporter))
+    bound = server.server_address[1]
+    return PrometheusSink(exporter, server, f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}")

@@ -1,0 +1,123 @@
+"""What every iotrace command shares: the command registry, argument types, option groups.
+
+cli/ turns argv into objects and nothing else: each subcommand is one module
+with `run(argv, out) -> exit code`, registered with one line in COMMANDS
+and imported only when used (so `iotrace mark` never pays for numpy or bcc).
+The live modes (trace, serve, top, diskstats) take their output options from
+the sink registry (tracer.sinks), so every mode gets every sink that makes
+sense for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from tracer import sinks as sinkreg
+from tracer.errors import UserError
+from tracer.options import Parser, at_least, positive
+
+# subcommand -> the module that runs it (trace mode, `iotrace [options]`, is tracer.cli.trace)
+COMMANDS = {
+    "report": "tracer.cli.report",
+    "diff": "tracer.cli.diff",
+    "mark": "tracer.cli.mark",
+    "bench": "tracer.cli.bench",
+    "compare": "tracer.cli.compare",
+    "serve": "tracer.cli.serve",
+    "plot": "tracer.cli.plot",
+    "top": "tracer.cli.top",
+}
+
+__all__ = ["COMMANDS", "Parser", "at_least", "positive", "add_attach_option", "interval_count", "take_interval",
+           "duration", "offer_diskstats", "output_options", "make_sinks", "device_names"]
+
+
+def duration(text: str) -> float:
+    """-d's type: seconds; a disk's name (biolatency's -d) gets pointed to --dev."""
+    try:
+        float(text)
+    except ValueError:
+        name = text.removeprefix("/dev/")
+        if name and "/" not in name and os.path.exists(f"/sys/class/block/{name}"):
+            raise argparse.ArgumentTypeError(f"{text!r} is a disk, but -d is the duration in seconds here: "
+                                             f"for only that disk (biolatency's -d), give --dev {name}") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds: -d is the duration here "
+                                         f"(a disk is --dev)") from None
+    return positive(text)
+
+
+def interval_word(text: str) -> float:
+    """The first positional: an interval, or a mistyped subcommand."""
+    try:
+        return positive(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an interval in seconds nor a command "
+                                         f"({', '.join(COMMANDS)})") from None
+
+
+def interval_count(p: argparse.ArgumentParser) -> None:
+    """The [interval [count]] positionals of iostat, biolatency and biotop, beside -i."""
+    p.add_argument("interval_pos", nargs="?", type=interval_word, metavar="interval",
+                   help="as -i: a report every this many seconds")
+    p.add_argument("count", nargs="?", type=at_least(1),
+                   help="stop after this many reports, the final one included (as iostat)")
+
+
+def take_interval(ns: argparse.Namespace) -> float | None:
+    """-i or the interval positional (not both)."""
+    if ns.interval is not None and ns.interval_pos is not None:
+        raise UserError(f"give the interval once: -i {ns.interval:g} or {ns.interval_pos:g}, not both")
+    return ns.interval if ns.interval is not None else ns.interval_pos
+
+
+def add_attach_option(p: argparse.ArgumentParser) -> None:
+    """--attach, shared by every command that loads the BPF programs."""
+    default = os.environ.get("IOTRACE_ATTACH", "auto")
+    p.add_argument("--attach", choices=("auto", "raw_tp", "tracepoint"), default=default,
+                   help="how the BPF programs attach: raw_tp (raw tracepoints: a request is known by its "
+                        "struct request, kernel structs are read at offsets from the kernel's BTF, and other BPF "
+                        "tools running make the kernel skip nothing), tracepoint (perf-event tracepoints, for "
+                        "kernels without BTF), or auto: raw_tp where /sys/kernel/btf/vmlinux has all it needs. "
+                        "Default: $IOTRACE_ATTACH, else auto. Every dump says which ran (\"attach\")")
+def offer_diskstats(exc: UserError) -> UserError:
+    """A Probe error, with the unprivileged mode offered when it says BPF cannot be used here."""
+    message = str(exc)
+    if message.startswith("--"):        # an option's value: the user fixes that, BPF may be fine
+        return exc
+    return UserError(f"{message}; without BPF, 'iotrace --diskstats' shows iostat's numbers per device and "
+                     f"bytes per process from /proc (no percentiles, no root needed)", exc.exit_code)
+
+
+def output_options(p: argparse.ArgumentParser, mode: str) -> None:
+    """Every sink's options for this live mode (-o, -j, --hist, --csv, --alert, ...), from the sink registry."""
+    sinkreg.add_arguments(p, mode)
+
+
+def device_names(specs: list[str]) -> list[str] | None:
+    """--dev values as device names, or None for every disk."""
+    from tracer.sources.devices import name_of, resolve
+
+    return [name_of(resolve(d)) for d in specs] or None
+
+
+def alert_check(ns, devices: list[str] | None, bpf: bool = True):
+    """The pipeline's --alert stage for these options, or None; bad rules fail here, before tracing."""
+    from tracer.pipeline import alerts as alertmod
+
+    alerts = getattr(ns, "alerts", [])
+    if getattr(ns, "fail_on_alert", False) and not alerts:
+        example = "'p99>50ms'" if bpf else "'util>90%'"
+        raise UserError(f"--fail-on-alert needs at least one --alert RULE, e.g. --alert {example}")
+    rules = alertmod.parse_rules(alerts)
+    if not bpf:
+        for r in rules:
+            if r.needs_bpf:
+                raise UserError(f"--alert {r.text!r}: latency percentiles need BPF; with --diskstats alerts can "
+                                f"use {', '.join(alertmod.DISK_METRICS)}")
+    return alertmod.AlertCheck(rules, devices) if rules else None
+
+
+def make_sinks(ns, ctx: sinkreg.Context) -> list:
+    """The sinks these options ask for, in the registry's order."""
+    return sinkreg.from_args(ns, ctx)

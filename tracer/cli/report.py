@@ -1,0 +1,99 @@
+"""`iotrace report FILE.jsonl...`: saved dumps rendered again, merged or side by side by label (no root)."""
+
+from __future__ import annotations
+
+import argparse
+import select
+import signal
+import sys
+from typing import TextIO
+
+from tracer.errors import UserError
+from tracer.model import dump as dumpmod
+from tracer.options import Parser
+from tracer.runtime.signals import Signals
+from tracer.views.report import render_by_label, render_table, windows_by_label
+
+REPORT_EPILOG = """\
+examples:
+  iotrace report run.jsonl                  the whole run: every dump merged
+  iotrace report run.jsonl --by label       epochs side by side: count, MB, p50, p99 per label
+  iotrace report --follow run.jsonl         each dump as the tracer appends it (tail -f), until Ctrl-C
+  iotrace report run.jsonl --json | jq .    the merged dump as one JSON line (--by label: one per window)
+
+With --by label, dumps that share a label are merged into one window, shown
+in the order the labels first appear; rows are process name + device + op
+(kworker/* gathers the kernel's writeback workers), so a row lines up across
+windows even when the process behind it was restarted.  Dumps without a label
+(the final stretch after the last marker, interval dumps) are one window,
+"(unlabelled)", shown last, or left out with a note when they saw no I/O.
+
+A file whose last line is cut short (the tracer is still writing it, or was
+killed mid-write) is read up to it, with a warning; a bad line anywhere else
+is an error naming it.
+"""
+
+
+def run(argv: list[str], out: TextIO = sys.stdout) -> int:
+    p = Parser(prog="iotrace report", formatter_class=argparse.RawDescriptionHelpFormatter,
+                description="Render saved iotrace dumps as one table, merging every "
+                "dump of every file through their HdrHistograms.", epilog=REPORT_EPILOG)
+    p.add_argument("files", nargs="+", metavar="FILE.jsonl")
+    p.add_argument("--hist", action="store_true", help="add a log2 latency bar chart per row")
+    p.add_argument("--by", choices=("none", "label"), default="none",
+                   help="label: one window per dump label (epoch 1, epoch 2, ...), side by side")
+    p.add_argument("--layout", choices=("auto", "wide", "long"), default="auto",
+                   help="with --by label: wide = a column group per label, long = a line per label; "
+                        "auto = wide while it fits in 120 columns")
+    p.add_argument("--per-pid", action="store_true",
+                   help="with --by label: a row per pid instead of per process name")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="render each dump as it is appended to FILE (tail -f), until Ctrl-C")
+    p.add_argument("-j", "--json", action="store_true",
+                   help="JSON lines instead of tables, in the dump format: the merged dump, one per window "
+                        "with --by label, each dump with --follow")
+    ns = p.parse_args(argv)
+    if ns.by == "label" and ns.hist:
+        raise UserError("--hist goes with the merged table, not with --by label")
+    if ns.follow:
+        if len(ns.files) > 1 or ns.by == "label":
+            raise UserError("--follow takes one file, and renders each dump (no --by label)")
+        return _follow(ns.files[0], out, ns.hist, ns.json)
+    dumps = [d for path in ns.files for d in dumpmod.read(path)]
+    if not dumps:
+        raise UserError(f"no dumps in {', '.join(ns.files)}")
+    if ns.by == "label":
+        if ns.json:
+            for w in windows_by_label(dumps):
+                dumpmod.write(out, w.merged)
+            return 0
+        render_by_label(dumps, out, layout=ns.layout, per_pid=ns.per_pid,
+                        title=f"by label, from {', '.join(ns.files)}")
+        return 0
+    merged = dumpmod.merge_dumps(dumps)
+    if ns.json:
+        dumpmod.write(out, merged)
+        return 0
+    render_table(merged, out, hist=ns.hist, title=f"{len(dumps)} dump(s) from {', '.join(ns.files)}")
+    return 0
+
+
+def _follow(path: str, out: TextIO, hist: bool, as_json: bool) -> int:
+    """Each dump of `path` as it is appended, until SIGINT or SIGTERM (exit 0)."""
+    sig = Signals()
+
+    def stop(wait: float) -> bool:
+        select.select([sig.r], [], [], 0 if sig.pending else wait)
+        return any(s != signal.SIGUSR1 for s in sig.take())
+
+    try:
+        for d in dumpmod.read(path, follow=stop):
+            if as_json:
+                dumpmod.write(out, d)
+            else:
+                render_table(d, out, hist=hist)
+                out.flush()
+    finally:
+        sig.restore()
+    return 0
+

@@ -1,0 +1,94 @@
+"""`sudo iotrace top`: a live view like biotop, with percentiles: the live loop feeding the screen sink.
+
+The probe is loaded, and any problem said in one line, before curses takes
+the terminal; q, Ctrl-C or SIGTERM end it and curses restores the terminal.
+With a count (`iotrace top 5 3`), the last screen stays printed, as biotop's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TextIO
+
+from tracer import sinks as sinkreg
+from tracer.cli.common import (
+    add_attach_option,
+    interval_count,
+    make_sinks,
+    offer_diskstats,
+    output_options,
+    take_interval,
+)
+from tracer.errors import UserError
+from tracer.options import Parser, positive
+from tracer.runtime.loop import Live, Schedule, Sinks
+
+EPILOG = """\
+examples:
+  sudo iotrace top                       every device, a new screen every second, highest p99 first
+  sudo iotrace top -i 5 --sort bytes     5 s windows, busiest first
+  sudo iotrace top --dev nvme0n1
+  sudo iotrace top 5 3                   as biotop 5 3: three 5 s screens, then the last one stays printed
+
+Each screen is one interval (histograms reset each time); rows are process,
+device and op, with total latency percentiles.  Keys: q quits, s changes the
+sort.  Ctrl-C quits too.  For a log instead of a screen: sudo iotrace -i 1.
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = Parser(prog="iotrace top", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+               description="A live view of block I/O per process, device and op, with latency percentiles, "
+                           "refreshed every interval (like biotop).  Needs root, as tracing does.")
+    interval_count(p)
+    p.add_argument("-i", "--interval", type=positive, metavar="SECONDS",
+                   help="refresh every SECONDS (default 1)")
+    p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
+                   help="only this disk (loop0, /dev/nvme0n1, 7:0); repeatable")
+    add_attach_option(p)
+    output_options(p, "top")        # --sort
+    return p
+
+
+def run(argv: list[str], out: TextIO) -> int:
+    from tracer.runtime.signals import Signals
+    from tracer.sources import devices
+
+    ns = parser().parse_args(argv)
+    interval = take_interval(ns) or 1.0
+    if not (sys.stdin.isatty() and out.isatty()):
+        raise UserError("top needs a terminal; for a log, run 'sudo iotrace -i 1' instead")
+    devs = [devices.resolve(d) for d in ns.devs]
+
+    from tracer.pipeline.windows import DumpWindows
+    from tracer.sources.probe import Probe, ProbeOptions
+
+    print("iotrace top: loading the BPF programs ...", file=sys.stderr, flush=True)
+    try:
+        probe = Probe(ProbeOptions(devs=devs, attach=ns.attach))
+    except UserError as exc:
+        raise offer_diskstats(exc) from None
+    # our own handlers, not Python's: a process started with SIGINT ignored gets no KeyboardInterrupt
+    sig = Signals()
+    try:
+        import curses
+
+        def view(scr) -> list[str] | None:
+            ctx = sinkreg.Context("top", out, extra={"scr": scr, "interval": interval,
+                                                      "where": ", ".join(ns.devs) or "every device"})
+            outputs = Sinks(make_sinks(ns, ctx))
+            screen = outputs.sinks[0]
+            live = Live(DumpWindows(probe, containers=False), outputs, Schedule(interval, count=ns.count), sig,
+                        inputs={sys.stdin.fileno(): screen.on_key}, final=ns.count is not None)
+            live.run()
+            outputs.close(0)
+            return screen.lines if live.reason == "deadline" else None
+
+        last = curses.wrapper(view)
+        if last:    # the terminal is back as it was: leave the last screen in it, as biotop does
+            out.write("\n".join(last) + "\n")
+    finally:
+        sig.restore()
+        probe.close()
+    return 0

@@ -1,0 +1,298 @@
+"""Trace mode, `sudo iotrace [options] [interval [count]] [-- COMMAND]`, and `iotrace --diskstats`.
+
+Arguments become objects here: the sources (the BPF probe, the per-process
+tracer, or the /proc samplers), the pipeline that turns them into windows,
+the sinks the options ask for, and the live loop (tracer.runtime.loop) that
+runs them.  Every problem the user can fix is one line on stderr and a
+non-zero exit (tracer.errors.UserError); whatever was collected is still
+printed and written on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from tracer import contract
+from tracer import sinks as sinkreg
+from tracer.cli.common import (
+    add_attach_option,
+    alert_check,
+    device_names,
+    duration,
+    interval_count,
+    make_sinks,
+    offer_diskstats,
+    output_options,
+    take_interval,
+)
+from tracer.errors import UserError
+from tracer.options import Parser, positive
+from tracer.runtime.loop import Live, Schedule, Sinks
+
+EPILOG = """\
+examples:
+  sudo iotrace                                  every process, every device, until Ctrl-C
+  sudo iotrace --pid "$(pgrep -f train.py)" -i 10
+                                                one process and its children, a report every 10 s
+  sudo iotrace -o run.jsonl -- python train.py  run a command traced from its first I/O
+  sudo iotrace --dev nvme0n1 -d 30 --hist       one device for 30 s, with latency bars
+  iotrace report run.jsonl                      render saved dumps again (no root needed)
+  iotrace mark 'epoch 3'                        close the running tracer's dump, labelled (no root needed)
+  iotrace report run.jsonl --by label           epochs (marker labels) side by side
+  iotrace diff a.jsonl b.jsonl                  two runs (or two labels) compared row by row
+  sudo iotrace bench -o new.json                a versioned fio suite, repeated, to a result file
+  iotrace compare base.json new.json            regression gate: exit 1 beyond threshold and spread
+  sudo iotrace serve --listen :9464             a Prometheus exporter: latency histograms per device,
+                                                op, process name and container
+  sudo iotrace -i 10 --csv io.csv --alert 'p99>50ms' --fail-on-alert -- python train.py
+                                                iostat's columns beside p50/p99 per interval; exit 3 on an alert
+  iotrace plot run.jsonl -o io.png              latency over time, a heatmap, per-epoch bars (needs matplotlib)
+  sudo iotrace top                              a live view, like biotop with percentiles (q quits)
+  iotrace --diskstats -i 5                      no root, no BPF: iostat's numbers per device, bytes per process
+  sudo iotrace 1 10                             a report every second, ten reports (the last one the final), as iostat
+  sudo iotrace -p "$(pgrep -f train.py)" -j -d 60 | jq .
+                                                one process, each report as a JSON line on stdout, no table
+
+coming from bcc and sysstat (what their flags are here):
+  biolatency 1 10, iostat -x 1 10   iotrace 1 10       [interval [count]]; or -i SECONDS and -d SECONDS
+  biolatency -d sda                 iotrace --dev sda  (here -d is the duration, in seconds)
+  biolatency -D                     per disk already: every row is a process, a device and an op
+  biolatency -Q                     queue time is in already: total = queue (Q:) + device (D:)
+  biolatency -F                     per op already: the OP column (read, write, flush, discard, other)
+  biolatency -m                     units adapt per value (us, ms, s); --hist for log2 bars
+  biotop -p PID, pidstat -d -p PID  iotrace -p PID (--pid; follows the children it forks)
+  biotop                            iotrace top
+  biolatpcts -j, iostat -o JSON     iotrace -j         one JSON line per report on stdout (the -o dump format)
+  iostat -x (no root)               iotrace --diskstats
+
+latency phases (blktrace's names in brackets):
+  queue   request start to issue to the driver    (~Q2D)
+  device  issue to completion                      (D2C)
+  total   start to completion                      (~Q2C)
+The table shows total latency percentiles, and p50/p99 of queue (Q:) and device (D:).
+"""
+
+
+@dataclass
+class TraceArgs:
+    pids: list[int] = field(default_factory=list)
+    no_children: bool = False
+    threads: bool = False
+    devs: list[str] = field(default_factory=list)
+    interval: float | None = None
+    duration: float | None = None
+    output: str | None = None
+    hist: bool = False
+    inflight_slots: int | None = None
+    hist_cells: int | None = None
+    cgroup: str | None = None
+    command: list[str] = field(default_factory=list)
+    csv: str | None = None                                  # tracer.sinks: --csv, --alert; --diskstats
+    alerts: list[str] = field(default_factory=list)
+    fail_on_alert: bool = False
+    diskstats: bool = False
+    attach: str = "auto"                                    # how the BPF programs attach (--attach)
+    tasks: bool = False                                     # --tasks: per-process rows (tracer.sources.tasks)
+    count: int | None = None                                # reports to make, the final one included
+    json: bool = False                                      # -j: dumps as JSON lines on stdout, no table
+
+
+def trace_parser() -> argparse.ArgumentParser:
+    con = contract.load()   # defaults shown in --help come from the BPF contract
+    p = Parser(prog="iotrace", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
+                usage="sudo iotrace [options] [interval [count]] [-- COMMAND [ARGS...]]\n"
+                      "       iotrace report FILE.jsonl...\n"
+                      "       iotrace --diskstats [-i SECONDS] [--dev DEV] [--pid PID]   (no root)",
+                description="Block I/O latency per process and device, from in-kernel BPF histograms: "
+                            "p50/p90/p99/p99.9 of each process's reads, writes, flushes and discards.")
+    interval_count(p)
+    p.add_argument("-p", "--pid", type=int, action="append", default=[], metavar="PID", dest="pids",
+                   help="trace this process (and the children it forks from now on); repeatable. "
+                        "Default: every process")
+    p.add_argument("--no-children", action="store_true", help="with --pid or COMMAND: do not follow forks")
+    p.add_argument("--threads", action="store_true", help="one row per thread instead of per process")
+    p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
+                   help="trace only this disk (loop0, /dev/nvme0n1, 7:0); repeatable. Default: every device")
+    p.add_argument("--cgroup", metavar="PATH",
+                   help="trace only I/O submitted from this cgroup v2 or below it (a container, a systemd "
+                        "unit): a path under the cgroup2 mount, or relative to it, e.g. /system.slice/x.scope")
+    p.add_argument("-i", "--interval", type=positive, metavar="SECONDS",
+                   help="print (and dump) a report every SECONDS, histograms reset each time")
+    p.add_argument("-d", "--duration", type=duration, metavar="SECONDS",
+                   help="stop after SECONDS (the disk is --dev, not -d as in biolatency)")
+    p.add_argument("--inflight-slots", type=int, metavar="N",
+                   help="size of the in-kernel in-flight request table (power of two, default "
+                        f"{con.const('INFLIGHT_SLOTS')}; raise it if the report shows inflight_full)")
+    p.add_argument("--hist-cells", type=int, metavar="N",
+                   help=f"per-CPU fast histogram cells (power of two, default {con.const('HIST_CELLS')}); "
+                        "buckets that find no cell still count, in a slower hash map")
+    add_attach_option(p)
+    output_options(p, "trace")     # -o, -j, --hist, --csv, --alert, --fail-on-alert
+    p.add_argument("--tasks", action="store_true",
+                   help="add per-process rows to every dump (\"tasks\"): I/O wait, bytes read from files (page "
+                        "cache hits included) beside bytes read from disk, fsync and dirty-page throttling time. "
+                        "Costs while on: ~100 ns on every system call on the machine (syscall tracepoints), "
+                        "~0.5 us per traced file read, ~0.1 us per context switch")
+    p.add_argument("--diskstats", action="store_true",
+                   help="no BPF, no root: iostat's numbers per device from /proc/diskstats and bytes per "
+                        "process from /proc/PID/io (your own processes only, unless root); no percentiles. "
+                        "Takes [interval [count]], -i, -d, -o, -j, --csv, --dev, --pid, --alert")
+    return p
+
+
+def parse_trace_args(argv: list[str]) -> TraceArgs:
+    command: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1:]
+        if not command:
+            raise UserError("nothing after '--': give the command to trace, e.g. 'iotrace -- fio job.fio'")
+    ns = trace_parser().parse_args(argv)
+    interval = take_interval(ns)
+    if command and ns.pids:
+        raise UserError("give either --pid or a COMMAND after '--', not both")
+    return TraceArgs(pids=ns.pids, no_children=ns.no_children, threads=ns.threads, devs=ns.devs,
+                     interval=interval, duration=ns.duration, output=ns.output, hist=ns.hist,
+                     inflight_slots=ns.inflight_slots, hist_cells=ns.hist_cells, cgroup=ns.cgroup, command=command,
+                     csv=ns.csv, alerts=ns.alerts, fail_on_alert=ns.fail_on_alert, diskstats=ns.diskstats,
+                     attach=ns.attach, count=ns.count, json=ns.json, tasks=ns.tasks)
+
+
+def run(argv: list[str], out: TextIO = sys.stdout) -> int:
+    return run_trace(parse_trace_args(argv), out)
+
+
+def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
+    """Trace until the command or the --pid targets exit, -d or count is reached, or Ctrl-C."""
+    from tracer.marker import ENV_CONTROL
+    from tracer.runtime import child as childmod
+    from tracer.runtime.signals import Signals
+    from tracer.sources import cgroups, devices
+
+    if args.diskstats:
+        return run_diskstats(args, out)
+    devs = [devices.resolve(d) for d in args.devs]
+    cgroup_id, cgroup_level = cgroups.resolve_cgroup(args.cgroup) if args.cgroup else (0, 0)
+    pidfds = childmod.check_pids(args.pids)
+    names = device_names(args.devs)
+    alerts = alert_check(args, names)
+    outputs = Sinks(make_sinks(args, sinkreg.Context("trace", out, names, alerts)))
+    control, control_error = open_control()
+    child = release = None
+    probe = tasks = sig = None
+    status = 0
+    closed = False
+    try:
+        env = {ENV_CONTROL: control.path} if control else None
+        child, release = childmod.spawn_held(args.command, env, args.json) if args.command else (None, None)
+        # from here on, Ctrl-C and SIGTERM end the trace in order instead of raising
+        sig = Signals()
+        from tracer.pipeline.windows import DumpWindows
+        from tracer.sources.probe import Probe, ProbeOptions
+        from tracer.sources.tasks import open_tracer
+
+        opts = ProbeOptions(pids=list(args.pids) + ([child] if child else []), follow_children=not args.no_children,
+                            per_thread=args.threads, devs=devs, inflight_slots=args.inflight_slots,
+                            hist_cells=args.hist_cells, cgroup_id=cgroup_id, cgroup_level=cgroup_level,
+                            attach=args.attach)
+        try:
+            probe = Probe(opts)
+        except UserError as exc:
+            raise offer_diskstats(exc) from None
+        tasks, tasks_note = open_tracer(opts.pids, opts.follow_children) if args.tasks else (None, "")
+        if child:
+            pidfds.append(os.pidfd_open(child))
+            childmod.release(release)
+            release = None
+        _announce(args, child, probe, control, control_error)
+        if args.tasks and tasks is None:
+            print(f"iotrace: warning: no per-process rows (\"tasks\") in the dumps: {tasks_note}", file=sys.stderr)
+        windows = DumpWindows(probe, tasks, alerts, traced=bool(args.pids or args.command))
+        live = Live(windows, outputs, Schedule(args.interval, args.duration, args.count), sig, child=child,
+                    pidfds=pidfds, control=control)
+        status = live.run()
+        closed = True
+        return outputs.close(status)
+    finally:
+        if sig:
+            sig.restore()
+        if not closed:      # an error, or Ctrl-C while starting: what was collected is still written
+            outputs.close(status)
+        if release is not None and child:
+            os.close(release)       # unblocks the held child: it exits 125
+            os.waitpid(child, 0)
+        if probe:
+            probe.close()
+        if tasks:
+            tasks.close()
+        if control:
+            control.close()
+
+
+def _announce(args: TraceArgs, child: int | None, probe, control, control_error: str | None) -> None:
+    what = (f"command {' '.join(args.command)!r} (pid {child})" if child else
+            f"pid {', '.join(map(str, args.pids))}" if args.pids else "all processes")
+    print(f"iotrace: tracing block I/O of {what}"
+          f"{' on ' + ', '.join(args.devs) if args.devs else ''}; Ctrl-C to end", file=sys.stderr)
+    if probe.attach_note:
+        print(f"iotrace: attached to perf-event tracepoints, not raw ones: {probe.attach_note}", file=sys.stderr)
+    print(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "
+          f"(control socket {control.path})" if control else
+          f"iotrace: warning: no control socket, markers are off ({control_error})", file=sys.stderr)
+
+
+def open_control():
+    """The control socket for markers, or (None, why not): tracing goes on without it."""
+    from tracer.osutil import invoking_user
+    from tracer.runtime.control import ControlSocket
+
+    try:
+        return ControlSocket.open(owner=invoking_user()), None
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+
+
+# ---- iotrace --diskstats ---------------------------------------------------------
+
+def _check_diskstats_args(args: TraceArgs) -> None:
+    if args.command:
+        raise UserError("--diskstats watches, it does not run a COMMAND: start the command yourself and give "
+                        "--pid PID (its bytes come from /proc/PID/io)")
+    for flag, given in (("--threads", args.threads), ("--hist", args.hist), ("--inflight-slots", args.inflight_slots),
+                        ("--hist-cells", args.hist_cells), ("--cgroup", args.cgroup), ("--tasks", args.tasks)):
+        if given:
+            raise UserError(f"{flag} needs BPF; --diskstats has per-device and per-process numbers only")
+
+
+def run_diskstats(args: TraceArgs, out: TextIO = sys.stdout) -> int:
+    """`iotrace --diskstats`: iostat's numbers per device and bytes per process, every -i, until -d or Ctrl-C."""
+    from tracer.pipeline.windows import DiskWindows
+    from tracer.runtime.child import check_pids
+    from tracer.runtime.signals import Signals
+    from tracer.sources.diskstats import DiskSampler, ProcSampler
+    from tracer.views.diskstats import NO_PERCENTILES
+
+    _check_diskstats_args(args)
+    names = device_names(args.devs)
+    alerts = alert_check(args, names, bpf=False)
+    pidfds = check_pids(args.pids)
+    windows = DiskWindows(DiskSampler(names), ProcSampler(args.pids, children=not args.no_children),
+                          every_device=names is not None, alerts=alerts)
+    outputs = Sinks(make_sinks(args, sinkreg.Context("diskstats", out, names, alerts, whole=windows.whole)))
+    print(f"iotrace: --diskstats: {'devices ' + ', '.join(names) if names else 'every disk'}"
+          f"{', pid ' + ', '.join(map(str, args.pids)) if args.pids else ''}; {NO_PERCENTILES}; Ctrl-C to end",
+          file=sys.stderr)
+    if os.geteuid() != 0:
+        print("iotrace: not root: /proc/PID/io shows only your own processes", file=sys.stderr)
+    sig = Signals()
+    status = 0
+    try:
+        Live(windows, outputs, Schedule(args.interval, args.duration, args.count), sig, pidfds=pidfds).run()
+    finally:
+        sig.restore()
+        status = outputs.close(status)
+    return status

@@ -1,0 +1,108 @@
+"""The pipeline: sources drained at one instant (a cut), then turned into a window in declared stages.
+
+DumpWindows (trace, serve, top): the BPF probe and, with --tasks, the
+per-process tracer; a window is a tracer.model.dump.Dump built from both
+(tracer.pipeline.aggregate.build_dump), then, in order:
+  1. marker fields (label, loop timing) and, on the final window, what the
+     sources say about themselves (BPF program costs, pid filter size);
+  2. containers from cgroup ids (tracer.sources.cgroups);
+  3. --alert checks (tracer.pipeline.alerts.AlertCheck), so each JSON line
+     carries its own alerts.
+DiskWindows (--diskstats): /proc/diskstats and /proc/PID/io samplers; a
+window is a tracer.model.diskstats.DiskWindow, then the --alert stage.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+
+from tracer.model.diskstats import DiskWindow
+from tracer.pipeline.aggregate import Clock, build_dump
+
+
+class DumpWindows:
+    """`probe` (tracer.sources.probe.Probe) and `tasks` (tracer.sources.tasks.TaskTracer or None) → Dumps."""
+
+    def __init__(self, probe, tasks=None, alerts=None, containers: bool = True, traced: bool = False):
+        self.probe = probe
+        self.tasks = tasks
+        self.alerts = alerts            # AlertCheck or None
+        self.containers = containers
+        self.traced = traced            # a pid filter is on: the final dump says how many pids it held
+        self.clock = Clock()
+
+    def start(self) -> None:
+        if self.alerts:
+            self.alerts.start()
+
+    def cut(self, final: bool = False):
+        """Close the window on both BPF objects at once: (raw interval, task rows or None, their drops)."""
+        raw = self.probe.drain(final=final)
+        if self.tasks is None:
+            return raw, None, None, final
+        return raw, self.tasks.drain(final), self.tasks.dropped(), final
+
+    def build(self, cut, kind: str, label: str | None = None, fields: dict | None = None):
+        raw, tasks, dropped, final = cut
+        d = build_dump(raw, self.clock, kind, label=label, tasks=tasks, tasks_dropped=dropped)
+        d.extra.update(fields or {})
+        if final:
+            d.extra.update(self.final_fields())
+        if self.containers:
+            from tracer.sources.cgroups import resolve_containers
+
+            resolve_containers(d)
+        if self.alerts:
+            self.alerts.apply(d)
+        return d
+
+    def final_fields(self) -> dict:
+        costs = self.probe.program_costs()
+        if self.tasks:
+            costs.update({f"tasks:{name}": cost for name, cost in self.tasks.program_costs().items()})
+        out = {"bpf_programs": costs}
+        if self.traced:    # the pid filter's size at the end: flat over a long run
+            out["traced_pids"] = len(self.probe.traced_pids())
+        return out
+
+
+class DiskWindows:
+    """`disks` (DiskSampler) and `procs` (ProcSampler) → DiskWindows; `shown`: every given device, else busy ones."""
+
+    def __init__(self, disks, procs, every_device: bool, alerts=None):
+        self.disks = disks
+        self.procs = procs
+        self.every_device = every_device
+        self.alerts = alerts
+        self.started = self.last = datetime.now().astimezone()
+
+    def start(self) -> None:
+        pass
+
+    def cut(self, final: bool = False):
+        rows = self.disks.sample()
+        end = datetime.now().astimezone()
+        cut = (rows, self.procs.sample(), self.last, end,
+               rows[0].seconds if rows else (end - self.last).total_seconds())
+        self.last = end
+        return cut
+
+    def build(self, cut, kind: str, label: str | None = None, fields: dict | None = None) -> DiskWindow:
+        rows, procs, start, end, seconds = cut
+        w = DiskWindow(kind, start, end, seconds, self._shown(rows), procs, self.procs.unreadable)
+        if self.alerts:
+            self.alerts.apply(w)
+        return w
+
+    def whole(self) -> DiskWindow:
+        """The whole run, for the last table."""
+        return DiskWindow("run", self.started, self.last, self.disks.last[0] - self.disks.first[0],
+                          self._shown(self.disks.whole()), self.procs.whole(), self.procs.unreadable)
+
+    def _shown(self, rows):
+        return rows if self.every_device else [r for r in rows if r.active]
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0

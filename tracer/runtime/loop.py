@@ -1,0 +1,178 @@
+"""The one live loop of every live mode (trace, serve, top, --diskstats).
+
+It owns time and events: interval ticks (a tick that falls behind is
+skipped, never burst), the deadline (-d, or `count` reports), signals
+(SIGUSR1: a report now; SIGINT/SIGTERM: end, or let the traced command end
+first), markers from the control socket, the traced command and --pid
+targets exiting, and extra inputs (top's keys).  On each event it closes a
+window through `windows` and hands the result to `sinks`.
+
+It imports no source and no sink: it is given a `Windows` (the pipeline:
+sources drained and turned into one dump or diskstats window) and a `Sinks`
+(every output, in order).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tracer.runtime.child import exit_status
+
+
+class Windows(Protocol):
+    """Sources → one window.  cut() drains every source at once; build() turns a cut into a window."""
+
+    def start(self) -> None: ...
+    def cut(self, final: bool = False) -> Any: ...
+    def build(self, cut: Any, kind: str, label: str | None = None, fields: dict | None = None) -> Any: ...
+
+
+class Sink(Protocol):
+    """An output: on_dump(window) for every window, close(status) -> the exit status once at the end."""
+
+    def on_dump(self, window: Any) -> None: ...
+    def close(self, status: int) -> int: ...
+
+
+@dataclass
+class Schedule:
+    """When reports are due: every `interval` seconds, until `duration` or `count` reports (the final included)."""
+
+    interval: float | None = None
+    duration: float | None = None
+    count: int | None = None
+
+    def deadline(self, start: float) -> float | None:
+        """When the run ends (time.monotonic): after -d, or when `count` reports are due, whichever comes first."""
+        ends = [start + self.duration] if self.duration else []
+        if self.count and self.interval:
+            ends.append(start + self.interval * self.count)
+        return min(ends, default=None)
+
+
+def interval_due(now: float, next_tick: float | None, end: float | None) -> bool:
+    """An interval report is due: its tick has come, and it is not (within a ms) the end, which the final covers."""
+    return next_tick is not None and now >= next_tick and (end is None or next_tick < end - 1e-3)
+
+
+class Sinks:
+    """Sinks in order; each window goes to all of them; close() chains the exit status through each."""
+
+    def __init__(self, sinks: list[Sink]):
+        self.sinks = [s for s in sinks if s is not None]
+
+    def start(self) -> None:
+        for s in self.sinks:
+            start = getattr(s, "start", None)
+            if start:
+                start()
+
+    def on_dump(self, window: Any) -> None:
+        for s in self.sinks:
+            s.on_dump(window)
+
+    def close(self, status: int) -> int:
+        """Every sink closes, even when one fails; the first failure is raised after the rest closed."""
+        error: BaseException | None = None
+        for s in self.sinks:
+            try:
+                status = s.close(status)
+            except BaseException as exc:  # noqa: BLE001 - the others' data must still be written
+                error = error or exc
+        if error:
+            raise error
+        return status
+
+
+@dataclass
+class Live:
+    """One run of the loop.  `reason` says why it ended: deadline, signal, command, pids or input."""
+
+    windows: Windows
+    sinks: Sinks
+    schedule: Schedule
+    signals: Any                                   # runtime.signals.Signals
+    child: int | None = None                        # the traced command's pid: its exit ends the run
+    pidfds: list[int] = field(default_factory=list)  # --pid targets: the run ends when all have exited
+    control: Any = None                            # runtime.control.ControlSocket: markers
+    inputs: dict[int, Callable[[], bool]] = field(default_factory=dict)  # fd -> handler; True ends the run
+    final: bool = True                             # close a "final" window at the end
+    reason: str = ""
+
+    def emit(self, kind: str, label: str | None = None) -> None:
+        self.sinks.on_dump(self.windows.build(self.windows.cut(), kind, label))
+
+    def take_markers(self) -> None:
+        """Each queued marker closes a window carrying its label, handed on at once."""
+        for m in self.control.receive():
+            cut = self.windows.cut()
+            self.control.ack(m)      # the window is closed: the sender's next I/O falls in the next one
+            self.sinks.on_dump(self.windows.build(cut, "marker", m.label, m.dump_fields()))
+
+    def run(self) -> int:
+        """Until the end; then the last markers and the final window.  Returns the command's exit status (or 0)."""
+        self.sinks.start()
+        self.windows.start()
+        status = self._loop()
+        if self.control:     # markers sent just before the command exited are still queued
+            self.take_markers()
+        if self.final:
+            self.sinks.on_dump(self.windows.build(self.windows.cut(final=True), "final"))
+        return status
+
+    def _end(self, reason: str, status: int = 0) -> int:
+        self.reason = reason
+        return status
+
+    def _loop(self) -> int:
+        sched, sig, child = self.schedule, self.signals, self.child
+        start = time.monotonic()
+        end = sched.deadline(start)
+        next_tick = start + sched.interval if sched.interval else None
+        alive = set(self.pidfds)
+        stopping = False
+        while True:
+            now = time.monotonic()
+            wake = [t for t in (next_tick, end) if t is not None]
+            timeout = max(0.0, min(wake) - now) if wake else None
+            listen = [sig.r, *alive, *self.inputs] + ([self.control.fileno()] if self.control else [])
+            ready, _, _ = select.select(listen, [], [], 0 if sig.pending else timeout)
+            alive -= set(ready)
+            if self.control and self.control.fileno() in ready:  # before the exit checks: no marker left behind
+                self.take_markers()
+            for fd in ready:
+                if fd in self.inputs and self.inputs[fd]():
+                    return self._end("input")
+            if child is not None:
+                done, st = os.waitpid(child, os.WNOHANG)
+                if done:
+                    return self._end("command", exit_status(st))
+            for s in sig.take():
+                if s == signal.SIGUSR1:   # a report now, as an interval
+                    self.emit("interval")
+                    continue
+                if child is None or stopping:
+                    return self._end("signal")
+                # the command decides when we end: let it finish, a second signal ends us
+                stopping = True
+                if s == signal.SIGTERM:
+                    os.kill(child, signal.SIGTERM)
+            if self.pidfds and child is None and not alive:
+                return self._end("pids")       # every --pid target has exited
+            now = time.monotonic()
+            if interval_due(now, next_tick, end):
+                self.emit("interval")
+                next_tick += sched.interval
+                while next_tick <= now:  # fell behind (suspended?): skip, do not burst
+                    next_tick += sched.interval
+            if end is not None and now >= end:
+                if child is not None:
+                    os.kill(child, signal.SIGTERM)
+                    return self._end("deadline", exit_status(os.waitpid(child, 0)[1]))
+                return self._end("deadline")

@@ -1,0 +1,105 @@
+"""--csv FILE: a row per window, device and op: iostat -x's columns beside iotrace's count, MB/s, p50, p99."""
+
+from __future__ import annotations
+
+import csv
+from datetime import datetime
+
+from tracer.model.diskstats import IOSTAT_COLUMNS, DiskWindow, IostatRow
+from tracer.osutil import open_output
+
+CSV_COLUMNS = ("time", "kind", "label", "seconds", "device", "op", *IOSTAT_COLUMNS,
+               "count", "MB/s", "p50_us", "p99_us")
+
+
+class CsvLog:
+    """The --csv file: a row per window, device and op: iostat's columns beside iotrace's count, MB/s, p50, p99.
+
+    iostat's columns are the device's (every op and every process); the
+    iotrace columns are the op's, all traced processes merged, total phase.
+    A device with no traced request in the window gets one row, op "-".
+    """
+
+    def __init__(self, path: str):
+        self.file = open_output(path)   # the same rules as -o: append, owned by the sudo user
+        self.writer = csv.writer(self.file, lineterminator="\n")
+        if self.file.tell() == 0:
+            self.writer.writerow(CSV_COLUMNS)
+
+    def _row(self, end: datetime, kind: str, label: str | None, disk: IostatRow | None, seconds: float,
+             device: str, op: str, traced=None) -> list:
+        cols = disk.columns() if disk else {}
+        row = [end.isoformat(), kind, label or "", f"{disk.seconds if disk else seconds:.6f}", device, op]
+        row += [f"{cols[c]:.2f}" if c in cols else "" for c in IOSTAT_COLUMNS]
+        if traced is None:
+            return row + ["", "", "", ""]
+        total = traced.phases.get("total")
+        summary = total.summary_us() if total and total.count else {}
+        mbps = traced.bytes / seconds / 1e6 if seconds > 0 else 0.0
+        return row + [traced.count, f"{mbps:.3f}", summary.get("p50", ""), summary.get("p99", "")]
+
+    def write_dump(self, dump, disk: list[IostatRow], every_device: bool) -> None:
+        """Rows of one dump; `every_device`: a row for each of `disk` even when it was idle (--dev given)."""
+        from tracer.model.dump import duration_of, merge_by_device_op
+
+        by_name = {r.device: r for r in disk}
+        seconds = duration_of(dump)
+        seen = set()
+        for s in sorted(merge_by_device_op(dump.series), key=lambda s: (s.device, s.op)):
+            seen.add(s.device)
+            self.writer.writerow(self._row(dump.end, dump.kind, dump.label, by_name.get(s.device), seconds,
+                                           s.device, s.op, s))
+        for r in disk:
+            if r.device not in seen and (every_device or r.active):
+                self.writer.writerow(self._row(dump.end, dump.kind, dump.label, r, seconds, r.device, "-"))
+        self.file.flush()
+
+    def write_disk(self, end: datetime, kind: str, disk: list[IostatRow]) -> None:
+        for r in disk:
+            self.writer.writerow(self._row(end, kind, None, r, r.seconds, r.device, "-"))
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def add_arguments(p, mode: str) -> None:
+    if mode == "top":
+        return
+    p.add_argument("--csv", metavar="FILE.csv",
+                   help="append a row per report, device and op: iostat -x's columns (r/s, w/s, rkB/s, wkB/s, "
+                        "r_await, w_await, aqu-sz, %%util) from /proc/diskstats"
+                        + (" beside iotrace's count, MB/s, p50 and p99" if mode != "diskstats" else ""))
+
+
+class CsvSink:
+    """CsvLog fed by every window; with BPF dumps, iostat's columns come from a DiskSampler of its own."""
+
+    def __init__(self, path: str, devices: list[str] | None):
+        self.log = CsvLog(path)
+        self.devices = devices
+        self.sampler = None
+
+    def start(self) -> None:
+        """The diskstats baseline: when the first window begins."""
+        from tracer.sources.diskstats import DiskSampler
+
+        self.sampler = DiskSampler(self.devices)
+
+    def on_dump(self, window) -> None:
+        if isinstance(window, DiskWindow):
+            if window.kind != "run":
+                self.log.write_disk(window.end, window.kind, window.devices)
+            return
+        if self.sampler is None:
+            self.start()
+        self.log.write_dump(window, self.sampler.sample(), every_device=self.devices is not None)
+
+    def close(self, status: int) -> int:
+        self.log.close()
+        return status
+
+
+def from_args(ns, ctx) -> CsvSink | None:
+    path = getattr(ns, "csv", None)
+    return CsvSink(path, ctx.devices) if path else None

@@ -1,0 +1,54 @@
+"""-o FILE and -j: one JSON line per window, appended to a file or written to stdout (the dump format)."""
+
+from __future__ import annotations
+
+import json
+from typing import TextIO
+
+from tracer.model.diskstats import DiskWindow
+from tracer.osutil import open_output
+
+
+def add_arguments(p, mode: str) -> None:
+    if mode == "top":
+        return
+    p.add_argument("-o", "--output", metavar="FILE.jsonl",
+                   help="append one JSON line per report to FILE" if mode != "serve" else
+                   "also append each folded dump to FILE (one JSON line per interval)")
+    if mode in ("trace", "diskstats"):
+        p.add_argument("-j", "--json", action="store_true",
+                       help="each report as one JSON line on stdout (as -o writes it), for jq or a notebook; no "
+                            "table. A COMMAND's own stdout goes to stderr")
+
+
+class JsonlSink:
+    """Each window as a JSON line on `stream`; `own`: close the stream at the end."""
+
+    def __init__(self, stream: TextIO, own: bool):
+        self.stream = stream
+        self.own = own
+
+    def on_dump(self, window) -> None:
+        if isinstance(window, DiskWindow):
+            if window.kind == "run":
+                return          # the whole run is a table only: its windows are in the file already
+            self.stream.write(json.dumps(window.to_json(), separators=(",", ":")) + "\n")
+        else:
+            from tracer.model import dump as dumpmod
+
+            dumpmod.write(self.stream, window)
+        self.stream.flush()
+
+    def close(self, status: int) -> int:
+        if self.own:
+            self.stream.close()
+        return status
+
+
+def from_args(ns, ctx) -> list[JsonlSink]:
+    out = []
+    if getattr(ns, "output", None):
+        out.append(JsonlSink(open_output(ns.output), own=True))
+    if getattr(ns, "json", False):
+        out.append(JsonlSink(ctx.out, own=False))
+    return out

@@ -1,0 +1,64 @@
+"""The terminal table: each window as it closes, and the whole run at the end (trace and diskstats modes)."""
+
+from __future__ import annotations
+
+import os
+from typing import TextIO
+
+from tracer.model.diskstats import DiskWindow
+
+# Rows kept in the whole-run summary before rows of the same command are folded together.
+MAX_RUN_ROWS = 2000
+
+
+def add_arguments(p, mode: str) -> None:
+    if mode == "trace":
+        p.add_argument("--hist", action="store_true", help="add a log2 latency bar chart per row")
+
+
+class TableSink:
+    """Tables on `out`: one per window; at close, the whole run's when there was more than one window.
+
+    The whole run is merged as it goes (a long run keeps one dump, not all
+    of them); diskstats windows take the whole run from `whole()`.
+    """
+
+    def __init__(self, out: TextIO, hist: bool = False, whole=None):
+        self.out = out
+        self.hist = hist
+        self.whole = whole
+        self.windows = 0
+        self.total = None
+
+    def on_dump(self, window) -> None:
+        self.windows += 1
+        if isinstance(window, DiskWindow):
+            from tracer.views.diskstats import render_window
+
+            render_window(window, self.out, os.geteuid() == 0)
+            return
+        from tracer.model import dump as dumpmod
+        from tracer.views.report import render_table
+
+        render_table(window, self.out, hist=self.hist)
+        self.out.flush()
+        self.total = window if self.total is None else dumpmod.merge_dumps([self.total, window])
+        if len(self.total.series) > MAX_RUN_ROWS:
+            # processes come and go on a long run: keep their sums, not a row per pid
+            self.total.series = dumpmod.fold_by_comm(self.total.series)
+
+    def close(self, status: int) -> int:
+        if self.windows > 1:
+            if self.whole is not None:
+                self.on_dump(self.whole())
+            elif self.total is not None:
+                from tracer.views.report import render_table
+
+                render_table(self.total, self.out, title="whole run")
+        return status
+
+
+def from_args(ns, ctx) -> TableSink | None:
+    if ctx.mode not in ("trace", "diskstats") or getattr(ns, "json", False):
+        return None
+    return TableSink(ctx.out, getattr(ns, "hist", False), ctx.whole)
