@@ -31,13 +31,14 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import TextIO
 
+from tracer import contract
 from tracer.errors import UserError
 from tracer.pipeline import alerts as alertmod
 from tracer.sources.devices import DiskStats, read_diskstats, whole_disks
 
 DISKSTATS = "/proc/diskstats"
 PROC = "/proc"
-SECTOR = 512
+SECTOR = contract.load().sector_size
 # --fail-on-alert's exit code: apart from 1 (a failed command, usually) and 2 (bad input)
 ALERT_EXIT = 3
 NO_PERCENTILES = ("from /proc/diskstats and /proc/PID/io, no BPF: no percentiles and no per-process latency; "

@@ -19,14 +19,15 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tracer import contract
 from tracer.errors import UserError
 
-PHASES = ("total", "queue", "device")
+PHASES = tuple(contract.load().shown_phases)
 LATENCY_STATS = ("p50", "p90", "p99", "p99.9", "max", "mean", "min")
 # diskstats metric -> (unit, attribute of tracer.iostat.IostatRow)
 DISK_METRICS = {"util": ("%", "util"), "r_await": ("ms", "r_await"), "w_await": ("ms", "w_await"),
                 "aqu-sz": ("", "aqu_sz")}
-OPS = ("read", "write", "flush", "discard", "other")
+OPS = tuple(contract.load().ops)
 TIME_UNITS_US = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
 EXAMPLES = "e.g. 'p99>50ms', 'device.p99.9>=5ms', 'loop0:read:p99>2ms', 'util>90%'"
 

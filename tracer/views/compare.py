@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import TextIO
 
+from tracer import contract
 from tracer.errors import UserError
 from tracer.model import benchresult as br
 from tracer.model.benchresult import IOPS, LATENCY_METRICS, PHASES, BenchResult, Spread
@@ -21,7 +22,7 @@ from tracer.model.benchresult import IOPS, LATENCY_METRICS, PHASES, BenchResult,
 DEFAULT_LIMITS = {"p50": 0.10, "p99": 0.10}
 DEFAULT_PHASE = "total"
 METRICS = (*LATENCY_METRICS, IOPS)
-SHOWN_PHASES = ("total", "queue", "device")
+SHOWN_PHASES = tuple(contract.load().shown_phases)
 
 REGRESSION = "REGRESSION"
 IMPROVED = "improved"

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import TextIO
 
+from tracer import contract
 from tracer.errors import UserError
 from tracer.model import dump as dumpmod
 from tracer.model.dump import Dump, Series
@@ -31,7 +32,7 @@ from tracer.views.report import (
     window_name,
 )
 
-PHASES = ("total", "queue", "device")
+PHASES = tuple(contract.load().shown_phases)
 
 EPILOG = f"""\
 sides:
