@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from tracer.codec import hdr as hdrcodec
 from tracer.errors import UserError
 from tracer.marker import LOOP_KEYS, check_loop
 from tracer.model.histogram import Histogram
@@ -287,7 +288,7 @@ def to_json(d: Dump) -> dict:
     obj.update({k: v for k, v in d.extra.items() if k != "duration_s"})
     # every histogram of the dump at once: per-histogram numpy calls would dominate
     summarize(d.series)
-    hdrs = iter(Histogram.to_hdr_many(st.hist for s in d.series for st in s.phases.values() if st.count))
+    hdrs = iter(hdrcodec.encode_many(st.hist for s in d.series for st in s.phases.values() if st.count))
     obj["series"] = []
     for s in d.series:
         summaries = {name: st.summary_us() for name, st in s.phases.items()}
@@ -301,7 +302,7 @@ def to_json(d: Dump) -> dict:
 
 
 def _phase_from_json(summary: dict, hdr: str | None) -> PhaseStats:
-    hist = Histogram.from_hdr(hdr) if hdr else Histogram.empty()
+    hist = hdrcodec.decode(hdr) if hdr else Histogram.empty()
     n = hist.total
     return PhaseStats(hist, float(summary.get("mean", 0.0)) * 1e3 * n,
                       round(float(summary.get("min", 0.0)) * 1e3), round(float(summary.get("max", 0.0)) * 1e3))
