@@ -358,8 +358,7 @@ def rep_from(dumps_path: Path, fio_path: Path | None, dev: Device) -> br.Rep:
     dropped = {k: v for k, v in merged.dropped.items() if v}
     # requests the kernel completed on the device that iotrace neither recorded nor counted as
     # dropped (README, 'Coverage'): a repetition that lost some says so
-    cov = merged.extra.get("coverage", {}).get("devices", {}).get(dev.name)
-    unexplained = cov["diskstats"] - cov["recorded"] - sum(dropped.values()) if cov else 0
+    unexplained = dumpmod.unexplained_loss(merged.extra.get("coverage"), dropped, dev.name)
     if unexplained > 0:
         dropped["unseen"] = unexplained
     return br.Rep(ops, dropped)

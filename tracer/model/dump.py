@@ -266,6 +266,24 @@ def merge_coverage(parts: list[dict]) -> dict | None:
     return {"filtered": any(p.get("filtered") for p in parts), "devices": devs}
 
 
+def unrecorded(coverage: dict | None, device: str | None = None) -> dict[str, int]:
+    """Requests /proc/diskstats completed that iotrace did not record, per device that is short of them
+    (`device`: that one only), from a "coverage" section (see merge_coverage)."""
+    devs = (coverage or {}).get("devices", {})
+    return {name: c["diskstats"] - c["recorded"] for name, c in devs.items()
+            if (device is None or name == device) and c["diskstats"] > c["recorded"]}
+
+
+def unexplained_loss(coverage: dict | None, dropped: dict[str, int] | int, device: str | None = None) -> int:
+    """Requests the kernel completed that iotrace neither recorded nor counted as dropped: the unrecorded
+    ones (every device's, or `device`'s) beyond `dropped` (a count, or {reason: n}); 0 if none.
+
+    A pid or cgroup filter leaves requests out by design: the caller decides whether that counts.
+    """
+    lost = dropped if isinstance(dropped, int) else sum(dropped.values())
+    return max(0, sum(unrecorded(coverage, device).values()) - lost)
+
+
 def duration_of(d: Dump) -> float:
     return float(d.extra.get("duration_s", d.duration_s))
 
