@@ -338,9 +338,10 @@ def fio_iops(path: Path) -> dict[str, float]:
 
 def rep_from(dumps_path: Path, fio_path: Path | None, dev: Device) -> br.Rep:
     """One repetition's record: iotrace's dumps merged per op on the device, with fio's IOPS."""
+    from tracer.codec import jsonl
     from tracer.model import dump as dumpmod
 
-    dumps = list(dumpmod.read(str(dumps_path)))
+    dumps = list(jsonl.read(str(dumps_path)))
     if not dumps:
         raise UserError(f"iotrace wrote no dump to {dumps_path}")
     merged = dumpmod.merge_dumps(dumps)

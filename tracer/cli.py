@@ -420,6 +420,7 @@ class Session:
         return build_dump(raw, clock, kind, label=label, tasks=tasks, tasks_dropped=dropped)
 
     def emit(self, dump) -> None:
+        from tracer.codec import jsonl
         from tracer.model import dump as dumpmod
         from tracer.sources.cgroups import resolve_containers
         from tracer.views.report import render_table
@@ -428,9 +429,9 @@ class Session:
         if self.extras:     # before the write: the dump's alerts go in its JSON line
             self.extras.on_dump(dump)
         if self.file:
-            dumpmod.write(self.file, dump)
+            jsonl.write(self.file, dump)
         if self.args.json:
-            dumpmod.write(self.out, dump)
+            jsonl.write(self.out, dump)
         else:
             render_table(dump, self.out, hist=self.args.hist)
             self.out.flush()
@@ -626,8 +627,10 @@ is an error naming it.
 
 
 def run_report(argv: list[str], out: TextIO = sys.stdout) -> int:
+    from tracer.codec import jsonl
     from tracer.model import dump as dumpmod
-    from tracer.views.report import render_by_label, render_table, windows_by_label
+    from tracer.views.diskstats import render_dump
+    from tracer.views.report import render_by_label, windows_by_label
 
     p = _Parser(prog="iotrace report", formatter_class=argparse.RawDescriptionHelpFormatter,
                 description="Render saved iotrace dumps as one table, merging every "
@@ -653,29 +656,29 @@ def run_report(argv: list[str], out: TextIO = sys.stdout) -> int:
         if len(ns.files) > 1 or ns.by == "label":
             raise UserError("--follow takes one file, and renders each dump (no --by label)")
         return _follow(ns.files[0], out, ns.hist, ns.json)
-    dumps = [d for path in ns.files for d in dumpmod.read(path)]
+    dumps = [d for path in ns.files for d in jsonl.read(path)]
     if not dumps:
         raise UserError(f"no dumps in {', '.join(ns.files)}")
     if ns.by == "label":
         if ns.json:
             for w in windows_by_label(dumps):
-                dumpmod.write(out, w.merged)
+                jsonl.write(out, w.merged)
             return 0
         render_by_label(dumps, out, layout=ns.layout, per_pid=ns.per_pid,
                         title=f"by label, from {', '.join(ns.files)}")
         return 0
     merged = dumpmod.merge_dumps(dumps)
     if ns.json:
-        dumpmod.write(out, merged)
+        jsonl.write(out, merged)
         return 0
-    render_table(merged, out, hist=ns.hist, title=f"{len(dumps)} dump(s) from {', '.join(ns.files)}")
+    render_dump(merged, out, hist=ns.hist, title=f"{len(dumps)} dump(s) from {', '.join(ns.files)}")
     return 0
 
 
 def _follow(path: str, out: TextIO, hist: bool, as_json: bool) -> int:
     """Each dump of `path` as it is appended, until SIGINT or SIGTERM (exit 0)."""
-    from tracer.model import dump as dumpmod
-    from tracer.views.report import render_table
+    from tracer.codec import jsonl
+    from tracer.views.diskstats import render_dump
 
     sig = _Signals()
 
@@ -684,11 +687,11 @@ def _follow(path: str, out: TextIO, hist: bool, as_json: bool) -> int:
         return any(s != signal.SIGUSR1 for s in sig.take())
 
     try:
-        for d in dumpmod.read(path, follow=stop):
+        for d in jsonl.read(path, follow=stop):
             if as_json:
-                dumpmod.write(out, d)
+                jsonl.write(out, d)
             else:
-                render_table(d, out, hist=hist)
+                render_dump(d, out, hist=hist)
                 out.flush()
     finally:
         sig.restore()

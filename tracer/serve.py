@@ -449,7 +449,7 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
 
 
 def _loop(interval: float, probe, clock, exporter: Exporter, sig, file) -> None:
-    from tracer.model import dump as dumpmod
+    from tracer.codec import jsonl
     from tracer.pipeline.aggregate import build_dump
     from tracer.sources.cgroups import resolve_containers
 
@@ -465,7 +465,7 @@ def _loop(interval: float, probe, clock, exporter: Exporter, sig, file) -> None:
             resolve_containers(dump)
             exporter.fold(dump)
             if file:
-                dumpmod.write(file, dump)
+                jsonl.write(file, dump)
         if stop:
             return
         while next_tick <= now:   # fell behind (suspended?): skip, do not burst

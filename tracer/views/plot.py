@@ -226,7 +226,7 @@ Needs matplotlib: pip install 'iotrace[plot]'.
 
 def main(argv: list[str], out: TextIO) -> int:
     from tracer.cli import _Parser
-    from tracer.model.dump import read
+    from tracer.codec.jsonl import read
 
     p = _Parser(prog="iotrace plot", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
                 description="Draw saved iotrace dumps as charts in one PNG: latency over time, a latency "
