@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tracer.model.dump import merge_coverage, unrecorded
 from tracer.sources.probe import USER_DROPS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -217,16 +218,10 @@ def skipped_by_kernel(dumps: list[dict]) -> int:
 def unseen_on(device: str, dumps: list[dict]) -> int | None:
     """Requests /proc/diskstats completed on `device` that iotrace did not record, over `dumps`;
     None where a pid or cgroup filter leaves some out by design."""
-    rec = ker = 0
-    for d in dumps:
-        cov = d.get("coverage", {})
-        if cov.get("filtered"):
-            return None
-        c = cov.get("devices", {}).get(device)
-        if c:
-            rec += c["recorded"]
-            ker += c["diskstats"]
-    return max(0, ker - rec)
+    cov = merge_coverage([d["coverage"] for d in dumps if "coverage" in d])
+    if cov and cov["filtered"]:
+        return None
+    return sum(unrecorded(cov, device).values())
 
 
 def assert_count(got: int, want: int, dumps: list[dict], device: str | None = None) -> None:

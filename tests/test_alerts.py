@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, read_dumps, run_iotrace, series_of
 
+from tracer.codec.jsonl import from_json, to_json
 from tracer.errors import UserError
 from tracer.model.diskstats import IostatRow
-from tracer.model.dump import Dump, PhaseStats, Series, from_json, to_json
+from tracer.model.dump import Dump, PhaseStats, Series
 from tracer.model.histogram import Histogram
 from tracer.pipeline import alerts
 from tracer.sinks.alerts import ALERT_EXIT

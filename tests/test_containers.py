@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracer.model.dump import Dump, PhaseStats, Series, from_json, to_json
+from tracer.codec.jsonl import from_json, to_json
+from tracer.model.dump import Dump, PhaseStats, Series
 from tracer.model.histogram import Histogram
 from tracer.sources import cgroups
 from tracer.sources.cgroups import CgroupResolver, container_of

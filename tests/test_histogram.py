@@ -1,4 +1,4 @@
-"""Tests of tracer/histogram.py: bucket scheme, aggregation and the HdrHistogram codec.
+"""Tests of tracer/model/histogram.py (bucket scheme, aggregation) and tracer/codec/hdr.py (HdrHistogram codec).
 
 The `hdrh` package (a port of HdrHistogram) is the independent reference for
 the bucket index and the wire format.  No root, no bcc.
@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tracer import contract
+from tracer.codec import hdr as hdrcodec
 from tracer.model.histogram import (
     BUCKETS,
     Histogram,
@@ -188,8 +189,8 @@ def test_empty_histogram():
     assert e.total == 0 and e == Histogram.from_values([]) == Histogram.from_pairs([], [])
     assert np.isnan(e.percentiles(QS)).all() and np.isnan(e.mean())
     assert e.min_value() is None and e.max_value() is None and e.log2_bars() == []
-    assert Histogram.from_hdr(e.to_hdr()) == e
-    assert e.to_hdr() == hdr().encode().decode()  # byte-identical to HdrHistogram's own
+    assert hdrcodec.decode(hdrcodec.encode(e)) == e
+    assert hdrcodec.encode(e) == hdr().encode().decode()  # byte-identical to HdrHistogram's own
 
 
 @no_deadline
@@ -276,10 +277,10 @@ def test_log2_bars_keep_empty_rows():
 @example({0: 1, 1: 1, 3: 1, BUCKETS - 1: 2**63 - 1, 100: 2**56, 101: 2**56 - 1})
 def test_hdr_round_trip_is_exact(pairs):
     h = Histogram.from_pairs(list(pairs), np.array(list(pairs.values()), dtype=np.uint64))
-    text = h.to_hdr()
+    text = hdrcodec.encode(h)
     assert text.startswith("HISTF")
-    assert Histogram.from_hdr(text) == h
-    assert Histogram.from_hdr(text.encode() + b"\n") == h
+    assert hdrcodec.decode(text) == h
+    assert hdrcodec.decode(text.encode() + b"\n") == h
 
 
 @no_deadline
@@ -288,17 +289,17 @@ def test_hdr_round_trip_is_exact(pairs):
 def test_to_hdr_many_equals_one_by_one(dicts):
     hs = [Histogram.from_pairs(list(d), np.array(list(d.values()), dtype=np.uint64)) for d in dicts]
     hs = [Histogram.empty(), *hs, Histogram.empty()]  # empty ones at the edges and, often, inside
-    texts = Histogram.to_hdr_many(iter(hs))
-    assert texts == [h.to_hdr() for h in hs]
-    assert [Histogram.from_hdr(t) for t in texts] == hs
-    assert Histogram.to_hdr_many([]) == []
+    texts = hdrcodec.encode_many(iter(hs))
+    assert texts == [hdrcodec.encode(h) for h in hs]
+    assert [hdrcodec.decode(t) for t in texts] == hs
+    assert hdrcodec.encode_many([]) == []
 
 
 @settings(max_examples=50, deadline=None)
 @given(small_lists)
 def test_hdrh_decodes_our_encoding(values):
     ours = Histogram.from_values(values)
-    theirs = HdrHistogram.decode(ours.to_hdr())
+    theirs = HdrHistogram.decode(hdrcodec.encode(ours))
     counts = hdr_counts(theirs)
     assert np.flatnonzero(counts).tolist() == ours.idx.tolist()
     assert counts[ours.idx].tolist() == ours.counts.tolist()
@@ -320,14 +321,14 @@ def test_we_decode_hdrh_exactly(values, weight):
     for v in values:
         theirs.record_value(v, weight)
     encoded = theirs.encode()
-    ours = Histogram.from_hdr(encoded)
+    ours = hdrcodec.decode(encoded)
     expect = hdr_counts(theirs)
     assert ours.idx.tolist() == np.flatnonzero(expect).tolist()
     assert ours.counts.tolist() == expect[ours.idx].tolist()
     assert ours == Histogram.from_pairs(bucket_index(np.array(values, dtype=np.int64)),
                                         np.full(len(values), weight, np.uint64))
     # and we write the very same payload (zlib output may differ between versions, the content may not)
-    assert _inflate(ours.to_hdr()) == _inflate(encoded)
+    assert _inflate(hdrcodec.encode(ours)) == _inflate(encoded)
 
 
 FOREIGN = [(1000, 10**11, 2), (1, 2**40, 3), (1, 10**12, 1), (1, 2**45, 2), (2**16, 2**50, 4)]
@@ -340,7 +341,7 @@ def test_foreign_parameters_are_rebinned(params, sample):
     theirs = hdr(*params)
     for v in sample.tolist():
         theirs.record_value(v)
-    ours = Histogram.from_hdr(theirs.encode())
+    ours = hdrcodec.decode(theirs.encode())
     assert ours.total == theirs.get_total_count() == sample.size
     counts = hdr_counts(theirs)
     cum = np.cumsum(counts)
@@ -359,7 +360,7 @@ def test_foreign_values_above_our_top_are_clamped():
     theirs = hdr(1, 2**50, 2)
     for v in (5, 2**45, 2**49):
         theirs.record_value(v)
-    ours = Histogram.from_hdr(theirs.encode())
+    ours = hdrcodec.decode(theirs.encode())
     assert ours.idx.tolist() == [5, BUCKETS - 1] and ours.counts.tolist() == [1, 2]
 
 
@@ -384,11 +385,11 @@ def _inner(payload: bytes, cookie: int = 0x1C849313, plen: int | None = None, of
 def test_crafted_payload_decodes():
     # the helpers build valid encodings; also accept a single zero written as 0 (as Java does)
     java_style = _wrap(_inner(bytes([0x02, 0x00, 0x04])))
-    assert Histogram.from_hdr(java_style) == Histogram.from_pairs([0, 2], [1, 2])
-    assert Histogram.from_hdr(_wrap(_inner(bytes([0x03, 0x04])))) == Histogram.from_pairs([2], [2])
+    assert hdrcodec.decode(java_style) == Histogram.from_pairs([0, 2], [1, 2])
+    assert hdrcodec.decode(_wrap(_inner(bytes([0x03, 0x04])))) == Histogram.from_pairs([2], [2])
 
 
-GOOD = Histogram.from_values([1, 5, 10**6, 10**9]).to_hdr()
+GOOD = hdrcodec.encode(Histogram.from_values([1, 5, 10**6, 10**9]))
 
 
 @pytest.mark.parametrize("text", [
@@ -417,4 +418,4 @@ GOOD = Histogram.from_values([1, 5, 10**6, 10**9]).to_hdr()
 def test_bad_input_raises_value_error(text):
     # our own message, not an incidental error from deep inside numpy or zlib
     with pytest.raises(ValueError, match="HdrHistogram"):
-        Histogram.from_hdr(text)
+        hdrcodec.decode(text)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import PYTHON, REQUIRE_BPF, ROOT, assert_count, read_dumps, run_iotrace
 
-from tracer.model import dump as dumpmod
+from tracer.codec import jsonl
 from tracer.views import plot
 
 try:        # in the dev extra, so `make setup` installs it; CI must not skip these quietly
@@ -90,7 +90,7 @@ def test_plot_of_an_interval_run(loop, tmp_path):
     assert info["Description"] == f"panels: {plot.TITLE_TIME} | {plot.TITLE_HEAT}"   # no labels: no epoch panel
 
     # what was drawn: the heatmap holds every request of the run, the time panel one point per dump
-    loaded = list(dumpmod.read(str(run)))
+    loaded = list(jsonl.read(str(run)))
     res = plot.render(loaded, str(tmp_path / "again.png"), device=loop.name)
     assert res.panels == [plot.TITLE_TIME, plot.TITLE_HEAT] and res.groups == [(loop.name, "read")]
     windows, _ = plot._windows(loaded, loop.name, None)
@@ -120,7 +120,7 @@ def test_plot_of_a_run_with_markers_has_the_epoch_panel(loop, tmp_path):
     assert r.returncode == 0, r.stderr
     info = check_png(png, panels=3)
     assert info["Description"] == f"panels: {plot.TITLE_TIME} | {plot.TITLE_HEAT} | {plot.TITLE_LABELS}"
-    res = plot.render(list(dumpmod.read(str(run))), str(tmp_path / "x.png"), op="read")
+    res = plot.render(list(jsonl.read(str(run))), str(tmp_path / "x.png"), op="read")
     assert res.panels[-1] == plot.TITLE_LABELS and res.height == 3 * round(plot.PANEL_HEIGHT_IN * plot.DPI)
 
 

@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 from conftest import PYTHON, REQUIRE_BPF, ROOT, assert_count, fio_cmd, read_dumps
 
-from tracer.model import dump as dumpmod
+from tracer.codec import jsonl
 from tracer.model.histogram import Histogram, bucket_index
 from tracer.sinks import prometheus as serve
 
@@ -171,7 +171,7 @@ def test_prometheus_agrees_with_the_dumps(prometheus_bin, loop, tmp_path):
         t1, _ = settled(time.time())
         window_ms = int((t1 - t0) * 1000)
         t1 = t0 + window_ms / 1000
-        dumps = list(dumpmod.read(str(out)))
+        dumps = list(jsonl.read(str(out)))
         raw = read_dumps(out)
 
         def fio_reads(ds) -> list:

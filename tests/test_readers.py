@@ -27,7 +27,7 @@ from test_report_views import (
     write,
 )
 
-from tracer.model import dump as dumpmod
+from tracer.codec import jsonl
 
 READS = [1 * MS] * 30 + [4 * MS] * 10
 
@@ -37,7 +37,7 @@ def whole_and_cut(tmp_path):
     dumps = [dump(f"epoch {i}", 10 * i, 10, [series(100 + i, "python", "loop0", "read", READS[i::3])])
              for i in range(3)]
     whole = write(tmp_path / "whole.jsonl", dumps)
-    fourth = json.dumps(dumpmod.to_json(dump("epoch 3", 30, 10, [series(9, "python", "loop0", "read", READS)])))
+    fourth = json.dumps(jsonl.to_json(dump("epoch 3", 30, 10, [series(9, "python", "loop0", "read", READS)])))
     cut = tmp_path / "cut.jsonl"
     cut.write_text(whole.read_text() + fourth[:len(fourth) // 2])
     return whole, cut
@@ -64,7 +64,7 @@ def test_diff_and_plot_read_a_cut_file_too(tmp_path):
     [row] = d["rows"]
     assert row["a"]["count"] == row["b"]["count"] == len(READS) and row["change"]["count"] == 0
     # plot reads through the same reader
-    assert len(list(dumpmod.read(str(cut)))) == 3
+    assert len(list(jsonl.read(str(cut)))) == 3
 
 
 def test_a_bad_line_before_the_last_is_an_error_with_its_number(tmp_path):
@@ -133,7 +133,7 @@ def test_report_follow_renders_each_dump_as_it_is_appended(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with reaped(proc):
         assert "'epoch 1'" in _read_until(proc, "python")
-        line = json.dumps(dumpmod.to_json(dump("epoch 2", 10, 10, [series(2, "fio", "loop1", "write", READS)])))
+        line = json.dumps(jsonl.to_json(dump("epoch 2", 10, 10, [series(2, "fio", "loop1", "write", READS)])))
         with open(path, "a") as f:      # written in two parts, as a tracer's write may land
             f.write(line[:100])
             f.flush()

@@ -1,6 +1,6 @@
 """Tests of `iotrace report --by label` and `iotrace diff`, on crafted dumps (no root, no BPF).
 
-Dumps are built from planted latencies, written with tracer.model.dump.write and
+Dumps are built from planted latencies, written with tracer.codec.jsonl.write and
 rendered by the CLI as a subprocess; the expected numbers come from the
 planted values (exact nearest-rank percentiles), never from the code under test.
 """
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import run_iotrace
 
-from tracer.model import dump as dumpmod
+from tracer.codec import jsonl
 from tracer.model.dump import Dump, PhaseStats, Series
 from tracer.model.histogram import Histogram
 
@@ -51,7 +51,7 @@ def dump(label: str | None, at_s: float, seconds: float, rows: list[Series], kin
 def write(path: Path, dumps: list[Dump]) -> Path:
     with open(path, "w") as f:
         for d in dumps:
-            dumpmod.write(f, d)
+            jsonl.write(f, d)
     return path
 
 

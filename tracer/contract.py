@@ -98,6 +98,21 @@ class Contract:
         return self.names("reason", "IOTRACE_")
 
     @property
+    def drops(self) -> list[str]:
+        """The kernel's drop reasons without their prefix, e.g. 'no_start' (the notes lose nothing)."""
+        return [r.removeprefix("drop_") for r in self.reasons if r.startswith("drop_")]
+
+    @property
+    def shown_phases(self) -> list[str]:
+        """The phases in the order reports show them: the total latency first, then its parts."""
+        return ["total", *(p for p in self.phases if p != "total")]
+
+    @property
+    def sector_size(self) -> int:
+        """Bytes per sector, the unit of the block layer's and /proc/diskstats' sector counts."""
+        return self.const("SECTOR_SIZE")
+
+    @property
     def sub_bits(self) -> int:
         return self.const("HIST_SUB_BITS")
 

@@ -1029,9 +1029,10 @@ def _within(exact: float, low: float, high: float, reported: float, rel: float =
 
 def load_iotrace(dumps) -> tuple[dict, dict[str, int], dict[str, int]]:
     """iotrace's series by (tgid, devno, op), merged over dumps (tracer.model.dump.Dump or JSON dicts)."""
+    from tracer.codec import jsonl
     from tracer.model import dump as dumpmod
 
-    ds = [d if isinstance(d, dumpmod.Dump) else dumpmod.from_json(d) for d in dumps]
+    ds = [d if isinstance(d, dumpmod.Dump) else jsonl.from_json(d) for d in dumps]
     if not ds:
         raise TruthError("iotrace wrote no dumps")
     merged = dumpmod.merge_dumps(ds)
@@ -1213,9 +1214,10 @@ def wall_to_mono_ns(dt) -> int:
 
 
 def dumps_end_mono_ns(dumps) -> int:
+    from tracer.codec import jsonl
     from tracer.model import dump as dumpmod
 
-    ds = [d if isinstance(d, dumpmod.Dump) else dumpmod.from_json(d) for d in dumps]
+    ds = [d if isinstance(d, dumpmod.Dump) else jsonl.from_json(d) for d in dumps]
     return max(wall_to_mono_ns(d.end) for d in ds)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
+from tracer.codec.jsonl import read
 from tracer.errors import UserError
-from tracer.model.dump import read
 from tracer.options import Parser
 from tracer.views.plot import OPS, PHASES, render, require_matplotlib
 

@@ -8,11 +8,13 @@ import signal
 import sys
 from typing import TextIO
 
+from tracer.codec import jsonl
 from tracer.errors import UserError
 from tracer.model import dump as dumpmod
 from tracer.options import Parser
 from tracer.runtime.signals import Signals
-from tracer.views.report import render_by_label, render_table, windows_by_label
+from tracer.views.diskstats import render_dump
+from tracer.views.report import render_by_label, windows_by_label
 
 REPORT_EPILOG = """\
 examples:
@@ -59,22 +61,22 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
         if len(ns.files) > 1 or ns.by == "label":
             raise UserError("--follow takes one file, and renders each dump (no --by label)")
         return _follow(ns.files[0], out, ns.hist, ns.json)
-    dumps = [d for path in ns.files for d in dumpmod.read(path)]
+    dumps = [d for path in ns.files for d in jsonl.read(path)]
     if not dumps:
         raise UserError(f"no dumps in {', '.join(ns.files)}")
     if ns.by == "label":
         if ns.json:
             for w in windows_by_label(dumps):
-                dumpmod.write(out, w.merged)
+                jsonl.write(out, w.merged)
             return 0
         render_by_label(dumps, out, layout=ns.layout, per_pid=ns.per_pid,
                         title=f"by label, from {', '.join(ns.files)}")
         return 0
     merged = dumpmod.merge_dumps(dumps)
     if ns.json:
-        dumpmod.write(out, merged)
+        jsonl.write(out, merged)
         return 0
-    render_table(merged, out, hist=ns.hist, title=f"{len(dumps)} dump(s) from {', '.join(ns.files)}")
+    render_dump(merged, out, hist=ns.hist, title=f"{len(dumps)} dump(s) from {', '.join(ns.files)}")
     return 0
 
 
@@ -87,11 +89,11 @@ def _follow(path: str, out: TextIO, hist: bool, as_json: bool) -> int:
         return any(s != signal.SIGUSR1 for s in sig.take())
 
     try:
-        for d in dumpmod.read(path, follow=stop):
+        for d in jsonl.read(path, follow=stop):
             if as_json:
-                dumpmod.write(out, d)
+                jsonl.write(out, d)
             else:
-                render_table(d, out, hist=hist)
+                render_dump(d, out, hist=hist)
                 out.flush()
     finally:
         sig.restore()

@@ -28,11 +28,12 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tracer import contract
 from tracer.errors import UserError
 
 KIND = "iotrace-bench"
 SCHEMA = 1
-PHASES = ("queue", "device", "total")
+PHASES = tuple(contract.load().phases)
 LATENCY_METRICS = ("p50", "p90", "p99", "p99.9", "mean", "max")
 IOPS = "iops"
 

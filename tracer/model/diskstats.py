@@ -1,22 +1,79 @@
-"""Disk and process windows of the diskstats mode: plain data and iostat's column arithmetic.
+"""The diskstats mode's records: /proc/diskstats lines, iostat's column arithmetic, a window's rows.
 
-IostatRow holds one device's /proc/diskstats deltas over a window and the
-`iostat -x` columns made from them (per second of the window; awaits the
-mean milliseconds per completed request; aqu-sz the mean queue length; %util
-the share of the window the device had a request in flight).  ProcIO is one
-process's block bytes in a window (/proc/PID/io), DiskWindow one report of
-`iotrace --diskstats`.  The samplers that fill them are in
-tracer.sources.diskstats.
+DiskStats is one /proc/diskstats line; IostatRow one device's deltas between
+two of them and the `iostat -x` columns made from them (per second of the
+window; awaits the mean milliseconds per completed request; aqu-sz the mean
+queue length; %util the share of the window the device had a request in
+flight).  A dump of the diskstats mode keeps, per window, a Diskstats: a
+DiskRow per device and a ProcBytes per process (/proc/PID/io).  The
+samplers that fill them are in tracer.sources.diskstats.
 """
 
 from __future__ import annotations
 
-import platform
-import socket
-from dataclasses import dataclass, fields
-from datetime import datetime
+from dataclasses import dataclass, field, fields
 
-SECTOR = 512     # bytes per /proc/diskstats sector
+from tracer import contract
+
+SECTOR = contract.load().sector_size     # bytes per /proc/diskstats sector
+
+
+# iostat -x's columns, by iostat's names, and the DiskRow fields holding them
+IOSTAT_COLUMNS = {"r/s": "r_s", "w/s": "w_s", "rkB/s": "rkb_s", "wkB/s": "wkb_s", "r_await": "r_await",
+                  "w_await": "w_await", "aqu-sz": "aqu_sz", "%util": "util"}
+
+
+@dataclass(frozen=True)
+class DiskRow:
+    """One device over a window as /proc/diskstats shows it: counts, and iostat -x's columns.
+
+    Rates are per second of the window; awaits the mean ms per completed read or
+    write; aqu_sz the mean queue length; util the share (%) of the window the
+    device was busy.
+    """
+
+    device: str
+    reads: int = 0
+    writes: int = 0
+    read_kb: float = 0.0
+    write_kb: float = 0.0
+    discards: int = 0
+    flushes: int = 0
+    r_s: float = 0.0
+    w_s: float = 0.0
+    rkb_s: float = 0.0
+    wkb_s: float = 0.0
+    r_await: float = 0.0
+    w_await: float = 0.0
+    aqu_sz: float = 0.0
+    util: float = 0.0
+
+    def columns(self) -> dict[str, float]:
+        """iostat -x's columns, by iostat's names."""
+        return {name: getattr(self, attr) for name, attr in IOSTAT_COLUMNS.items()}
+
+    @property
+    def active(self) -> bool:
+        return bool(self.reads or self.writes or self.discards or self.flushes or self.util)
+
+
+@dataclass(frozen=True)
+class ProcBytes:
+    """Bytes a process made the block layer read and write in a window (/proc/PID/io)."""
+
+    pid: int
+    comm: str
+    read_bytes: int = 0
+    write_bytes: int = 0
+
+
+@dataclass
+class Diskstats:
+    """What `iotrace --diskstats` saw in a window, from /proc alone: no BPF, so no latency percentiles."""
+
+    devices: list[DiskRow]
+    processes: list[ProcBytes] = field(default_factory=list)
+    unreadable: int = 0         # processes of other users whose /proc/PID/io could not be read
 
 
 @dataclass(frozen=True)
@@ -101,11 +158,13 @@ class IostatRow:
 
     def columns(self) -> dict[str, float]:
         """iostat -x's columns, by iostat's names."""
-        return {"r/s": self.r_s, "w/s": self.w_s, "rkB/s": self.rkb_s, "wkB/s": self.wkb_s,
-                "r_await": self.r_await, "w_await": self.w_await, "aqu-sz": self.aqu_sz, "%util": self.util}
+        return {name: getattr(self, attr) for name, attr in IOSTAT_COLUMNS.items()}
 
-
-IOSTAT_COLUMNS = ("r/s", "w/s", "rkB/s", "wkB/s", "r_await", "w_await", "aqu-sz", "%util")
+    def row(self) -> DiskRow:
+        """The window's record, as a dump keeps it."""
+        return DiskRow(self.device, self.reads, self.writes, self.read_sectors * SECTOR / 1024,
+                       self.write_sectors * SECTOR / 1024, self.discards, self.flushes,
+                       **{attr: getattr(self, attr) for attr in IOSTAT_COLUMNS.values()})
 
 
 _COUNTERS = [f.name for f in fields(IostatRow) if f.name not in ("device", "seconds")]
@@ -122,48 +181,3 @@ def window(device: str, before: DiskStats | None, after: DiskStats, seconds: flo
         # the counters went back: the device was detached and attached anew; all it did is since then
         delta = {name: getattr(after, name) for name in _COUNTERS}
     return IostatRow(device, seconds, **delta)
-
-
-@dataclass(frozen=True)
-class ProcIO:
-    """Bytes a process made the block layer read and write in a window (/proc/PID/io read_bytes, write_bytes).
-
-    write_bytes counts pages when they are dirtied, not when writeback writes them.
-    """
-
-    pid: int
-    comm: str
-    read_bytes: int
-    write_bytes: int
-
-
-@dataclass
-class DiskWindow:
-    """One report of the diskstats mode."""
-
-    kind: str                   # interval, final, or run (the whole run)
-    start: datetime
-    end: datetime
-    seconds: float
-    devices: list[IostatRow]
-    processes: list[ProcIO]
-    unreadable: int
-    alerts: list[dict] | None = None
-
-    def to_json(self) -> dict:
-        devs = []
-        for r in self.devices:
-            devs.append({"device": r.device, "reads": r.reads, "writes": r.writes,
-                         "read_kB": r.read_sectors * SECTOR / 1024, "write_kB": r.write_sectors * SECTOR / 1024,
-                         "discards": r.discards, "flushes": r.flushes,
-                         **{k: round(v, 3) for k, v in r.columns().items()}})
-        obj = {"schema": 1, "kind": "diskstats", "window": self.kind, "label": None,
-               "start": self.start.isoformat(), "end": self.end.isoformat(), "duration_s": round(self.seconds, 6),
-               "host": socket.gethostname(), "kernel": platform.release(), "percentiles": None,
-               "source": "/proc/diskstats, /proc/PID/io", "devices": devs,
-               "processes": [{"pid": p.pid, "comm": p.comm, "read_bytes": p.read_bytes, "write_bytes": p.write_bytes}
-                             for p in self.processes],
-               "unreadable_processes": self.unreadable}
-        if self.alerts is not None:
-            obj["alerts"] = self.alerts
-        return obj

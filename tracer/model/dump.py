@@ -1,55 +1,31 @@
-"""The dump: iotrace's unit of output, its records and its JSONL schema.
+"""The dump: iotrace's unit of output, and the merges of dumps.
 
 A dump covers one window of time (an interval, a labelled epoch, or the
 final stretch of a run); dumps of one run cover disjoint windows, so
-merging all of a file's dumps gives the whole run.  Each line of an
-iotrace .jsonl file is one dump:
+merging all of a file's dumps gives the whole run.  A trace-mode dump holds
+BPF series (per process, device and op: counts, bytes, latency histograms);
+a `--diskstats` one holds what /proc alone shows (Diskstats: iostat -x per
+device, bytes per process) and no series.  Their file format, one JSON line
+per dump, is tracer.codec.jsonl's.
 
-    {"schema": 1, "kind": "interval" | "final" | "marker", "label": null,
-     "start": ISO 8601, "end": ISO 8601, "duration_s": float,
-     "host": str, "kernel": str, "dropped": {reason: n}, "events": {note: n},
-     "series": [{"pid", "tgid", "comm", "device", "devno", "op", "cgroup_id",
-                 "container", "count", "bytes",
-                 "latency_us": {phase: {"count", "min", "mean", "p50", "p90",
-                                        "p99", "p99.9", "max"}},
-                 "hdr": {phase: HdrHistogram compressed base64, values in ns}}]}
-
-Marker dumps also carry "enclosing": the label of the window the marker's
-stretch lay in (null at the top level, or from `iotrace mark`), and, when
-the marker closed a window the training loop was timed in, "loop":
-{"data_wait_s", "steps", "wall_s"} (seconds the loop waited for its batches,
-batches, and the window's wall time).  Merging dumps adds their loops up.
-
-Trace-mode dumps also carry "tasks": a row per traced process of the window,
-exited ones included: {"pid", "ppid", "comm", "io_wait_s" (its threads'
-time blocked in I/O wait, delay accounting's block-I/O delay), "io_waits",
-"read_bytes" (returned by reads of regular files, page cache included),
-"reads", "disk_read_bytes" (its read series' bytes), "fsync_s" (in fsync,
-fdatasync, sync_file_range), "fsyncs", "throttled_s" (blocked by dirty-page
-throttling), "throttles", "started", "exited"}.  Merging dumps adds them up
-per pid.
-
-Latencies in the JSON are microseconds; the hdr histograms count
-nanoseconds.  min, max and mean are exact (kept by the kernel), the
-percentiles are read from the histograms (within 0.4%).
+Latencies are integer nanoseconds in the histograms; min, max and mean are
+exact (kept by the kernel), the percentiles are read from the histograms
+(within 0.4%).
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from tracer.errors import UserError
 from tracer.marker import LOOP_KEYS, check_loop
+from tracer.model.diskstats import DiskRow, Diskstats, ProcBytes
 from tracer.model.histogram import Histogram
 
-SCHEMA = 1
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 PCT_KEYS = ("p50", "p90", "p99", "p99.9")
-KINDS = ("interval", "final", "marker")
 
 
 @dataclass
@@ -138,6 +114,7 @@ class Dump:
     events: dict[str, int] = field(default_factory=dict)
     label: str | None = None
     extra: dict = field(default_factory=dict)   # sections added by later features (coverage, ...)
+    disks: Diskstats | None = None      # a --diskstats window (it has no series); None for a BPF dump
 
     @property
     def duration_s(self) -> float:
@@ -180,6 +157,9 @@ def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None
     """One dump covering all of `dumps` (which should be disjoint windows)."""
     if not dumps:
         raise ValueError("nothing to merge")
+    if len({d.disks is None for d in dumps}) > 1:
+        raise UserError("cannot merge BPF dumps with --diskstats windows (those have no latencies): "
+                        "give them in separate commands")
     dropped: dict[str, int] = {}
     events: dict[str, int] = {}
     for d in dumps:
@@ -192,6 +172,8 @@ def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None
                   series=merge_series(s for d in dumps for s in d.series), dropped=dropped, events=events)
     # the windows' own lengths, not the span: a file may hold several runs
     merged.extra["duration_s"] = sum(duration_of(d) for d in dumps)
+    if dumps[0].disks is not None:
+        merged.disks = merge_diskstats([(d.disks, duration_of(d)) for d in dumps])
     cov = merge_coverage([d.extra["coverage"] for d in dumps if "coverage" in d.extra])
     if cov:
         merged.extra["coverage"] = cov
@@ -252,6 +234,41 @@ def merge_loops(parts: list[dict]) -> dict | None:
     return out
 
 
+def merge_diskstats(parts: list[tuple[Diskstats, float]]) -> Diskstats:
+    """Diskstats of disjoint windows, each with its length (s), as one window: counts and bytes added up,
+    rates and busy shares averaged over the whole time (a device absent from a window was idle in it), awaits
+    over the requests."""
+    if len(parts) == 1:
+        return parts[0][0]
+    seconds = sum(s for _, s in parts)
+    rows: dict[str, list[tuple[DiskRow, float]]] = {}
+    for disks, s in parts:
+        for r in disks.devices:
+            rows.setdefault(r.device, []).append((r, s))
+
+    def timed(rs: list[tuple[DiskRow, float]], attr: str) -> float:
+        return sum(getattr(r, attr) * s for r, s in rs) / seconds if seconds > 0 else 0.0
+
+    def per_request(rs: list[tuple[DiskRow, float]], attr: str, n: str) -> float:
+        total = sum(getattr(r, n) for r, _ in rs)
+        return sum(getattr(r, attr) * getattr(r, n) for r, _ in rs) / total if total else 0.0
+
+    devices = [DiskRow(name, sum(r.reads for r, _ in rs), sum(r.writes for r, _ in rs),
+                       sum(r.read_kb for r, _ in rs), sum(r.write_kb for r, _ in rs),
+                       sum(r.discards for r, _ in rs), sum(r.flushes for r, _ in rs),
+                       timed(rs, "r_s"), timed(rs, "w_s"), timed(rs, "rkb_s"), timed(rs, "wkb_s"),
+                       per_request(rs, "r_await", "reads"), per_request(rs, "w_await", "writes"),
+                       timed(rs, "aqu_sz"), timed(rs, "util"))
+               for name, rs in rows.items()]
+    procs: dict[int, ProcBytes] = {}
+    for disks, _ in parts:
+        for p in disks.processes:
+            acc = procs.get(p.pid)
+            procs[p.pid] = p if acc is None else ProcBytes(p.pid, p.comm or acc.comm, acc.read_bytes + p.read_bytes,
+                                                           acc.write_bytes + p.write_bytes)
+    return Diskstats(devices, list(procs.values()), max(d.unreadable for d, _ in parts))
+
+
 def merge_coverage(parts: list[dict]) -> dict | None:
     """Coverage of disjoint windows added up, device by device."""
     if not parts:
@@ -265,118 +282,30 @@ def merge_coverage(parts: list[dict]) -> dict | None:
     return {"filtered": any(p.get("filtered") for p in parts), "devices": devs}
 
 
+def unrecorded(coverage: dict | None, device: str | None = None) -> dict[str, int]:
+    """Requests /proc/diskstats completed that iotrace did not record, per device that is short of them
+    (`device`: that one only), from a "coverage" section (see merge_coverage)."""
+    devs = (coverage or {}).get("devices", {})
+    return {name: c["diskstats"] - c["recorded"] for name, c in devs.items()
+            if (device is None or name == device) and c["diskstats"] > c["recorded"]}
+
+
+def unexplained_loss(coverage: dict | None, dropped: dict[str, int] | int, device: str | None = None) -> int:
+    """Requests the kernel completed that iotrace neither recorded nor counted as dropped: the unrecorded
+    ones (every device's, or `device`'s) beyond `dropped` (a count, or {reason: n}); 0 if none.
+
+    A pid or cgroup filter leaves requests out by design: the caller decides whether that counts.
+    """
+    lost = dropped if isinstance(dropped, int) else sum(dropped.values())
+    return max(0, sum(unrecorded(coverage, device).values()) - lost)
+
+
 def duration_of(d: Dump) -> float:
     return float(d.extra.get("duration_s", d.duration_s))
 
-
-# ---- JSON --------------------------------------------------------------------
 
 def summarize(series: Iterable[Series]) -> None:
     """Compute every phase's summary_us at once: per-histogram numpy calls would dominate a big dump."""
     todo = [st for s in series for st in s.phases.values() if st._summary is None and st.count]
     for st, pct in zip(todo, Histogram.percentiles_many([st.hist for st in todo], PERCENTILES), strict=True):
         st.summary_us(pct)
-
-
-def to_json(d: Dump) -> dict:
-    obj = {
-        "schema": SCHEMA, "kind": d.kind, "label": d.label,
-        "start": d.start.isoformat(), "end": d.end.isoformat(), "duration_s": round(d.duration_s, 6),
-        "host": d.host, "kernel": d.kernel, "dropped": d.dropped, "events": d.events,
-    }
-    obj.update({k: v for k, v in d.extra.items() if k != "duration_s"})
-    # every histogram of the dump at once: per-histogram numpy calls would dominate
-    summarize(d.series)
-    hdrs = iter(Histogram.to_hdr_many(st.hist for s in d.series for st in s.phases.values() if st.count))
-    obj["series"] = []
-    for s in d.series:
-        summaries = {name: st.summary_us() for name, st in s.phases.items()}
-        obj["series"].append({
-            "pid": s.pid, "tgid": s.tgid, "comm": s.comm, "device": s.device, "devno": s.devno, "op": s.op,
-            "cgroup_id": s.cgroup_id, "container": s.container, "count": s.count, "bytes": s.bytes,
-            "latency_us": summaries,
-            "hdr": {name: next(hdrs) for name, st in s.phases.items() if st.count},
-        })
-    return obj
-
-
-def _phase_from_json(summary: dict, hdr: str | None) -> PhaseStats:
-    hist = Histogram.from_hdr(hdr) if hdr else Histogram.empty()
-    n = hist.total
-    return PhaseStats(hist, float(summary.get("mean", 0.0)) * 1e3 * n,
-                      round(float(summary.get("min", 0.0)) * 1e3), round(float(summary.get("max", 0.0)) * 1e3))
-
-
-def from_json(obj: dict) -> Dump:
-    if not isinstance(obj, dict) or obj.get("schema") != SCHEMA or obj.get("kind") not in KINDS:
-        raise ValueError(f"not an iotrace dump (want an object with schema {SCHEMA} and a kind)")
-    series = []
-    for s in obj["series"]:
-        hdr = s.get("hdr", {})
-        phases = {name: _phase_from_json(summary, hdr.get(name)) for name, summary in s["latency_us"].items()}
-        series.append(Series(int(s["pid"]), s["comm"], s["device"], s["devno"], s["op"], int(s["count"]),
-                             int(s["bytes"]), phases, int(s.get("tgid", 0)), int(s.get("cgroup_id", 0)),
-                             str(s.get("container") or "")))
-    known = {"schema", "kind", "label", "start", "end", "duration_s", "host", "kernel", "dropped", "events", "series"}
-    return Dump(kind=obj["kind"], label=obj.get("label"), start=datetime.fromisoformat(obj["start"]),
-                end=datetime.fromisoformat(obj["end"]), host=obj.get("host", ""), kernel=obj.get("kernel", ""),
-                series=series, dropped=dict(obj.get("dropped", {})), events=dict(obj.get("events", {})),
-                extra={k: v for k, v in obj.items() if k not in known})
-
-
-def write(stream, d: Dump) -> None:
-    stream.write(json.dumps(to_json(d), separators=(",", ":")) + "\n")
-    stream.flush()
-
-
-FOLLOW_POLL_S = 0.25
-
-
-def _parse(path: str, n: int, line: bytes) -> Dump:
-    try:
-        return from_json(json.loads(line.decode()))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path}:{n}: not an iotrace dump ({exc})") from None
-
-
-def _cut(line: bytes) -> bool:
-    """A last line without its newline that is the start of a JSON object: a dump being written, or cut."""
-    if not line.lstrip().startswith(b"{"):
-        return False
-    try:
-        json.loads(line.decode(errors="replace"))
-    except ValueError:
-        return True
-    return False
-
-
-def read(path: str, follow: Callable[[float], bool] | None = None) -> Iterator[Dump]:
-    """Dumps of an iotrace .jsonl file; UserError naming the file and line on bad input.
-
-    A last line cut short (the tracer is writing it, or was killed mid-write)
-    is left out with one warning on stderr: the dumps before it are whole.
-    `follow`: at the end of the file, called with how long to wait for more;
-    it returns True to stop (tail -f until Ctrl-C).
-    """
-    try:
-        f = open(path, "rb")  # noqa: SIM115 - closed below; bytes, so bad encodings fail per line
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
-    with f:
-        n, line = 0, b""
-        while True:
-            line += f.readline()
-            if line.endswith(b"\n"):
-                n += 1
-                if line.strip():
-                    yield _parse(path, n, line)
-                line = b""
-            elif follow is None or follow(FOLLOW_POLL_S):
-                break
-        if not line.strip():
-            return
-        if _cut(line):
-            print(f"iotrace: warning: {path}:{n + 1}: the last line is an incomplete dump (being written, or cut "
-                  f"short): left out, the whole dumps before it are used", file=sys.stderr)
-            return
-        yield _parse(path, n + 1, line)

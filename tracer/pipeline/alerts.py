@@ -19,14 +19,15 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tracer import contract
 from tracer.errors import UserError
 
-PHASES = ("total", "queue", "device")
+PHASES = tuple(contract.load().shown_phases)
 LATENCY_STATS = ("p50", "p90", "p99", "p99.9", "max", "mean", "min")
 # diskstats metric -> (unit, attribute of tracer.model.diskstats.IostatRow)
 DISK_METRICS = {"util": ("%", "util"), "r_await": ("ms", "r_await"), "w_await": ("ms", "w_await"),
                 "aqu-sz": ("", "aqu_sz")}
-OPS = ("read", "write", "flush", "discard", "other")
+OPS = tuple(contract.load().ops)
 TIME_UNITS_US = {"ns": 1e-3, "us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
 EXAMPLES = "e.g. 'p99>50ms', 'device.p99.9>=5ms', 'loop0:read:p99>2ms', 'util>90%'"
 
@@ -158,7 +159,7 @@ def _latency_value(rule: Rule, s) -> float | None:
 
 
 def check(rules: Iterable[Rule], dump=None, disk: Iterable = ()) -> list[Alert]:
-    """The alerts `dump` (a tracer.model.dump.Dump, or None) and `disk` (tracer.model.diskstats.IostatRow) set off.
+    """The alerts `dump` (a Dump, or None) and `disk` (IostatRow or DiskRow of tracer.model.diskstats) set off.
 
     Rows with no requests in the window never fire: there is no latency to compare.
     """
@@ -192,8 +193,8 @@ class AlertCheck:
     """The pipeline stage of --alert: each window's alerts, told on stderr and recorded in it ("alerts").
 
     With BPF dumps, the diskstats metrics (util, awaits, aqu-sz) come from a
-    DiskSampler of its own over the same window; a diskstats window carries
-    its rows already.  tracer.sinks.alerts turns the counts into the exit
+    DiskSampler of its own over the same window; a --diskstats window carries
+    its rows already (`disks`).  tracer.sinks.alerts turns the counts into the exit
     status.
     """
 
@@ -214,24 +215,19 @@ class AlertCheck:
 
         self.sampler = DiskSampler(self.devices)
 
-    def apply(self, window) -> None:
-        from tracer.model.diskstats import DiskWindow
+    def apply(self, d) -> None:
+        """Check the window `d` (a Dump) and record its alerts in it."""
+        if d.disks is not None:       # a --diskstats window: its own rows
+            disk = d.disks.devices
+        else:
+            if self.sampler is None:
+                self.start()
+            disk = self.sampler.sample()
+        d.extra["alerts"] = [a.to_json() for a in self._check(d, disk)]
 
-        if isinstance(window, DiskWindow):
-            if window.kind == "run":
-                return
-            fired = self._check(window, None, window.devices)
-            window.alerts = [a.to_json() for a in fired]
-            return
-        if self.sampler is None:
-            self.start()
-        disk = self.sampler.sample()
-        window.extra["alerts"] = [a.to_json() for a in self._check(window, window, disk)]
-
-    def _check(self, window, dump, disk) -> list[Alert]:
-        label = getattr(window, "label", None)
-        what = f"{window.kind}{' ' + repr(label) if label else ''} ending {window.end:%H:%M:%S}"
-        fired = check(self.rules, dump, disk)
+    def _check(self, d, disk) -> list[Alert]:
+        what = f"{d.kind}{' ' + repr(d.label) if d.label else ''} ending {d.end:%H:%M:%S}"
+        fired = check(self.rules, d, disk)
         for a in fired:
             print(f"iotrace: alert: {what}: {a.describe()}", file=self.err)
         self.windows += 1

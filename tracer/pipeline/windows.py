@@ -9,15 +9,18 @@ per-process tracer; a window is a tracer.model.dump.Dump built from both
   3. --alert checks (tracer.pipeline.alerts.AlertCheck), so each JSON line
      carries its own alerts.
 DiskWindows (--diskstats): /proc/diskstats and /proc/PID/io samplers; a
-window is a tracer.model.diskstats.DiskWindow, then the --alert stage.
+window is a Dump with no series and its `disks` (tracer.model.diskstats.
+Diskstats), then the --alert stage.
 """
 
 from __future__ import annotations
 
-import os
+import platform
+import socket
 from datetime import datetime
 
-from tracer.model.diskstats import DiskWindow
+from tracer.model.diskstats import Diskstats
+from tracer.model.dump import Dump
 from tracer.pipeline.aggregate import Clock, build_dump
 
 
@@ -68,7 +71,8 @@ class DumpWindows:
 
 
 class DiskWindows:
-    """`disks` (DiskSampler) and `procs` (ProcSampler) → DiskWindows; `shown`: every given device, else busy ones."""
+    """`disks` (DiskSampler) and `procs` (ProcSampler) → Dumps with `disks`; devices shown: every one given
+    with --dev (`every_device`), else those that did I/O in the window."""
 
     def __init__(self, disks, procs, every_device: bool, alerts=None):
         self.disks = disks
@@ -88,21 +92,25 @@ class DiskWindows:
         self.last = end
         return cut
 
-    def build(self, cut, kind: str, label: str | None = None, fields: dict | None = None) -> DiskWindow:
+    def build(self, cut, kind: str, label: str | None = None, fields: dict | None = None) -> Dump:
         rows, procs, start, end, seconds = cut
-        w = DiskWindow(kind, start, end, seconds, self._shown(rows), procs, self.procs.unreadable)
+        d = disk_dump(kind, start, end, seconds, self._shown(rows), procs, self.procs.unreadable)
         if self.alerts:
-            self.alerts.apply(w)
-        return w
+            self.alerts.apply(d)
+        return d
 
-    def whole(self) -> DiskWindow:
-        """The whole run, for the last table."""
-        return DiskWindow("run", self.started, self.last, self.disks.last[0] - self.disks.first[0],
-                          self._shown(self.disks.whole()), self.procs.whole(), self.procs.unreadable)
+    def whole(self) -> Dump:
+        """The whole run as one window, for the last table."""
+        return disk_dump("final", self.started, self.last, self.disks.last[0] - self.disks.first[0],
+                         self._shown(self.disks.whole()), self.procs.whole(), self.procs.unreadable)
 
-    def _shown(self, rows):
+    def _shown(self, rows: list) -> list:
         return rows if self.every_device else [r for r in rows if r.active]
 
 
-def is_root() -> bool:
-    return os.geteuid() == 0
+def disk_dump(kind: str, start: datetime, end: datetime, seconds: float, rows: list, procs: list,
+              unreadable: int) -> Dump:
+    """A --diskstats window: sampler rows (tracer.model.diskstats.IostatRow) and processes (ProcBytes)."""
+    return Dump(kind=kind, start=start, end=end, host=socket.gethostname(), kernel=platform.release(),
+                series=[], extra={"duration_s": seconds},      # the window as sampled, not end - start
+                disks=Diskstats([r.row() for r in rows], list(procs), unreadable))

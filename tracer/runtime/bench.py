@@ -247,9 +247,10 @@ def fio_iops(path: Path) -> dict[str, float]:
 
 def rep_from(dumps_path: Path, fio_path: Path | None, dev: Device) -> br.Rep:
     """One repetition's record: iotrace's dumps merged per op on the device, with fio's IOPS."""
+    from tracer.codec import jsonl
     from tracer.model import dump as dumpmod
 
-    dumps = list(dumpmod.read(str(dumps_path)))
+    dumps = list(jsonl.read(str(dumps_path)))
     if not dumps:
         raise UserError(f"iotrace wrote no dump to {dumps_path}")
     merged = dumpmod.merge_dumps(dumps)
@@ -267,8 +268,7 @@ def rep_from(dumps_path: Path, fio_path: Path | None, dev: Device) -> br.Rep:
     dropped = {k: v for k, v in merged.dropped.items() if v}
     # requests the kernel completed on the device that iotrace neither recorded nor counted as
     # dropped (README, 'Coverage'): a repetition that lost some says so
-    cov = merged.extra.get("coverage", {}).get("devices", {}).get(dev.name)
-    unexplained = cov["diskstats"] - cov["recorded"] - sum(dropped.values()) if cov else 0
+    unexplained = dumpmod.unexplained_loss(merged.extra.get("coverage"), dropped, dev.name)
     if unexplained > 0:
         dropped["unseen"] = unexplained
     return br.Rep(ops, dropped)

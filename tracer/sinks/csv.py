@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from datetime import datetime
 
-from tracer.model.diskstats import IOSTAT_COLUMNS, DiskWindow, IostatRow
+from tracer.model.diskstats import IOSTAT_COLUMNS, DiskRow, IostatRow
 from tracer.osutil import open_output
 
 CSV_COLUMNS = ("time", "kind", "label", "seconds", "device", "op", *IOSTAT_COLUMNS,
@@ -26,10 +26,11 @@ class CsvLog:
         if self.file.tell() == 0:
             self.writer.writerow(CSV_COLUMNS)
 
-    def _row(self, end: datetime, kind: str, label: str | None, disk: IostatRow | None, seconds: float,
+    def _row(self, end: datetime, kind: str, label: str | None, disk: IostatRow | DiskRow | None, seconds: float,
              device: str, op: str, traced=None) -> list:
         cols = disk.columns() if disk else {}
-        row = [end.isoformat(), kind, label or "", f"{disk.seconds if disk else seconds:.6f}", device, op]
+        # a sampler's row knows its own window (a few microseconds off the dump's)
+        row = [end.isoformat(), kind, label or "", f"{getattr(disk, 'seconds', seconds):.6f}", device, op]
         row += [f"{cols[c]:.2f}" if c in cols else "" for c in IOSTAT_COLUMNS]
         if traced is None:
             return row + ["", "", "", ""]
@@ -54,9 +55,10 @@ class CsvLog:
                 self.writer.writerow(self._row(dump.end, dump.kind, dump.label, r, seconds, r.device, "-"))
         self.file.flush()
 
-    def write_disk(self, end: datetime, kind: str, disk: list[IostatRow]) -> None:
+    def write_disk(self, end: datetime, kind: str, disk: list[DiskRow], seconds: float) -> None:
+        """Rows of one --diskstats window."""
         for r in disk:
-            self.writer.writerow(self._row(end, kind, None, r, r.seconds, r.device, "-"))
+            self.writer.writerow(self._row(end, kind, None, r, seconds, r.device, "-"))
         self.file.flush()
 
     def close(self) -> None:
@@ -87,9 +89,10 @@ class CsvSink:
         self.sampler = DiskSampler(self.devices)
 
     def on_dump(self, window) -> None:
-        if isinstance(window, DiskWindow):
-            if window.kind != "run":
-                self.log.write_disk(window.end, window.kind, window.devices)
+        if window.disks is not None:        # a --diskstats window: its own rows
+            from tracer.model.dump import duration_of
+
+            self.log.write_disk(window.end, window.kind, window.disks.devices, duration_of(window))
             return
         if self.sampler is None:
             self.start()

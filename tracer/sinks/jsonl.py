@@ -1,11 +1,10 @@
-"""-o FILE and -j: one JSON line per window, appended to a file or written to stdout (the dump format)."""
+"""-o FILE and -j: one JSON line per window, appended to a file or written to stdout (tracer.codec.jsonl)."""
 
 from __future__ import annotations
 
-import json
 from typing import TextIO
 
-from tracer.model.diskstats import DiskWindow
+from tracer.codec import jsonl
 from tracer.osutil import open_output
 
 
@@ -29,14 +28,7 @@ class JsonlSink:
         self.own = own
 
     def on_dump(self, window) -> None:
-        if isinstance(window, DiskWindow):
-            if window.kind == "run":
-                return          # the whole run is a table only: its windows are in the file already
-            self.stream.write(json.dumps(window.to_json(), separators=(",", ":")) + "\n")
-        else:
-            from tracer.model import dump as dumpmod
-
-            dumpmod.write(self.stream, window)
+        jsonl.write(self.stream, window)     # a BPF dump, or a --diskstats window: each kind as registered
         self.stream.flush()
 
     def close(self, status: int) -> int:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 from typing import TextIO
-
-from tracer.model.diskstats import DiskWindow
 
 # Rows kept in the whole-run summary before rows of the same command are folded together.
 MAX_RUN_ROWS = 2000
@@ -20,7 +17,7 @@ class TableSink:
     """Tables on `out`: one per window; at close, the whole run's when there was more than one window.
 
     The whole run is merged as it goes (a long run keeps one dump, not all
-    of them); diskstats windows take the whole run from `whole()`.
+    of them); --diskstats windows take the whole run from `whole()`.
     """
 
     def __init__(self, out: TextIO, hist: bool = False, whole=None):
@@ -32,10 +29,11 @@ class TableSink:
 
     def on_dump(self, window) -> None:
         self.windows += 1
-        if isinstance(window, DiskWindow):
-            from tracer.views.diskstats import render_window
+        if window.disks is not None:        # a --diskstats window
+            from tracer.views.diskstats import render
 
-            render_window(window, self.out, os.geteuid() == 0)
+            render(window, self.out)
+            self.out.flush()
             return
         from tracer.model import dump as dumpmod
         from tracer.views.report import render_table
@@ -50,7 +48,9 @@ class TableSink:
     def close(self, status: int) -> int:
         if self.windows > 1:
             if self.whole is not None:
-                self.on_dump(self.whole())
+                from tracer.views.diskstats import render
+
+                render(self.whole(), self.out, title="diskstats run")
             elif self.total is not None:
                 from tracer.views.report import render_table
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from tracer.model.diskstats import DiskStats, IostatRow, ProcIO, window
+from tracer.model.diskstats import DiskStats, IostatRow, ProcBytes, window
 from tracer.sources.devices import read_diskstats, whole_disks
 
 DISKSTATS = "/proc/diskstats"
@@ -81,7 +81,7 @@ class ProcSampler:
         self.children = children
         self.proc = proc
         self.unreadable = 0         # processes of the last sample whose io we may not read
-        self.totals: dict[tuple[int, int], ProcIO] = {}
+        self.totals: dict[tuple[int, int], ProcBytes] = {}
         self._last, _ = self._snapshot()
 
     def _snapshot(self) -> tuple[dict[tuple[int, int], tuple[str, int, int]], dict[int, int]]:
@@ -115,7 +115,7 @@ class ProcSampler:
             pid = parents.get(pid, 0)
         return False
 
-    def sample(self) -> list[ProcIO]:
+    def sample(self) -> list[ProcBytes]:
         """Processes that did block I/O since the previous sample, most bytes first."""
         now, parents = self._snapshot()
         out = []
@@ -123,13 +123,13 @@ class ProcSampler:
             # not seen before: started since the last sample, so its counters began at 0
             _, rb0, wb0 = self._last.get(key, ("", 0, 0))
             if (rb - rb0 or wb - wb0) and self._wanted(key[0], parents):
-                io = ProcIO(key[0], comm, max(rb - rb0, 0), max(wb - wb0, 0))
+                io = ProcBytes(key[0], comm, max(rb - rb0, 0), max(wb - wb0, 0))
                 out.append(io)
                 t = self.totals.get(key)
-                self.totals[key] = io if t is None else ProcIO(io.pid, comm, t.read_bytes + io.read_bytes,
+                self.totals[key] = io if t is None else ProcBytes(io.pid, comm, t.read_bytes + io.read_bytes,
                                                                t.write_bytes + io.write_bytes)
         self._last = now
         return sorted(out, key=lambda p: (-(p.read_bytes + p.write_bytes), p.pid))
 
-    def whole(self) -> list[ProcIO]:
+    def whole(self) -> list[ProcBytes]:
         return sorted(self.totals.values(), key=lambda p: (-(p.read_bytes + p.write_bytes), p.pid))

@@ -12,13 +12,14 @@ import argparse
 from dataclasses import dataclass
 from typing import TextIO
 
+from tracer import contract
 from tracer.errors import UserError
 from tracer.model.benchresult import IOPS, LATENCY_METRICS, BenchResult, Spread
 
 DEFAULT_LIMITS = {"p50": 0.10, "p99": 0.10}
 DEFAULT_PHASE = "total"
 METRICS = (*LATENCY_METRICS, IOPS)
-SHOWN_PHASES = ("total", "queue", "device")
+SHOWN_PHASES = tuple(contract.load().shown_phases)
 
 REGRESSION = "REGRESSION"
 IMPROVED = "improved"

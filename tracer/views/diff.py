@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import TextIO
 
+from tracer import contract
+from tracer.codec import jsonl
 from tracer.errors import UserError
 from tracer.model import dump as dumpmod
 from tracer.model.dump import Dump, Series
@@ -29,7 +31,7 @@ from tracer.views.report import (
     window_name,
 )
 
-PHASES = ("total", "queue", "device")
+PHASES = tuple(contract.load().shown_phases)
 
 EPILOG = f"""\
 sides:
@@ -100,7 +102,7 @@ def split_side(text: str) -> tuple[str, str | None]:
 
 def load_side(tag: str, path: str, label: str | None, cache: dict[str, list[Dump]]) -> Side:
     if path not in cache:
-        cache[path] = list(dumpmod.read(path))
+        cache[path] = list(jsonl.read(path))
     dumps = cache[path]
     if not dumps:
         raise UserError(f"no dumps in {path}")

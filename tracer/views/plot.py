@@ -20,14 +20,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tracer import contract
 from tracer.errors import UserError
 
 WIDTH_IN = 12.0
 PANEL_HEIGHT_IN = 3.6
 DPI = 100
 ROWS_PER_OCTAVE = 4
-OPS = ("read", "write", "flush", "discard", "other")
-PHASES = ("total", "queue", "device")
+OPS = tuple(contract.load().ops)
+PHASES = tuple(contract.load().shown_phases)
 TITLE_TIME = "latency over time: p50 (dashed) and p99 (solid) per device and op; MB/s (thin, right axis)"
 TITLE_HEAT = "latency heatmap: requests per latency band and dump"
 TITLE_LABELS = "per label: p50 and p99 (bars), MB (line, right axis)"

@@ -10,7 +10,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import TextIO
 
-from tracer.model.dump import PCT_KEYS, Dump, Series, duration_of, merge_dumps, summarize
+from tracer.model.dump import (
+    PCT_KEYS,
+    Dump,
+    Series,
+    duration_of,
+    merge_dumps,
+    summarize,
+    unexplained_loss,
+    unrecorded,
+)
 from tracer.units import fmt_latency, fmt_ns, fmt_size
 
 BAR_WIDTH = 40
@@ -51,9 +60,9 @@ def _coverage_line(d: Dump, out: TextIO) -> None:
         parts.append(f"{name} {rec}/{ker}{pct}")
     why = "; a pid or cgroup filter leaves the rest out" if cov.get("filtered") else ""
     out.write(f"coverage: requests recorded / completed per /proc/diskstats: {', '.join(parts)}{why}\n")
-    missing = {n: c["diskstats"] - c["recorded"] for n, c in cov["devices"].items() if c["diskstats"] > c["recorded"]}
+    missing = unrecorded(cov)
     # requests counted as dropped are missing for a known reason (the next line names it)
-    if sum(missing.values()) > sum(d.dropped.values()) and not cov.get("filtered") and d.kind == "final":
+    if unexplained_loss(cov, d.dropped) and not cov.get("filtered") and d.kind == "final":
         out.write("WARNING: the kernel completed requests iotrace neither saw nor counted as dropped: "
                   + ", ".join(f"{n} {k}" for n, k in missing.items()) + " (see README, 'Coverage')\n")
 

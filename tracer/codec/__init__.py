@@ -1,0 +1,1 @@
+"""File and wire formats of the model: the HdrHistogram V2 codec (hdr) and iotrace's JSONL (jsonl)."""

@@ -1,0 +1,271 @@
+"""iotrace's .jsonl files: one JSON object per line, each a dump of the model (tracer.model.dump).
+
+Every line has "schema": 1 and a "kind"; each kind is registered once in
+KINDS with its decoder and encoder, so that every file iotrace writes reads
+back (`iotrace report`, diff, plot) through ``read``:
+
+* "interval", "final", "marker": a trace-mode dump (BPF series):
+
+
+    {"schema": 1, "kind": "interval" | "final" | "marker", "label": null,
+     "start": ISO 8601, "end": ISO 8601, "duration_s": float,
+     "host": str, "kernel": str, "dropped": {reason: n}, "events": {note: n},
+     "series": [{"pid", "tgid", "comm", "device", "devno", "op", "cgroup_id",
+                 "container", "count", "bytes",
+                 "latency_us": {phase: {"count", "min", "mean", "p50", "p90",
+                                        "p99", "p99.9", "max"}},
+                 "hdr": {phase: HdrHistogram compressed base64, values in ns}}]}
+
+Marker dumps also carry "enclosing": the label of the window the marker's
+stretch lay in (null at the top level, or from `iotrace mark`), and, when
+the marker closed a window the training loop was timed in, "loop":
+{"data_wait_s", "steps", "wall_s"} (seconds the loop waited for its batches,
+batches, and the window's wall time).  Merging dumps adds their loops up.
+
+Trace-mode dumps also carry "tasks": a row per traced process of the window,
+exited ones included: {"pid", "ppid", "comm", "io_wait_s" (its threads'
+time blocked in I/O wait, delay accounting's block-I/O delay), "io_waits",
+"read_bytes" (returned by reads of regular files, page cache included),
+"reads", "disk_read_bytes" (its read series' bytes), "fsync_s" (in fsync,
+fdatasync, sync_file_range), "fsyncs", "throttled_s" (blocked by dirty-page
+throttling), "throttles", "started", "exited"}.  Merging dumps adds them up
+per pid.
+
+  Latencies in the JSON are microseconds; the hdr histograms count
+  nanoseconds (tracer.codec.hdr).
+
+* "diskstats": a window of `iotrace --diskstats` (no BPF), as its -o writes it:
+
+    {"schema": 1, "kind": "diskstats", "window": "interval" | "final", "label": null,
+     "start", "end", "duration_s", "host", "kernel", "percentiles": null,
+     "source": "/proc/diskstats, /proc/PID/io",
+     "devices": [{"device", "reads", "writes", "read_kB", "write_kB", "discards", "flushes",
+                  "r/s", "w/s", "rkB/s", "wkB/s", "r_await", "w_await", "aqu-sz", "%util"}],
+     "processes": [{"pid", "comm", "read_bytes", "write_bytes"}], "unreadable_processes": n,
+     "alerts": [...] (with --alert)}
+
+  It reads as a Dump of that window kind with no series and ``disks`` set.
+
+API: to_json(dump) -> dict, from_json(obj) -> Dump, write(stream, dump),
+read(path, follow=None) -> dumps (a last line cut short is left out with a
+warning), register(kind, decode, encode).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from tracer.codec import hdr
+from tracer.errors import UserError
+from tracer.model.diskstats import IOSTAT_COLUMNS, DiskRow, Diskstats, ProcBytes
+from tracer.model.dump import Dump, PhaseStats, Series, duration_of, summarize
+from tracer.model.histogram import Histogram
+
+SCHEMA = 1
+
+
+# ---- the registry of kinds ---------------------------------------------------
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of line: how to read it into a Dump, and how to write a Dump as one."""
+
+    name: str
+    decode: Callable[[dict], Dump]
+    encode: Callable[[Dump], dict]
+
+
+KINDS: dict[str, Kind] = {}
+
+
+def register(name: str, decode: Callable[[dict], Dump], encode: Callable[[Dump], dict]) -> None:
+    if name in KINDS:
+        raise ValueError(f"JSON line kind {name!r} registered twice")
+    KINDS[name] = Kind(name, decode, encode)
+
+
+def kind_of(d: Dump) -> str:
+    """The kind of line `d` is written as."""
+    return DISKSTATS if d.disks is not None else d.kind
+
+
+def to_json(d: Dump) -> dict:
+    kind = KINDS.get(kind_of(d))
+    if kind is None:
+        raise ValueError(f"no JSON line kind {kind_of(d)!r} (known: {', '.join(KINDS)})")
+    return kind.encode(d)
+
+
+def from_json(obj: dict) -> Dump:
+    """The Dump of one line's object; ValueError (or KeyError, TypeError) if it is none."""
+    if not isinstance(obj, dict) or obj.get("schema") != SCHEMA or "kind" not in obj:
+        raise ValueError(f"want an object with schema {SCHEMA} and a kind")
+    kind = KINDS.get(obj["kind"])
+    if kind is None:
+        raise ValueError(f"unknown kind {obj['kind']!r}; iotrace writes {', '.join(KINDS)}")
+    return kind.decode(obj)
+
+
+# ---- trace-mode dumps: "interval", "final", "marker" -------------------------
+
+def _encode_dump(d: Dump) -> dict:
+    obj = {
+        "schema": SCHEMA, "kind": d.kind, "label": d.label,
+        "start": d.start.isoformat(), "end": d.end.isoformat(), "duration_s": round(d.duration_s, 6),
+        "host": d.host, "kernel": d.kernel, "dropped": d.dropped, "events": d.events,
+    }
+    obj.update({k: v for k, v in d.extra.items() if k != "duration_s"})
+    # every histogram of the dump at once: per-histogram numpy calls would dominate
+    summarize(d.series)
+    hdrs = iter(hdr.encode_many(st.hist for s in d.series for st in s.phases.values() if st.count))
+    obj["series"] = []
+    for s in d.series:
+        summaries = {name: st.summary_us() for name, st in s.phases.items()}
+        obj["series"].append({
+            "pid": s.pid, "tgid": s.tgid, "comm": s.comm, "device": s.device, "devno": s.devno, "op": s.op,
+            "cgroup_id": s.cgroup_id, "container": s.container, "count": s.count, "bytes": s.bytes,
+            "latency_us": summaries,
+            "hdr": {name: next(hdrs) for name, st in s.phases.items() if st.count},
+        })
+    return obj
+
+
+def _phase_from_json(summary: dict, text: str | None) -> PhaseStats:
+    hist = hdr.decode(text) if text else Histogram.empty()
+    n = hist.total
+    return PhaseStats(hist, float(summary.get("mean", 0.0)) * 1e3 * n,
+                      round(float(summary.get("min", 0.0)) * 1e3), round(float(summary.get("max", 0.0)) * 1e3))
+
+
+def _decode_dump(obj: dict) -> Dump:
+    series = []
+    for s in obj["series"]:
+        hdr = s.get("hdr", {})
+        phases = {name: _phase_from_json(summary, hdr.get(name)) for name, summary in s["latency_us"].items()}
+        series.append(Series(int(s["pid"]), s["comm"], s["device"], s["devno"], s["op"], int(s["count"]),
+                             int(s["bytes"]), phases, int(s.get("tgid", 0)), int(s.get("cgroup_id", 0)),
+                             str(s.get("container") or "")))
+    known = {"schema", "kind", "label", "start", "end", "duration_s", "host", "kernel", "dropped", "events", "series"}
+    return Dump(kind=obj["kind"], label=obj.get("label"), start=datetime.fromisoformat(obj["start"]),
+                end=datetime.fromisoformat(obj["end"]), host=obj.get("host", ""), kernel=obj.get("kernel", ""),
+                series=series, dropped=dict(obj.get("dropped", {})), events=dict(obj.get("events", {})),
+                extra={k: v for k, v in obj.items() if k not in known})
+
+
+for _name in ("interval", "final", "marker"):
+    register(_name, _decode_dump, _encode_dump)
+
+
+# ---- `iotrace --diskstats` windows: "diskstats" -------------------------------
+
+DISKSTATS = "diskstats"
+DISKSTATS_SOURCE = "/proc/diskstats, /proc/PID/io"
+
+
+def _encode_diskstats(d: Dump) -> dict:
+    """The line `iotrace --diskstats -o` writes, for a Dump with disks."""
+    disks = d.disks
+    assert disks is not None
+    devs = [{"device": r.device, "reads": r.reads, "writes": r.writes, "read_kB": r.read_kb, "write_kB": r.write_kb,
+             "discards": r.discards, "flushes": r.flushes, **{k: round(v, 3) for k, v in r.columns().items()}}
+            for r in disks.devices]
+    obj = {"schema": SCHEMA, "kind": DISKSTATS, "window": d.kind, "label": d.label,
+           "start": d.start.isoformat(), "end": d.end.isoformat(), "duration_s": round(duration_of(d), 6),
+           "host": d.host, "kernel": d.kernel, "percentiles": None,
+           "source": DISKSTATS_SOURCE, "devices": devs,
+           "processes": [{"pid": p.pid, "comm": p.comm, "read_bytes": p.read_bytes, "write_bytes": p.write_bytes}
+                         for p in disks.processes],
+           "unreadable_processes": disks.unreadable}
+    obj.update({k: v for k, v in d.extra.items() if k != "duration_s"})
+    return obj
+
+
+_DISK_COUNTS = {"reads": "reads", "writes": "writes", "read_kB": "read_kb", "write_kB": "write_kb",
+                "discards": "discards", "flushes": "flushes"}
+
+
+def _decode_diskstats(obj: dict) -> Dump:
+    def number(attr: str, v) -> float | int:
+        return float(v) if attr.endswith("kb") else int(v)
+
+    devices = [DiskRow(str(r["device"]), **{attr: number(attr, r.get(key, 0)) for key, attr in _DISK_COUNTS.items()},
+                       **{attr: float(r.get(col, 0.0)) for col, attr in IOSTAT_COLUMNS.items()})
+               for r in obj["devices"]]
+    processes = [ProcBytes(int(p["pid"]), str(p.get("comm", "")), int(p.get("read_bytes", 0)),
+                           int(p.get("write_bytes", 0))) for p in obj.get("processes", [])]
+    known = {"schema", "kind", "window", "label", "start", "end", "duration_s", "host", "kernel", "percentiles",
+             "source", "devices", "processes", "unreadable_processes"}
+    extra = {k: v for k, v in obj.items() if k not in known}
+    extra["duration_s"] = float(obj["duration_s"])     # the window as sampled, not end - start
+    return Dump(kind=str(obj.get("window", "interval")), label=obj.get("label"),
+                start=datetime.fromisoformat(obj["start"]), end=datetime.fromisoformat(obj["end"]),
+                host=obj.get("host", ""), kernel=obj.get("kernel", ""), series=[], extra=extra,
+                disks=Diskstats(devices, processes, int(obj.get("unreadable_processes", 0))))
+
+
+register(DISKSTATS, _decode_diskstats, _encode_diskstats)
+
+
+# ---- files -------------------------------------------------------------------
+
+def write(stream, d: Dump) -> None:
+    """One dump as one JSON line, flushed."""
+    stream.write(json.dumps(to_json(d), separators=(",", ":")) + "\n")
+    stream.flush()
+
+
+FOLLOW_POLL_S = 0.25
+
+
+def _parse(path: str, n: int, line: bytes) -> Dump:
+    try:
+        return from_json(json.loads(line.decode()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path}:{n}: not an iotrace dump ({exc})") from None
+
+
+def _cut(line: bytes) -> bool:
+    """A last line without its newline that is the start of a JSON object: a dump being written, or cut."""
+    if not line.lstrip().startswith(b"{"):
+        return False
+    try:
+        json.loads(line.decode(errors="replace"))
+    except ValueError:
+        return True
+    return False
+
+
+def read(path: str, follow: Callable[[float], bool] | None = None) -> Iterator[Dump]:
+    """Dumps of an iotrace .jsonl file; UserError naming the file and line on bad input.
+
+    A last line cut short (the tracer is writing it, or was killed mid-write)
+    is left out with one warning on stderr: the dumps before it are whole.
+    `follow`: at the end of the file, called with how long to wait for more;
+    it returns True to stop (tail -f until Ctrl-C).
+    """
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below; bytes, so bad encodings fail per line
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    with f:
+        n, line = 0, b""
+        while True:
+            line += f.readline()
+            if line.endswith(b"\n"):
+                n += 1
+                if line.strip():
+                    yield _parse(path, n, line)
+                line = b""
+            elif follow is None or follow(FOLLOW_POLL_S):
+                break
+        if not line.strip():
+            return
+        if _cut(line):
+            print(f"iotrace: warning: {path}:{n + 1}: the last line is an incomplete dump (being written, or cut "
+                  f"short): left out, the whole dumps before it are used", file=sys.stderr)
+            return
+        yield _parse(path, n + 1, line)
