@@ -91,7 +91,7 @@ def offer_diskstats(exc: UserError) -> UserError:
 
 def output_options(p: argparse.ArgumentParser, mode: str) -> None:
     """Every sink's options for this live mode (-o, -j, --hist, --csv, --alert, ...), from the sink registry."""
-    sinkreg.add_arguments(p, mode)
+    sinkreg.add_arguments(p.add_argument_group("outputs"), mode)
 
 
 def device_names(specs: list[str]) -> list[str] | None:
