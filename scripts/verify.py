@@ -5,7 +5,7 @@
 
 For each workload it makes sparse files in a temp dir, attaches them as loop
 devices (formatting and mounting ext4 where the workload needs a file
-system), starts the reference recorder (tracer.groundtruth: every block
+system), starts the reference recorder (tests/reference/groundtruth.py: every block
 event from a private tracefs instance, matched offline into exact
 per-request latencies, timed by BPF stamps that bracket iotrace's own),
 runs the workload under iotrace in the same run, and prints iotrace against
@@ -39,8 +39,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))   # the reference lives with the tests, outside the product
 
-from tracer import groundtruth as gt  # noqa: E402
+from reference import groundtruth as gt  # noqa: E402
 
 PY = sys.executable
 

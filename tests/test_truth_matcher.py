@@ -1,10 +1,9 @@
-"""The offline matcher of tracer.groundtruth on real event sequences (no root needed)."""
+"""The offline matcher of reference.groundtruth on real event sequences (no root needed)."""
 
 from __future__ import annotations
 
 import numpy as np
-
-from tracer import groundtruth as gt
+from reference import groundtruth as gt
 
 # ---- the reference's matching, on event sequences seen on a loop device (no root) ----
 

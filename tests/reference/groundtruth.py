@@ -29,7 +29,7 @@ Timing.  ftrace says what happened, but not when iotrace saw it: its
 callback stamps an event ~0.5 us (measured: 15 ns to 1.5 us, p1-p99) before
 a BPF program at the same tracepoint does, and now and then 30-170 us before
 (the hypervisor, an interrupt), which moves microsecond queue times by far
-more than 2%.  So each event is also stamped by bpf/stamps.bpf.c (Stamper),
+more than 2%.  So each event is also stamped by stamps.bpf.c (Stamper),
 attached once before iotrace and once after it: the kernel runs the BPF
 programs of a tracepoint back to back in attach order, so the first copy's
 return stamp is ~100 ns before iotrace's own and the second copy's entry
@@ -283,7 +283,7 @@ class Stamp:
     rq: int = 0
 
 
-#: Stamper programs, in the order of bpf/stamps.bpf.c's enum stamp_event.
+#: Stamper programs, in the order of stamps.bpf.c's enum stamp_event.
 STAMPED = ("block_io_start", "block_rq_issue", "block_rq_complete")
 #: A bracket wider than the usual one for its event by more than this means
 #: something ran in it (an interrupt, the hypervisor): iotrace's stamp is
@@ -312,14 +312,13 @@ STAMP_PER_CPU = 1 << 18
 
 
 class Stamper:
-    """bpf/stamps.bpf.c twice: attach_before() ahead of iotrace, attach_after() once iotrace is attached.
+    """stamps.bpf.c twice: attach_before() ahead of iotrace, attach_after() once iotrace is attached.
 
     The kernel runs a tracepoint's BPF programs in the order they were
     attached, so the two copies bracket iotrace's own stamp of every event.
     """
 
     def __init__(self, devs: Sequence[int], per_cpu: int = STAMP_PER_CPU, attach: str = "auto"):
-        from tracer.contract import bpf_dir
         from tracer.sources import probe
 
         probe.check_privileges()
@@ -331,7 +330,7 @@ class Stamper:
         self.devs = list(devs)
         self.per_cpu = per_cpu
         self.ncpu = max(self._bcc.utils.get_possible_cpus()) + 1
-        self.src = bpf_dir() / "stamps.bpf.c"
+        self.src = Path(__file__).with_name("stamps.bpf.c")
         self.sides: dict[str, object] = {}
 
     def _attach(self, side: str) -> None:
