@@ -81,15 +81,17 @@ from pathlib import Path
 
 import numpy as np
 
+from tracer import contract
+from tracer.errors import UserError
+from tracer.sources import probe
 from tracer.sources.devices import devno, kdev, name_of
 
-TRACEFS = Path("/sys/kernel/tracing")
 BLOCK_EVENTS = ("block_io_start", "block_rq_issue", "block_rq_complete", "block_rq_merge",
                 "block_bio_frontmerge", "block_rq_requeue")
 FORK_EVENT = ("sched", "sched_process_fork")
 DEFAULT_BUFFER_KB = 64 * 1024          # per CPU
-SECTOR = 512
-PHASES = ("queue", "device", "total")
+SECTOR = contract.load().const("SECTOR_SIZE")   # bytes per sector in the tracepoints' nr_sector
+PHASES = tuple(contract.load().phases)          # queue, device, total: iotrace's phases
 PCTS = (50.0, 90.0, 99.0, 99.9)
 PCT_KEYS = ("p50", "p90", "p99", "p99.9")
 REL_TOL = 0.02                         # percentiles: within 2% of the exact value, or the same bucket
@@ -319,8 +321,6 @@ class Stamper:
     """
 
     def __init__(self, devs: Sequence[int], per_cpu: int = STAMP_PER_CPU, attach: str = "auto"):
-        from tracer.sources import probe
-
         probe.check_privileges()
         self._bcc = probe.import_bcc()
         probe.kernel_headers()
@@ -358,12 +358,10 @@ class Stamper:
         if max(claimed) > self.per_cpu:
             raise TruthError(f"the {side} stamper overflowed: {max(claimed)} events on one CPU for "
                              f"{self.per_cpu} records")
-        from tracer.sources.probe import read_array
-
         table = b[b"stamps"]
         size = self.ncpu * self.per_cpu
         try:
-            recs = read_array(table, np.zeros(size, np.uint32), np.zeros(size, np.dtype(table.Leaf)),
+            recs = probe.read_array(table, np.zeros(size, np.uint32), np.zeros(size, np.dtype(table.Leaf)),
                               self._bcc.libbcc.lib)
         except OSError as e:
             raise TruthError(f"cannot read the {side} stamps: {e.strerror}") from None
@@ -456,12 +454,15 @@ class TruthRecorder:
     """
 
     def __init__(self, devs: Iterable[int] = (), buffer_kb: int = DEFAULT_BUFFER_KB,
-                 tracefs: Path = TRACEFS, name: str | None = None, stamps: bool = True, attach: str = "auto"):
+                 tracefs: Path | None = None, name: str | None = None, stamps: bool = True, attach: str = "auto"):
         self.devs = sorted(set(devs))
         # BPF stamps at iotrace's instant (Stamper, attached as iotrace is); needs devs, and bcc
         self.stamper: Stamper | None = Stamper(self.devs, attach=attach) if stamps and self.devs else None
         self.buffer_kb = buffer_kb
-        self.tracefs = Path(tracefs)
+        try:
+            self.tracefs = Path(tracefs) if tracefs is not None else probe.tracefs()   # the one iotrace uses
+        except UserError as e:
+            raise TruthError(str(e)) from None
         self.dir = self.tracefs / "instances" / (name or f"iotrace-truth-{os.getpid()}")
         self.result: Truth | None = None
         self.text = ""                 # the text `trace` of the last stop(), for a look at the raw events
