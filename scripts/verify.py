@@ -43,6 +43,8 @@ sys.path.insert(0, str(ROOT / "tests"))   # the reference lives with the tests, 
 
 from reference import groundtruth as gt  # noqa: E402
 
+from tracer.sources.devices import devno  # noqa: E402
+
 PY = sys.executable
 
 
@@ -173,7 +175,7 @@ def write_truth_csv(truth: gt.Truth, path: Path) -> None:
     with open(path, "w") as f:
         f.write("tgid,tid,comm,dev,op,rwbs,sector,bytes,start_ns,issue_ns,complete_ns\n")
         for r in truth.requests:
-            f.write(f"{r.tgid},{r.tid},{r.comm},{gt.devno(r.dev)},{r.op},{r.rwbs},{r.sector},{r.bytes},"
+            f.write(f"{r.tgid},{r.tid},{r.comm},{devno(r.dev)},{r.op},{r.rwbs},{r.sector},{r.bytes},"
                     f"{r.start_ns},{'' if r.issue_ns is None else r.issue_ns},{r.complete_ns}\n")
 
 
