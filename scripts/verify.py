@@ -5,7 +5,7 @@
 
 For each workload it makes sparse files in a temp dir, attaches them as loop
 devices (formatting and mounting ext4 where the workload needs a file
-system), starts the reference recorder (tracer.groundtruth: every block
+system), starts the reference recorder (tests/reference/groundtruth.py: every block
 event from a private tracefs instance, matched offline into exact
 per-request latencies, timed by BPF stamps that bracket iotrace's own),
 runs the workload under iotrace in the same run, and prints iotrace against
@@ -39,8 +39,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))   # the reference lives with the tests, outside the product
 
-from tracer import groundtruth as gt  # noqa: E402
+from reference import groundtruth as gt  # noqa: E402
+
+from tracer.sources.devices import devno  # noqa: E402
 
 PY = sys.executable
 
@@ -172,7 +175,7 @@ def write_truth_csv(truth: gt.Truth, path: Path) -> None:
     with open(path, "w") as f:
         f.write("tgid,tid,comm,dev,op,rwbs,sector,bytes,start_ns,issue_ns,complete_ns\n")
         for r in truth.requests:
-            f.write(f"{r.tgid},{r.tid},{r.comm},{gt.devno(r.dev)},{r.op},{r.rwbs},{r.sector},{r.bytes},"
+            f.write(f"{r.tgid},{r.tid},{r.comm},{devno(r.dev)},{r.op},{r.rwbs},{r.sector},{r.bytes},"
                     f"{r.start_ns},{'' if r.issue_ns is None else r.issue_ns},{r.complete_ns}\n")
 
 

@@ -16,7 +16,7 @@ PID = 424242        # no such process: only the planted cells carry it
 
 @pytest.fixture
 def probe(loop):
-    from tracer import groundtruth as gt
+    from reference import groundtruth as gt
 
     p = Probe(ProbeOptions(devs=[gt.kdev_of_path(loop.path)]))
     try:

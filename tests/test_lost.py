@@ -15,8 +15,8 @@ import subprocess
 import time
 
 import pytest
+from reference import groundtruth as gt
 
-from tracer import groundtruth as gt
 from tracer.sources.devices import in_flight
 from tracer.sources.probe import LOST_MIN_AGE_NS, Probe, ProbeOptions
 

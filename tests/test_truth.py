@@ -1,4 +1,4 @@
-"""iotrace against an exact reference (tracer.groundtruth), workload by workload.
+"""iotrace against an exact reference (reference.groundtruth), workload by workload.
 
 Each test runs a workload on loop devices under iotrace while the reference
 records every block event in a private tracefs instance, timed by BPF stamps
@@ -6,7 +6,7 @@ that bracket iotrace's own, then asserts the comparison: per series
 (process, device, op) counts, bytes and phase counts equal; p50, p90, p99
 and p99.9 of queue, device and total within 2% of the exact nearest-rank
 percentile or in the same bucket; max in the same bucket; the mean; each
-up to the stamps' measured jitter (see tracer.groundtruth); no series on
+up to the stamps' measured jitter (see reference.groundtruth); no series on
 one side only (unless the reference explains it) and nothing dropped that
 it does not explain.  The failure message is the full iotrace-vs-exact table.
 
@@ -24,8 +24,7 @@ import time
 
 import pytest
 from conftest import PYTHON, ROOT, fio_cmd, series_of
-
-from tracer import groundtruth as gt
+from reference import groundtruth as gt
 
 bpf = pytest.mark.bpf
 

@@ -1,10 +1,9 @@
-"""The offline matcher of tracer.groundtruth on real event sequences (no root needed)."""
+"""The offline matcher of reference.groundtruth on real event sequences (no root needed)."""
 
 from __future__ import annotations
 
 import numpy as np
-
-from tracer import groundtruth as gt
+from reference import groundtruth as gt
 
 # ---- the reference's matching, on event sequences seen on a loop device (no root) ----
 
@@ -169,9 +168,9 @@ def test_a_wide_bracket_widens_only_its_own_request():
 
 
 def test_within_accepts_the_bounds_and_the_jitter_and_nothing_more():
-    assert gt._within(10_000, 10_000, 10_000, 10_150)[0]                      # 1.5%
-    assert not gt._within(10_000, 10_000, 10_000, 10_400)[0]                  # 4%, another bucket
-    assert gt._within(2_000, 2_000, 2_000, 2_200, noise=250)[0]               # the stamps' jitter
-    assert not gt._within(2_000, 2_000, 2_000, 2_300, noise=250)[0]
-    assert gt._within(20_000, 20_000, 40_000, 39_000)[0]                      # a disturbed sample's range
-    assert not gt._within(20_000, 20_000, 40_000, 45_000)[0]
+    assert gt.within(10_000, 10_000, 10_000, 10_150)[0]                      # 1.5%
+    assert not gt.within(10_000, 10_000, 10_000, 10_400)[0]                  # 4%, another bucket
+    assert gt.within(2_000, 2_000, 2_000, 2_200, noise=250)[0]               # the stamps' jitter
+    assert not gt.within(2_000, 2_000, 2_000, 2_300, noise=250)[0]
+    assert gt.within(20_000, 20_000, 40_000, 39_000)[0]                      # a disturbed sample's range
+    assert not gt.within(20_000, 20_000, 40_000, 45_000)[0]

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * stamps.bpf.c - the ground-truth harness's clock (tracer/groundtruth.py),
- * not part of iotrace.
+ * stamps.bpf.c - the ground-truth harness's clock (tests/reference/recorder.py,
+ * class Stamper), not part of iotrace: it lives with the tests, not in bpf/.
  *
  * ftrace tells the harness what happened to every request, but it stamps
  * each event some 0.1-2 us before a BPF program at the same tracepoint
@@ -21,8 +21,8 @@
  * Like iotrace's programs they attach the way iotrace did, so that both
  * copies run in line with it: perf-event tracepoints reading tracepoint
  * fields, or (STAMP_RAW_TP) raw tracepoints reading struct request at the
- * BTF offsets iotrace uses (IOTRACE_K_*, from tracer/kernel.py), which also
- * record the request's address.  Each CPU fills its own part of the array,
+ * BTF offsets iotrace uses (IOTRACE_K_*, from tracer/sources/kernel.py),
+ * which also record the request's address.  Each CPU fills its own part of the array,
  * so the stamps cost no shared cache line; STAMP_DEVS is the device
  * filter, a C expression of `dev`.
  */
