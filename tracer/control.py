@@ -27,6 +27,7 @@ import pwd
 import shutil
 import socket
 import stat
+import struct
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -36,6 +37,17 @@ from . import marker
 from .errors import UserError
 
 BAD_MESSAGES_SHOWN = 3     # then bad messages are only counted
+_CRED = struct.Struct("iII")                # struct ucred: pid, uid, gid
+_CRED_SPACE = socket.CMSG_SPACE(_CRED.size)
+
+
+def _sender_pid(ancillary: list) -> int | None:
+    """The sending process's pid from SCM_CREDENTIALS, if the kernel attached it."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= _CRED.size:
+            pid = _CRED.unpack_from(data)[0]
+            return pid if pid > 0 else None
+    return None
 
 
 @dataclass
@@ -47,10 +59,12 @@ class Marker:
     reply_to: bytes | str | None = None
     enclosing: str | None = None
     loop: dict | None = None
+    sender_pid: int | None = None   # from the kernel (SCM_CREDENTIALS), in the tracer's pid namespace
 
     def dump_fields(self) -> dict:
         """What the marker adds to its dump's JSON line, beside the label."""
-        return {"enclosing": self.enclosing, **({"loop": self.loop} if self.loop else {})}
+        return {"enclosing": self.enclosing, **({"loop": self.loop} if self.loop else {}),
+                **({"sender_pid": self.sender_pid} if self.sender_pid else {})}
 
 
 def _usable_run_dir(directory: str) -> bool:
@@ -103,6 +117,8 @@ class ControlSocket:
             if owner:
                 os.chown(path, owner.pw_uid, owner.pw_gid)
             sock.setblocking(False)
+            # the kernel tells each datagram's sender: the trainer, whose rows the verdict tells apart
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         except OSError:
             sock.close()
             os.unlink(path)
@@ -117,7 +133,7 @@ class ControlSocket:
         out: list[Marker] = []
         while len(out) < limit:
             try:
-                data, addr = self.sock.recvfrom(marker.MAX_DATAGRAM + 1)
+                data, ancillary, _flags, addr = self.sock.recvmsg(marker.MAX_DATAGRAM + 1, _CRED_SPACE)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:      # never let the socket end the trace
@@ -125,7 +141,7 @@ class ControlSocket:
                 break
             try:
                 msg = marker.decode_message(data)
-                out.append(Marker(msg["label"], addr or None, msg["enclosing"], msg["loop"]))
+                out.append(Marker(msg["label"], addr or None, msg["enclosing"], msg["loop"], _sender_pid(ancillary)))
                 self.received += 1
             except ValueError as exc:
                 self._complain(f"ignored a bad control message ({exc})")

@@ -18,7 +18,10 @@ Marker dumps also carry "enclosing": the label of the window the marker's
 stretch lay in (null at the top level, or from `iotrace mark`), and, when
 the marker closed a window the training loop was timed in, "loop":
 {"data_wait_s", "steps", "wall_s"} (seconds the loop waited for its batches,
-batches, and the window's wall time).  Merging dumps adds their loops up.
+batches, and the window's wall time), and "sender_pid": the process that
+sent the marker (the trainer; tracer.verdict tells its rows from its
+loaders' by it).  Merging dumps adds their loops up and keeps a sender_pid
+they share.
 
 Trace-mode dumps also carry "tasks": a row per traced process of the window,
 exited ones included: {"pid", "ppid", "comm", "io_wait_s" (its threads'
@@ -207,6 +210,9 @@ def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None
     enclosing = {d.extra.get("enclosing") for d in dumps if "enclosing" in d.extra}
     if len(enclosing) == 1:
         merged.extra["enclosing"] = enclosing.pop()
+    senders = {d.extra["sender_pid"] for d in dumps if isinstance(d.extra.get("sender_pid"), int)}
+    if len(senders) == 1:
+        merged.extra["sender_pid"] = senders.pop()
     tasks = [d.extra["tasks"] for d in dumps if isinstance(d.extra.get("tasks"), list)]
     if tasks:
         merged.extra["tasks"] = merge_tasks(tasks)
