@@ -405,6 +405,8 @@ class Session:
         self.total = None
         self.extras = None      # tracer.iostat.TraceExtras: --csv rows and --alert checks per dump
         self.tasks = None       # tracer.tasks.TaskTracer: the per-process rows of every dump, when it loaded
+        from .report import LabelWindows
+        self.labels = LabelWindows()    # marker dumps per label, for the waits and verdicts at the end
 
     def drain(self, probe, final: bool = False):
         """Close the window on both BPF objects at once: (raw interval, task rows or None, their drops)."""
@@ -435,6 +437,7 @@ class Session:
             render_table(dump, self.out, hist=self.args.hist)
             self.out.flush()
         self.dumps += 1
+        self.labels.add(dump)
         self.total = dump if self.total is None else dumpmod.merge_dumps([self.total, dump])
         if len(self.total.series) > MAX_RUN_ROWS:
             # processes come and go on a long run: keep their sums, not a row per pid
@@ -516,6 +519,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         session.emit(final)
         if session.dumps > 1 and not args.json:
             render_table(session.total, out, title="whole run")
+            session.labels.render(out)
         return extras.finish(status) if extras else status
     finally:
         sig.restore()
