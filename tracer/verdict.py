@@ -46,7 +46,8 @@ The rule (thresholds below, module constants):
    "not I/O-bound".
 
 fsync and dirty-page throttling time are added to the line when together
-they reach STALL_MIN of the window ("checkpoint stalls"); they are I/O wait
+they reach STALL_MIN of the window and STALL_MIN_S seconds ("checkpoint
+stalls"); they are I/O wait
 too, so a checkpoint window that stalls on its fsync is called I/O-bound by
 rule 6.
 """
@@ -61,7 +62,8 @@ IO_WAIT_MIN = 0.20          # readers' I/O wait share that makes the disk the re
 IO_WAIT_DISK_MIN = 0.05     # ... or this much, when most bytes came from disk
 DISK_SHARE_MIN = 0.50       # "most bytes from disk"
 IO_WAIT_ALONE = 0.50        # without loop timing: readers in I/O wait at least half the window
-STALL_MIN = 0.10            # fsync + throttled share of the window worth naming
+STALL_MIN = 0.10            # fsync + throttled share of the window worth naming ...
+STALL_MIN_S = 0.05          # ... and at least this many seconds
 
 IO_BOUND = "I/O-bound"
 NOT_IO_BOUND = "not I/O-bound"
@@ -171,7 +173,8 @@ def _bytes(v: Verdict) -> str:
 
 
 def _stalls(v: Verdict) -> str:
-    if v.wall_s <= 0 or (v.fsync_s + v.throttled_s) / v.wall_s < STALL_MIN:
+    stalled = v.fsync_s + v.throttled_s
+    if v.wall_s <= 0 or stalled / v.wall_s < STALL_MIN or stalled < STALL_MIN_S:
         return ""
     parts = [f"fsync {v.fsync_s:.2f} s"] + ([f"throttled {v.throttled_s:.2f} s"] if v.throttled_s else [])
     return f"; checkpoint stalls: {', '.join(parts)}"
