@@ -16,6 +16,7 @@ and adds the dump to cumulative counters, which a Prometheus scrape reads:
     iotrace_labelled_owners                                       gauge: (comm, container) pairs with own labels
     iotrace_folded_owners_total                                   counter: owners folded into comm="other"
     iotrace_attached                                              gauge: 0 while the BPF programs load, then 1
+    iotrace_task_*{comm,container}     with --tasks: per-process I/O wait, read bytes, fsync... (tracer.taskmetrics)
 
 /ready answers 200 once the programs are attached and 503 before (a readiness
 probe); /metrics answers from the start, so a scrape tells "not attached yet"
@@ -55,6 +56,7 @@ from typing import TextIO
 
 import numpy as np
 
+from . import taskmetrics
 from .errors import UserError
 from .histogram import Histogram, bucket_index, bucket_lower, bucket_upper
 
@@ -86,7 +88,7 @@ def metric_labels() -> dict[str, tuple[str, ...]]:
         f"{LATENCY}_bucket": (*LATENCY_LABELS, "le"), f"{LATENCY}_sum": LATENCY_LABELS,
         f"{LATENCY}_count": LATENCY_LABELS,
         IOS: IO_LABELS, BYTES: IO_LABELS, DROPPED: ("reason",), DRAINS: (), LABELLED: (), FOLDED: (),
-        ATTACHED: (),
+        ATTACHED: (), **taskmetrics.metric_labels(),
     }
 
 
@@ -178,6 +180,7 @@ class Exporter:
         self.drains = 0
         self.folded = 0
         self.attached = False   # the BPF programs are loaded and attached: tracing
+        self.tasks: taskmetrics.TaskCounters | None = None     # --tasks: per-process counters, folded after us
         self._last_fold: float | None = None
         self._lock = threading.Lock()
 
@@ -396,6 +399,8 @@ def parser():
     p.add_argument("--cgroup", metavar="PATH",
                    help="only I/O submitted from this cgroup v2 or below it, e.g. /kubepods.slice for pods only")
     p.add_argument("-o", "--output", metavar="FILE.jsonl", help="also append each folded dump to FILE")
+    p.add_argument("--tasks", action="store_true", help="also export per-process I/O wait, file and disk read bytes, "
+                   "fsync and throttled time (iotrace_task_*; tracer.taskmetrics), with the same labels")
     return p
 
 
@@ -425,6 +430,8 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
         from .probe import Probe, ProbeOptions
 
         probe = Probe(ProbeOptions(devs=devs, cgroup_id=cgroup_id, cgroup_level=cgroup_level, attach=ns.attach))
+        if ns.tasks:
+            exporter.tasks = taskmetrics.TaskCounters.start(exporter, registry)
         exporter.attached = True
         clock = Clock()
         bound = server.server_address[1]
@@ -444,6 +451,8 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
             server.server_close()
         if probe:
             probe.close()
+        if exporter.tasks:
+            exporter.tasks.close()
         if file:
             file.close()
 
@@ -461,9 +470,12 @@ def _loop(interval: float, probe, clock, exporter: Exporter, sig, file) -> None:
         stop = signal.SIGINT in signals or signal.SIGTERM in signals
         now = time.monotonic()
         if stop or now >= next_tick or signal.SIGUSR1 in signals:
-            dump = build_dump(probe.drain(final=stop), clock, "final" if stop else "interval")
+            dump = build_dump(probe.drain(final=stop), clock, "final" if stop else "interval",
+                              **(exporter.tasks.drain(stop) if exporter.tasks else {}))
             resolve_containers(dump)
             exporter.fold(dump)
+            if exporter.tasks:
+                exporter.tasks.fold(dump)
             if file:
                 dumpmod.write(file, dump)
         if stop:
