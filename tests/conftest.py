@@ -156,21 +156,14 @@ def bytes_of(dumps: list[dict], device: str, op: str, tgid: int | None = None) -
                if tgid is None or s["tgid"] == tgid)
 
 
-def run_traced_group(args: list[str], env: dict[str, str], timeout: float,
-                     cgroup_procs: Path | None = None) -> tuple[int, str, str]:
+def run_traced_group(args: list[str], env: dict[str, str], timeout: float) -> tuple[int, str, str]:
     """Run `python -m tracer.cli ARGS` in its own session, killing the whole group on a timeout.
 
     run_iotrace would kill only the tracer and leave a traced trainer holding
     a mount; here the trainer (in the tracer's process group) goes too.
-    cgroup_procs: a cgroup's cgroup.procs to start it in (see slow_reads).
     """
-    def enter() -> None:
-        if cgroup_procs is not None:
-            Path(cgroup_procs).write_text(f"{os.getpid()}\n")
-
     p = subprocess.Popen([PYTHON, "-m", "tracer.cli", *args], cwd=ROOT, env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                         preexec_fn=enter)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -293,8 +286,9 @@ def slow_reads():
     device's backing file at most `bps` bytes a second (blk-throttle).  The loop device issues its reads of
     the backing file on behalf of the reader's cgroup, so the loop device itself is as slow as a slow disk,
     its requests still started by the readers (and their waits I/O wait).  Evict the data set (evict(), with
-    the backing file) rather than drop every cache: the processes in the cgroup read everything else from
-    that disk slowly too.  cgroup v1 blkio, else v2's io.max; skips (fails under IOTRACE_REQUIRE_BPF=1)
+    the backing file) rather than drop every cache, and move the trainer in once it has imported its
+    framework: the processes in the cgroup read everything else from that disk slowly too.  cgroup v1
+    blkio, else v2's io.max; skips (fails under IOTRACE_REQUIRE_BPF=1)
     where neither is there.  The cgroup goes at teardown, once the test's processes have left it."""
     made: list[Path] = []
 

@@ -58,7 +58,7 @@ def test_keras_training_dumps_per_epoch_and_checkpoint(tf_python, ext4_mnt, slow
     # writes cannot land in the epoch's dump however slowly the tracer gets to the marker.
     rc, stdout, stderr = run_traced_group(
         ["--tasks", "-o", str(out), "--", str(tf_python), str(TRAINER), "train", str(data), "--epochs", str(EPOCHS),
-         "--checkpoint", ckpt], env, TIMEOUT_S, cgroup_procs=procs)
+         "--checkpoint", ckpt, "--join-cgroup", str(procs)], env, TIMEOUT_S)
     context = f"\nstdout:\n{stdout}\nstderr:\n{stderr}"
     assert rc == 0, context
     found = re.search(r"^tf_train: pid (\d+)$", stdout, re.M)

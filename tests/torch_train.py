@@ -53,10 +53,14 @@ def main() -> int:
     p.add_argument("ckpt")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--join-cgroup", metavar="PROCS", help="once imported, move into the cgroup whose cgroup.procs "
+                   "this is (the test's slowed disk: torch's own files are read at full speed before)")
     p.add_argument("--cold", choices=("every", "none"), default="every",
                    help="drop the page cache before every epoch, or never (the caller evicted the data set)")
     a = p.parse_args()
     print(f"torch_train: pid {os.getpid()}", flush=True)
+    if a.join_cgroup:
+        Path(a.join_cgroup).write_text(f"{os.getpid()}\n")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
