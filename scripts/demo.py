@@ -10,13 +10,19 @@ formats it ext4 and mounts it; writes a small data set there with
 scripts/workload.py prepare; syncs and drops the page cache so the first
 epoch reads from disk; then runs
 
-    python -m tracer.cli -o TMP/demo.jsonl --dev loopN -- python scripts/workload.py --mark ...
+    python -m tracer.cli --tasks -o TMP/demo.jsonl --dev loopN -- python scripts/workload.py --mark ...
 
-with its output on this terminal.  The workload marks "epoch N" when an
-epoch's data is read and "checkpoint N" when its checkpoint is synced
-(tracer.marker), so each is one dump and one table.  It ends with a guide
-to reading the tables and the epochs side by side (iotrace report --by
-label).  Whatever happens (errors, Ctrl-C, SIGTERM) it unmounts, detaches
+with its output on this terminal.  Each epoch of the workload is a marker
+window "epoch N" with its checkpoint nested in it, "epoch N / checkpoint"
+(tracer.marker), sent with the loop's wait for data; --tasks adds each
+process's I/O wait, file and disk read bytes.  It ends with a guide to
+reading the tables and the epochs side by side (iotrace report --by label),
+whose last lines are iotrace's verdict per window: was the epoch waiting
+for the disk (the cold first one), or not (the warm ones)?  A disk that
+serves 150 MB in a second makes no epoch wait, so by default the workload
+reads the disk under the loop device at --slow-disk MB/s (a cgroup's
+blk-throttle limit for the workload's processes; 0: the disk's own speed).
+Whatever happens (errors, Ctrl-C, SIGTERM) it unmounts, detaches
 the loop device and deletes the temp dir.  Needs mkfs.ext4 and losetup;
 fio is not needed.  Takes well under a minute.
 """
@@ -157,6 +163,59 @@ def drop_caches() -> None:
         f.write("3\n")
 
 
+# ---- a slow disk: blk-throttle for the workload's processes ----------------
+
+class SlowDisk:
+    """A cgroup whose processes read the disk under `backing` at most `mbps` MB/s (cgroup v1 blkio, else
+    v2 io.max).  The loop device reads its backing file for the reader's cgroup, so the loop device is
+    as slow as a slow disk.  `wrap(cmd)` runs a command in it; `why` says why there is none."""
+
+    def __init__(self, backing: Path, mbps: float):
+        self.cg: Path | None = None
+        self.why = ""
+        try:
+            dev = os.stat(backing).st_dev
+            if os.major(dev) == 0:
+                raise OSError(f"{backing} is on no disk")
+            sysdir = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+            spec = ((sysdir.resolve().parent / "dev").read_text().strip() if (sysdir / "partition").exists()
+                    else f"{os.major(dev)}:{os.minor(dev)}")
+            limit = f"{spec} {int(mbps * 1e6)}"
+            v1 = Path("/sys/fs/cgroup/blkio")
+            if (v1 / "blkio.throttle.read_bps_device").exists():
+                self.cg = v1 / f"iotrace-demo-{os.getpid()}"
+                self.cg.mkdir()
+                (self.cg / "blkio.throttle.read_bps_device").write_text(limit + "\n")
+                return
+            v2 = Path("/sys/fs/cgroup")
+            if "io" not in (v2 / "cgroup.controllers").read_text().split():
+                raise OSError("no cgroup io controller")
+            (v2 / "cgroup.subtree_control").write_text("+io\n")
+            self.cg = v2 / f"iotrace-demo-{os.getpid()}"
+            self.cg.mkdir()
+            (self.cg / "io.max").write_text(limit.replace(" ", " rbps=") + "\n")
+        except OSError as exc:
+            self.why = str(exc.strerror or exc)
+            self.remove()
+
+    def wrap(self, cmd: list[str]) -> list[str]:
+        if self.cg is None:
+            return cmd
+        return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cg / "cgroup.procs"), *cmd]
+
+    def remove(self) -> None:
+        if self.cg is not None:
+            for _ in range(50):
+                try:
+                    self.cg.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)     # the workload's last processes are still exiting
+            self.cg = None
+
+
 # ---- running the tracer ------------------------------------------------------
 
 def run_traced(cmd: list[str]) -> int:
@@ -228,10 +287,10 @@ GUIDE = """\
 How to read the tables above
   * One row per process, device and op. loader-N are the input workers (one process each, like
     DataLoader workers); trainer is the main process, which writes the checkpoint.
-  * One table per marker the workload sent (tracer.marker.mark, one line in the training
-    loop): 'epoch N' once epoch N's data has been read, 'checkpoint N' once its checkpoint is
-    written and synced. Each covers the stretch since the previous marker; 'final' is the
-    rest, and 'whole run' merges them all.
+  * One table per dump: each epoch is a marker window 'epoch N' (tracer.marker.begin/end in the
+    training loop) with its checkpoint nested in it, 'epoch N / checkpoint'; the epoch's I/O
+    before and after the checkpoint are two dumps, both labelled 'epoch N'. 'final' is the rest,
+    and 'whole run' merges them all.
   * p50 is the typical request; p99 means 1 request in 100 waited longer; p99.9, 1 in 1000.
     A training step waits for its slowest batch, so the tail (p99, p99.9, max) is what stalls
     the GPU, not the median.
@@ -244,13 +303,18 @@ How to read the tables above
     for shards). The data set (~150 MB) fits in RAM, so epochs 2 and 3 are served from the
     page cache and the loader rows nearly vanish. A data set bigger than RAM makes every
     epoch look like epoch 1.
-  * The checkpoint appears in the 'checkpoint N' tables as write requests of the trainer
-    row, during its fsync (large AVGSZ: sequential writeback), plus flush requests if the
-    device asks for them. Writes from ext4's journal thread (jbd2) and background writeback
+  * The checkpoint appears in the 'epoch N / checkpoint' tables as write requests of the
+    trainer row, during its fsync (large AVGSZ: sequential writeback), plus flush requests if
+    the device asks for them. Writes from ext4's journal thread (jbd2) and background writeback
     are not the command's processes, so they are not in the tables.
+  * 'tasks:' under a table sums up the per-process rows (--tasks): the I/O wait of the trainer
+    and of its loaders (a share of the dump's time), the bytes read from files and the share of
+    them the page cache served, fsync and dirty-page throttling time.
   * Per-dump totals (from the JSONL file, one line per table above):
 {timeline}
-  * Below, the same dumps with the epochs side by side (iotrace report FILE --by label).
+  * Below, the same dumps with the epochs side by side (iotrace report FILE --by label). It ends
+    with the waits per window and a verdict per epoch: I/O-bound when the training loop waited
+    for data and its readers were waiting for the disk (README, 'Is the disk slowing training?').
 """
 
 
@@ -277,14 +341,18 @@ def main(argv: list[str] | None = None) -> int:
                "  1. temp dir, 512 MiB sparse file, losetup --find --show, mkfs.ext4 -q, mount\n"
                "  2. workload.py prepare (2000 small samples + 4 x 16 MiB shards), sync,\n"
                "     echo 3 > /proc/sys/vm/drop_caches (so epoch 1 reads from disk)\n"
-               "  3. python -m tracer.cli -o TMP/demo.jsonl --dev loopN -- "
+               "  3. python -m tracer.cli --tasks -o TMP/demo.jsonl --dev loopN -- "
                "python scripts/workload.py --mark ...\n"
-               "     (the workload marks 'epoch N' and 'checkpoint N': one dump each)\n"
-               "  4. a guide to reading the tables, then python -m tracer.cli report --by label\n"
+               "     (each epoch a marker window 'epoch N', its checkpoint 'epoch N / checkpoint')\n"
+               "  4. a guide to reading the tables, then python -m tracer.cli report --by label,\n"
+               "     which ends with iotrace's verdict per epoch: cold epoch 1 vs the warm ones\n"
                "  5. always (also on error or Ctrl-C): umount, losetup -d, remove the temp dir\n"
                "Needs root, bcc (make setup), mkfs.ext4 and losetup; fio is not needed. Under a minute.")
     p.add_argument("--epochs", type=int, default=3, help="training epochs (default 3)")
     p.add_argument("--workers", type=int, default=4, help="loader worker processes (default 4)")
+    p.add_argument("--slow-disk", type=float, default=40.0, metavar="MBPS",
+                   help="the workload reads the disk under the loop device at this many MB/s (default 40; "
+                        "0: the disk's own speed, at which even a cold epoch may not wait)")
     p.add_argument("--save", metavar="FILE.jsonl",
                    help="copy the tracer's dumps here before the temp dir goes, for "
                         "'python -m tracer.cli report FILE.jsonl'")
@@ -299,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     t0 = time.monotonic()
     disk = ScratchDisk()
+    slow = None
     status = 0
     try:
         disk.create()
@@ -312,9 +381,14 @@ def main(argv: list[str] | None = None) -> int:
         drop_caches()
         say("synced and dropped the page cache: epoch 1 starts cold")
         dump = disk.tmp / "demo.jsonl"
-        cmd = [PY, "-m", "tracer.cli", "-o", str(dump), "--dev", name, "--",
-               PY, str(WORKLOAD), str(data), "--epochs", str(ns.epochs), "--workers", str(ns.workers),
-               "--checkpoint-dir", str(ckpt), "--mark"]
+        workload = [PY, str(WORKLOAD), str(data), "--epochs", str(ns.epochs), "--workers", str(ns.workers),
+                    "--checkpoint-dir", str(ckpt), "--mark"]
+        if ns.slow_disk > 0:
+            slow = SlowDisk(disk.backing, ns.slow_disk)
+            say(f"the workload reads the disk at most {ns.slow_disk:g} MB/s (cgroup {slow.cg})" if slow.cg else
+                f"cannot slow the disk down ({slow.why}): the workload reads it at its own speed")
+            workload = slow.wrap(workload)
+        cmd = [PY, "-m", "tracer.cli", "--tasks", "-o", str(dump), "--dev", name, "--", *workload]
         say("running: " + " ".join(os.path.relpath(c, ROOT) if c.startswith(str(ROOT)) else c for c in cmd))
         sys.stdout.flush()
         status = run_traced(cmd)
@@ -345,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         # a second Ctrl-C must not cut the teardown short
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if slow is not None:
+            slow.remove()
         problems = disk.teardown()
         for prob in problems:
             say(f"teardown: {prob}")

@@ -20,16 +20,18 @@ style).  Run mode then trains for some epochs; each epoch
     renames it into place, as torch.save + a careful trainer would.
 
 One line per epoch reports the wall time, the bytes read and the time the
-training loop waited for data.  With --mark, the run sends iotrace markers
-(tracer.marker): "epoch N" once epoch N's data is read, "checkpoint N" once
-its checkpoint is on disk, so a tracer's dumps line up with the epochs and
-the checkpoint writes get dumps of their own.  The workers
+training loop waited for data.  With --mark, each epoch is an iotrace
+marker window (tracer.marker) "epoch N" with its checkpoint nested in it,
+"epoch N / checkpoint", and the loop's wait for each batch goes with the
+epoch's marker (marker.loop_step), so a tracer's dumps line up with the
+epochs, the checkpoint writes get dumps of their own, and iotrace can say
+whether the epoch waited for the disk (its verdict).  The workers
 are named loader-0, loader-1, ... and the main process trainer (the comm
 iotrace shows), so the rows of iotrace's table say who did what.
 
 Only the standard library is used (and tracer.marker with --mark).  Import
-it to drive `run()` yourself: its `on_data_end` and `on_epoch_end` callbacks
-are the places for per-epoch hooks.
+it to drive `run()` yourself: its `on_epoch_begin`, `on_wait`, `on_data_end`
+and `on_epoch_end` callbacks are the places for per-epoch hooks.
 """
 
 from __future__ import annotations
@@ -193,10 +195,14 @@ def run(data_dir: str | os.PathLike, epochs: int = 3, workers: int = 4,
         checkpoint_dir: str | os.PathLike | None = None, checkpoint_mib: int = 32, step_ms: float = 25,
         seed: int = 0, on_epoch_end: Callable[[EpochStats], None] | None = None,
         log: Callable[[str], None] = print,
-        on_data_end: Callable[[int], None] | None = None) -> list[EpochStats]:
+        on_data_end: Callable[[int], None] | None = None,
+        on_epoch_begin: Callable[[int], None] | None = None,
+        on_wait: Callable[[float], None] | None = None) -> list[EpochStats]:
     """Train for `epochs` epochs; on_epoch_end(stats) runs after each one's checkpoint.
 
-    on_data_end(epoch) runs between an epoch's reading and its checkpoint.
+    on_epoch_begin(epoch) runs first in each epoch; on_wait(seconds) after each batch
+    arrives, with the time the loop waited for it; on_data_end(epoch) runs between an
+    epoch's reading and its checkpoint.
 
     Each batch the workers hand over is "trained on" for step_ms (a sleep,
     standing in for the GPU), so reading is paced as in a real run.
@@ -215,6 +221,8 @@ def run(data_dir: str | os.PathLike, epochs: int = 3, workers: int = 4,
     pool = ctx.Pool(workers, initializer=_worker_init, initargs=(ctx.Value("i", 0),))
     try:
         for epoch in range(1, epochs + 1):
+            if on_epoch_begin:
+                on_epoch_begin(epoch)
             t0 = time.monotonic()
             got = 0
             wait = 0.0
@@ -222,9 +230,12 @@ def run(data_dir: str | os.PathLike, epochs: int = 3, workers: int = 4,
             while True:
                 w0 = time.monotonic()
                 n = next(loader, None)
-                wait += time.monotonic() - w0
+                waited = time.monotonic() - w0
+                wait += waited
                 if n is None:
                     break
+                if on_wait:
+                    on_wait(waited)
                 got += n
                 time.sleep(step_ms / 1e3)      # the training step (forward, backward) on this batch
             t1 = time.monotonic()
@@ -256,13 +267,13 @@ def run(data_dir: str | os.PathLike, epochs: int = 3, workers: int = 4,
 MARK_WAIT_S = 0.5
 
 
-def _marker() -> Callable[..., bool]:
+def _marker():
     try:
-        from tracer.marker import mark
+        from tracer import marker
     except ImportError:     # run from a checkout without the package installed
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from tracer.marker import mark
-    return mark
+        from tracer import marker
+    return marker
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,20 +306,28 @@ def main(argv: list[str] | None = None) -> int:
                    help="simulated training step per batch, in ms (default 25; 0: read as fast as possible)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mark", action="store_true",
-                   help="send iotrace markers 'epoch N' (data read) and 'checkpoint N' (checkpoint synced)")
+                   help="iotrace marker windows 'epoch N' and, nested, 'epoch N / checkpoint', with the loop's "
+                        "wait for data")
     ns = p.parse_args(argv)
-    data_end = epoch_end = None
+    epoch_begin = wait = data_end = epoch_end = None
     if ns.mark:
-        mark = _marker()
+        marker = _marker()
+
+        def epoch_begin(epoch: int) -> None:
+            # the first epoch closes what ran before it ("before epoch 1"); the others follow at once
+            marker.begin(f"epoch {epoch}", MARK_WAIT_S, split=epoch == 1)
+
+        wait = marker.loop_step
 
         def data_end(epoch: int) -> None:
-            mark(f"epoch {epoch}", wait=MARK_WAIT_S)
+            marker.begin("checkpoint", MARK_WAIT_S)     # "epoch N / checkpoint"
 
         def epoch_end(stats: EpochStats) -> None:
-            mark(f"checkpoint {stats.epoch}", wait=MARK_WAIT_S)
+            marker.end(MARK_WAIT_S, depth=0)            # the checkpoint, then the epoch with its loop
     try:
         run(ns.data_dir, ns.epochs, ns.workers, ns.checkpoint_dir, ns.checkpoint_mib, ns.step_ms, ns.seed,
-            log=lambda line: print(line, flush=True), on_epoch_end=epoch_end, on_data_end=data_end)
+            log=lambda line: print(line, flush=True), on_epoch_end=epoch_end, on_data_end=data_end,
+            on_epoch_begin=epoch_begin, on_wait=wait)
     except KeyboardInterrupt:
         print("workload: interrupted", file=sys.stderr)
         return 130

@@ -234,3 +234,101 @@ def assert_count(got: int, want: int, dumps: list[dict], device: str | None = No
     unseen = unseen_on(device, dumps) if device else None
     if unseen is not None:
         assert unseen <= skipped, f"{unseen} request(s) missing on {device} per /proc/diskstats, {skipped} counted"
+
+
+def _blkio_v1() -> Path | None:
+    """The cgroup v1 blkio hierarchy's mount point, if the host has one with read throttling."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == "cgroup" and "blkio" in parts[3].split(","):
+            root = Path(parts[1])
+            if (root / "blkio.throttle.read_iops_device").exists():
+                return root
+    return None
+
+
+def _whole_disk(rdev: int) -> str:
+    """'MAJ:MIN' of the disk holding device number `rdev` (a partition's parent disk)."""
+    sysdir = Path(f"/sys/dev/block/{os.major(rdev)}:{os.minor(rdev)}")
+    if (sysdir / "partition").exists():
+        return (sysdir.resolve().parent / "dev").read_text().strip()
+    return f"{os.major(rdev)}:{os.minor(rdev)}"
+
+
+def evict(*paths: Path) -> None:
+    """Write back and drop the page cache of these files (directories: every file below them) only, so that
+    their next reads come from the device while everything else stays cached."""
+    subprocess.run(["sync"], check=True)
+    files = []
+    for p in paths:
+        p = Path(p)
+        files += [q for q in p.rglob("*") if q.is_file()] if p.is_dir() else [p]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+@pytest.fixture
+def slow_reads():
+    """Factory: slow_reads(loop, bps) -> a cgroup.procs path whose processes read the disk under the loop
+    device's backing file at most `bps` bytes a second (blk-throttle).  The loop device issues its reads of
+    the backing file on behalf of the reader's cgroup, so the loop device itself is as slow as a slow disk,
+    its requests still started by the readers (and their waits I/O wait).  Evict the data set (evict(), with
+    the backing file) rather than drop every cache, and move the trainer in once it has imported its
+    framework: the processes in the cgroup read everything else from that disk slowly too.  cgroup v1
+    blkio, else v2's io.max; skips (fails under IOTRACE_REQUIRE_BPF=1)
+    where neither is there.  The cgroup goes at teardown, once the test's processes have left it."""
+    made: list[Path] = []
+
+    def make(loop, bps: int) -> Path:
+        st_dev = os.stat(loop.backing).st_dev
+        why = None
+        if os.major(st_dev) == 0:
+            why = f"the loop device's backing file is on no disk ({loop.backing}): nothing to throttle"
+        else:
+            spec = _whole_disk(st_dev)
+            name = f"iotrace-test-{os.getpid()}-{len(made)}"
+            v1 = _blkio_v1()
+            if v1 is not None:
+                cg = v1 / name
+                cg.mkdir()
+                made.append(cg)
+                (cg / "blkio.throttle.read_bps_device").write_text(f"{spec} {bps}\n")
+                return cg / "cgroup.procs"
+            from tracer.sources.cgroups import cgroup2_mount
+
+            found = cgroup2_mount()
+            root = Path(found[0]) if found else None
+            if root is not None and "io" in (root / "cgroup.controllers").read_text().split():
+                try:
+                    (root / "cgroup.subtree_control").write_text("+io\n")
+                except OSError:
+                    pass
+                cg = root / name
+                cg.mkdir()
+                made.append(cg)
+                if (cg / "io.max").exists():
+                    (cg / "io.max").write_text(f"{spec} rbps={bps}\n")
+                    return cg / "cgroup.procs"
+            why = "no cgroup blkio (v1) or io (v2) controller to throttle a device's reads with"
+        if REQUIRE_BPF:
+            pytest.fail(why)
+        pytest.skip(why)
+
+    yield make
+    for cg in made:
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                import time
+
+                time.sleep(0.1)     # its last processes are still exiting

@@ -385,10 +385,20 @@ def test_the_tracer_end_reads_enclosing_and_loop(tracer_end):
     s.sendto(marker.encode("epoch 1", None, {"data_wait_s": 2.0, "steps": 3, "wall_s": 4.0}), tracer_end.path)
     s.sendto(json.dumps({"v": 1, "label": "from a shell"}).encode(), tracer_end.path)
     s.close()
+    child = os.fork()
+    if not child:       # another process: the tracer learns who sent each marker from the kernel
+        try:
+            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(marker.encode("child"), tracer_end.path)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
     got = [(m.label, m.dump_fields()) for m in tracer_end.receive()]
-    assert got == [("epoch 1 / checkpoint", {"enclosing": "epoch 1"}),
-                   ("epoch 1", {"enclosing": None, "loop": {"data_wait_s": 2.0, "steps": 3, "wall_s": 4.0}}),
-                   ("from a shell", {"enclosing": None})]
+    me = os.getpid()
+    assert got == [("epoch 1 / checkpoint", {"enclosing": "epoch 1", "sender_pid": me}),
+                   ("epoch 1", {"enclosing": None, "loop": {"data_wait_s": 2.0, "steps": 3, "wall_s": 4.0},
+                                "sender_pid": me}),
+                   ("from a shell", {"enclosing": None, "sender_pid": me}),
+                   ("child", {"enclosing": None, "sender_pid": child})]
 
 
 def test_merged_windows_add_loops_without_counting_nested_ones_twice():

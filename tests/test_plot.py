@@ -144,3 +144,37 @@ def test_plot_bad_input_is_one_line(tmp_path):
                          (["plot", str(bad), "-o", "x.png", "--op", "sideways"], "--op")):
         r = run_iotrace(argv, timeout=60)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and needle in r.stderr, (argv, r.stderr)
+
+
+def test_wait_shares_per_label_panel(tmp_path):
+    """Labelled dumps with per-process rows and the loop's timing get the waits panel; its bars are the
+    verdict's shares."""
+    from datetime import UTC, datetime, timedelta
+
+    from tracer.model.dump import Dump, PhaseStats, Series
+    from tracer.model.histogram import Histogram
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    vals = np.array([1_000_000] * 10, dtype=np.int64)
+    st = PhaseStats(Histogram.from_values(vals), float(vals.sum()), int(vals.min()), int(vals.max()))
+
+    def d(label, at, wait, io_wait, disk):
+        x = Dump("marker", t0 + timedelta(seconds=at), t0 + timedelta(seconds=at + 10), "h", "k",
+                 [Series(101, "python", "loop0", "7:0", "read", 10, 40960, {"total": st}, tgid=101)], label=label)
+        x.extra.update({"sender_pid": 100, "loop": {"data_wait_s": wait, "steps": 10, "wall_s": 10.0},
+                        "tasks": [{"pid": 100, "ppid": 1, "io_wait_s": 0.0, "read_bytes": 0, "disk_read_bytes": 0},
+                                  {"pid": 101, "ppid": 100, "io_wait_s": io_wait, "read_bytes": 100,
+                                   "disk_read_bytes": disk}]})
+        return x
+
+    dumps = [d("epoch 1", 0, 4.0, 8.0, 100), d("epoch 2", 10, 0.1, 0.0, 0)]
+    res = plot.render(dumps, str(tmp_path / "w.png"))
+    assert res.panels[-1] == plot.TITLE_WAITS and len(res.panels) == 4
+    check_png(tmp_path / "w.png", panels=4)
+    waits = dict(plot._wait_windows(dumps))
+    assert waits["epoch 1"].state == "I/O-bound" and waits["epoch 2"].state == "not I/O-bound"
+    assert waits["epoch 1"].loader_io_wait == pytest.approx(0.8) and waits["epoch 1"].data_wait == pytest.approx(0.4)
+    # without rows or loop timing: three panels, as before
+    for x in dumps:
+        x.extra.clear()
+    assert plot.render(dumps, str(tmp_path / "p.png")).panels[-1] == plot.TITLE_LABELS

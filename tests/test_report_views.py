@@ -7,6 +7,7 @@ planted values (exact nearest-rank percentiles), never from the code under test.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from datetime import UTC, datetime, timedelta
@@ -436,3 +437,96 @@ def test_help_teaches():
     out = ok(["report", "--help"])
     for needle in ("--by", "label", "--layout", "(unlabelled)", "examples"):
         assert needle in out, needle
+
+
+# ---- waits per window and the verdict --------------------------------------------
+
+MiB = 1 << 20
+
+
+def task(pid: int, ppid: int, io_wait_s: float = 0.0, read: int = 0, disk: int = 0, fsync_s: float = 0.0) -> dict:
+    return {"pid": pid, "ppid": ppid, "comm": "python", "io_wait_s": io_wait_s, "io_waits": 1, "read_bytes": read,
+            "reads": 1, "disk_read_bytes": disk, "fsync_s": fsync_s, "fsyncs": 0, "throttled_s": 0.0,
+            "throttles": 0, "started": False, "exited": False}
+
+
+def with_tasks(d: Dump, tasks: list[dict], loop: tuple[float, int, float] | None = None,
+               enclosing: str | None = None, sender: int = 100) -> Dump:
+    d.extra.update({"enclosing": enclosing, "tasks": tasks, "sender_pid": sender})
+    if loop:
+        d.extra["loop"] = dict(zip(("data_wait_s", "steps", "wall_s"), loop, strict=True))
+    return d
+
+
+def waits_table(stdout: str) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The waits block -> ({label: cells}, {label: verdict line})."""
+    lines = stdout.splitlines()
+    head = next(i for i, x in enumerate(lines) if x.strip().startswith("LABEL") and "DATA WAIT" in x
+                and "HIT" in x)
+    table, verdicts = {}, {}
+    i = head + 1
+    while not lines[i].startswith("verdict per window"):
+        label, rest = re.split(r"\s{2,}", lines[i].strip(), maxsplit=1)
+        table[label] = re.split(r"\s+(?!x)", rest.strip())
+        i += 1
+    for line in lines[i + 1:]:
+        label, text = line.strip().split(": ", 1)
+        verdicts[label] = text
+    return table, verdicts
+
+
+@pytest.fixture
+def trained(tmp_path) -> Path:
+    """A trainer (pid 100) with two loader workers (101, 102): a cold epoch 1 whose workers wait for the disk,
+    its checkpoint (fsync), and a warm epoch 2 served by the page cache."""
+    rd = [series(101, "python", "loop0", "read", [2 * MS] * 20)]
+    cold = [task(100, 1, 0.2), task(101, 100, 6.0, 32 * MiB, 31 * MiB), task(102, 100, 7.0, 32 * MiB, 31 * MiB)]
+    warm = [task(100, 1, 0.0), task(101, 100, 0.1, 32 * MiB, 0), task(102, 100, 0.1, 32 * MiB, 0)]
+    return write(tmp_path / "trained.jsonl", [
+        with_tasks(dump("before epoch 1", 0, 1, []), [task(100, 1, 0.1, 4096, 4096)]),
+        with_tasks(dump("epoch 1", 1, 8, rd), cold),
+        with_tasks(dump("epoch 1 / checkpoint", 9, 1, []), [task(100, 1, 0.8, fsync_s=0.7)], enclosing="epoch 1"),
+        with_tasks(dump("epoch 1", 10, 2, []), [task(100, 1, 0.0)], (4.0, 16, 11.0)),
+        with_tasks(dump("epoch 2", 12, 5, []), warm, (0.2, 16, 5.0)),
+        with_tasks(dump(None, 17, 1, [], kind="final"), [task(100, 1)]),
+    ])
+
+
+def test_by_label_shows_waits_and_a_verdict_per_window(trained):
+    out = ok(["report", "--by", "label", str(trained)])
+    table, verdicts = waits_table(out)
+    # the unlabelled stretch saw no block I/O: left out, as in the window table
+    assert list(table) == ["before epoch 1", "epoch 1", "epoch 1 / checkpoint", "epoch 2"]
+    # epoch 1: its two dumps (8 s + 2 s) merged; the loop's 4.0 of 11.0 s; workers (6 + 7) / 2 of 10 s
+    seconds, data_wait, trainer_io, loaders_io, read, hit, fsync, throttled = table["epoch 1"]
+    assert (value(seconds), value(data_wait), value(trainer_io)) == (10.0, round(400 / 11, 1), 2.0)
+    assert loaders_io == "65.0% x2" and read == "64.0M" and value(hit) == round(100 * 2 / 64, 1)
+    assert value(table["epoch 2"][1]) == 4.0 and value(table["epoch 2"][5]) == 100.0
+    assert value(table["epoch 1 / checkpoint"][6].rstrip("s")) == 0.7
+    assert verdicts["epoch 1"].startswith("I/O-bound: waited 36% of the epoch for data")
+    assert "2 loaders 65% on average" in verdicts["epoch 1"] and "97% of bytes from disk" in verdicts["epoch 1"]
+    assert verdicts["epoch 2"].startswith("not I/O-bound: waited 4% of the epoch for data")
+    assert verdicts["epoch 1 / checkpoint"].startswith("I/O-bound: no loop timing; in I/O wait: trainer 80%")
+    assert "checkpoint stalls: fsync 0.70 s" in verdicts["epoch 1 / checkpoint"]
+
+
+def test_by_label_json_carries_the_verdict(trained):
+    lines = [json.loads(x) for x in ok(["report", "--by", "label", "--json", str(trained)]).splitlines()]
+    v = {d["label"]: d["verdict"] for d in lines}
+    assert v["epoch 1"]["state"] == "I/O-bound" and v["epoch 2"]["state"] == "not I/O-bound"
+    assert v["epoch 1"]["trainer_pid"] == 100 and v["epoch 1"]["loaders"] == 2
+    assert v["epoch 1"]["loader_io_wait"] == pytest.approx(0.65)
+    assert v["epoch 1"]["data_wait"] == pytest.approx(4 / 11, abs=1e-4)
+    assert v["epoch 2"]["cache_hit"] == 1.0
+    # a run without tasks or loop timing gets no verdict, and no waits block
+    plain = write(trained.parent / "plain.jsonl", [dump("epoch 1", 0, 1, [series(7, "x", "sda", "read", [MS])])])
+    assert "verdict" not in json.loads(ok(["report", "--by", "label", "--json", str(plain)]))
+    assert "verdict per window" not in ok(["report", "--by", "label", str(plain)])
+
+
+def test_report_table_sums_up_a_dumps_tasks(trained):
+    out = ok(["report", str(trained)])
+    line = next(x for x in out.splitlines() if x.startswith("tasks: "))
+    # the whole file merged: 18 s; the trainer's 1.1 s of I/O wait, the workers' 6.1 and 7.1 s
+    assert line.startswith("tasks: I/O wait trainer 6.1%, loaders 36.7% x2 of 18.0s"), line
+    assert "files read 128M" in line and "fsync 0.70s" in line

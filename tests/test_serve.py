@@ -412,3 +412,95 @@ def test_real_serve_writes_jsonl_csv_and_alerts_through_the_trace_modes_sinks(lo
         rows = list(csv.DictReader(f))
     mine = [r for r in rows if r["device"] == loop.name and r["op"] == "read"]
     assert sum(int(r["count"]) for r in mine) == reads and all(r["r/s"] != "" for r in mine)
+
+
+# ---- --tasks: per-process counters (tracer.sinks.taskmetrics) ----
+
+def task_row(pid: int, comm: str, io_wait_s: float = 0.0, read: int = 0, disk: int = 0, fsync_s: float = 0.0,
+             throttled_s: float = 0.0) -> dict:
+    return {"pid": pid, "ppid": 1, "comm": comm, "io_wait_s": io_wait_s, "read_bytes": read, "disk_read_bytes": disk,
+            "fsync_s": fsync_s, "throttled_s": throttled_s}
+
+
+def scrape_all(*collectors) -> dict[tuple, float]:
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    for c in collectors:
+        registry.register(c)
+    text = prometheus_client.generate_latest(registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def by_comm(samples: dict, name: str) -> dict[tuple[str, str], float]:
+    return {(dict(k)["comm"], dict(k)["container"]): v for k, v in values(samples, name).items()}
+
+
+def test_task_counters_follow_the_exporters_labels_and_stay_monotonic():
+    from tracer.sinks import taskmetrics
+
+    clock = FakeClock()
+    e = serve.Exporter(top=1, idle_s=30, clock=clock)
+    t = taskmetrics.TaskCounters(e)
+    IOW, READ, DISK = (name for _, name, _ in taskmetrics.FIELDS[:3])
+    d = dump_of([series("trainer", latencies(50), container="k8s:podx/abc", pid=7)])
+    # the trainer (pid 7) has block I/O and gets labels; its loader (pid 8) only hit the page cache
+    d.extra["tasks"] = [task_row(7, "trainer", 1.5, 4096, 4096, fsync_s=0.25), task_row(8, "loader", 0.5, 1 << 20),
+                        task_row(9, "kworker/u8:1", 0.1), "junk", {"pid": "x"}]
+    e.fold(d)
+    t.fold(d)
+    s = scrape_all(e, t)
+    assert by_comm(s, IOW) == {("trainer", "k8s:podx/abc"): 1.5, (serve.OTHER, ""): pytest.approx(0.6)}
+    assert by_comm(s, READ) == {("trainer", "k8s:podx/abc"): 4096, (serve.OTHER, ""): 1 << 20}
+    assert by_comm(s, DISK)[("trainer", "k8s:podx/abc")] == 4096
+    assert by_comm(s, "iotrace_task_fsync_seconds_total")[("trainer", "k8s:podx/abc")] == 0.25
+    # every sample is a declared metric with its declared labels
+    for (name, labels) in s:
+        assert {k for k, _ in labels} == set(serve.metric_labels()[name]), name
+    # the trainer goes idle, another process takes the one place: the trainer's totals move into other
+    for _ in range(40):
+        clock.t += 1
+        d = dump_of([series("fio", latencies(20), pid=11)])
+        d.extra["tasks"] = [task_row(11, "fio", 0.25, 100, 100)]
+        e.fold(d)
+        t.fold(d)
+    s = scrape_all(e, t)
+    assert set(by_comm(s, IOW)) == {("fio", ""), (serve.OTHER, "")}
+    total = sum(by_comm(s, IOW).values())
+    assert total == pytest.approx(1.5 + 0.6 + 40 * 0.25)       # nothing lost, nothing twice
+    assert by_comm(s, IOW)[(serve.OTHER, "")] >= 0.6 + 1.5        # other only grows
+    # a dump without rows (serve without --tasks) folds nothing
+    t.fold(dump_of([]))
+    assert sum(by_comm(scrape_all(t), IOW).values()) == pytest.approx(total)
+
+
+@pytest.mark.bpf
+def test_real_serve_exports_a_readers_task_counters(tmp_path):
+    from tracer.sinks import taskmetrics
+
+    data = tmp_path / "data.bin"
+    data.write_bytes(np.random.default_rng(1).bytes(8 << 20))
+    port = free_port()
+    proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "serve", "--tasks", "--listen", f"127.0.0.1:{port}",
+                             "--interval", "0.5"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    names = {field: name for field, name, _ in taskmetrics.FIELDS}
+    READ, DISK, IOW = names["read_bytes"], names["disk_read_bytes"], names["io_wait_s"]
+    with reaped(proc):
+        deadline = time.monotonic() + 120
+        while get(port, serve.READY_PATH)[0] != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.1)
+        # O_DIRECT: every byte from the disk, in a reader of our own name
+        reader = subprocess.run(["dd", f"if={data}", "of=/dev/null", "bs=256k", "iflag=direct", "status=none"])
+        assert reader.returncode == 0
+        got = {}
+        while time.monotonic() < deadline:
+            time.sleep(0.6)
+            s = exposition(get(port, "/metrics")[1])
+            got = {name: by_comm(s, name).get(("dd", ""), 0) for name in (READ, DISK, IOW)}
+            if got[READ] >= 8 << 20 and got[DISK] >= 8 << 20:
+                break
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert got[READ] >= 8 << 20 and got[DISK] >= 8 << 20, got
+    assert got[IOW] > 0, got

@@ -10,13 +10,24 @@ scripts/setup_torch.sh), never from the main venv.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 from pathlib import Path
 
 import pytest
-from conftest import bytes_of, drop_caches, epoch_windows, framework_python, run_traced_group, series_of
+from conftest import (
+    ROOT,
+    bytes_of,
+    drop_caches,
+    epoch_windows,
+    evict,
+    framework_python,
+    run_iotrace,
+    run_traced_group,
+    series_of,
+)
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
@@ -64,3 +75,46 @@ def test_dataloader_epochs_checkpoints_and_data_wait(torch_python, ext4_mnt, tmp
         stats = epoch[-1]["loop"]
         assert stats["steps"] == math.ceil(FILES / BATCH), stats
         assert 0 < stats["data_wait_s"] < stats["wall_s"], stats
+
+
+# a cold epoch the loop waits through (small files, one request each, from a disk slowed to SLOW_BPS), then
+# a warm one served by the page cache
+SMALL_FILES, SMALL_KIB, SMALL_BATCH, SLOW_BPS = 800, 16, 16, 8_000_000
+
+
+def test_the_cold_epoch_is_io_bound_and_the_warm_one_is_not(torch_python, ext4_mnt, slow_reads, tmp_path):
+    loop, mnt = ext4_mnt
+    data, ckpt = mnt / "data", mnt / "ckpt"
+    data.mkdir()
+    for i in range(SMALL_FILES):
+        (data / f"{i:04d}.bin").write_bytes(os.urandom(SMALL_KIB << 10))
+    procs = slow_reads(loop, SLOW_BPS)
+    evict(data, loop.backing)
+
+    out = tmp_path / "run.jsonl"
+    # PYTHONPATH: the trainer imports this checkout's tracer even when .venv-torch was made by another one
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUDO_") and k != "IOTRACE_CONTROL"}
+    env["PYTHONPATH"] = str(ROOT)
+    rc, stdout, stderr = run_traced_group(
+        ["--tasks", "-o", str(out), "--dev", loop.name, "--", str(torch_python), str(TRAINER), str(data), str(ckpt),
+         "--epochs", "2", "--batch", str(SMALL_BATCH), "--cold", "none", "--join-cgroup", str(procs)], env, TIMEOUT_S)
+    context = f"\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    assert rc == 0, context
+    trainer = int(re.search(r"^torch_train: pid (\d+)$", stdout, re.M).group(1))
+
+    r = run_iotrace(["report", "--by", "label", "--json", str(out)])
+    assert r.returncode == 0, r.stderr
+    verdicts = {w["label"]: w["verdict"] for w in map(json.loads, r.stdout.splitlines()) if "verdict" in w}
+    cold, warm = verdicts["epoch 1"], verdicts["epoch 2"]
+    context += f"\ncold: {cold}\nwarm: {warm}"
+    # the marker sender is the trainer; its two DataLoader workers are the loaders
+    assert cold["trainer_pid"] == trainer and cold["loaders"] == 2, context
+    assert cold["state"] == "I/O-bound", context
+    assert cold["from_disk"] >= 0.9 and cold["loader_io_wait"] >= 0.2, context
+    assert warm["state"] == "not I/O-bound", context
+    assert warm["from_disk"] <= 0.05, context
+    text = run_iotrace(["report", "--by", "label", str(out)]).stdout
+    assert f"  epoch 1: {cold['line']}" in text.splitlines()
+    assert f"  epoch 2: {warm['line']}" in text.splitlines()
+    # the end of the traced run says the same
+    assert f"  epoch 1: {cold['line']}" in stdout.splitlines(), context

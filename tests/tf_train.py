@@ -62,10 +62,12 @@ def dataset(data_dir: Path, batch: int) -> tf.data.Dataset:
 
 
 def train(data_dir: Path, epochs: int, batch: int, checkpoint: str | None, use_iotrace: bool,
-          marker_wait: float | None) -> None:
+          marker_wait: float | None, join_cgroup: str | None = None) -> None:
     import keras
 
     print(f"tf_train: pid {os.getpid()}", flush=True)   # the test tells the trainer's rows by it
+    if join_cgroup:     # the test's slowed disk, once TensorFlow's own files are read
+        Path(join_cgroup).write_text(f"{os.getpid()}\n")
     model = keras.Sequential([
         keras.Input((SIDE, SIDE, CHANNELS)),
         keras.layers.AveragePooling2D(8),
@@ -102,11 +104,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="IOTraceCallback's wait: seconds to wait for the tracer to confirm each marker "
                         "(default: tracer.marker's, which waits)")
     t.add_argument("--no-iotrace", action="store_true", help="train without the callback (to run it alone)")
+    t.add_argument("--join-cgroup", metavar="PROCS", help="once imported, move into the cgroup whose cgroup.procs "
+                   "this is")
     a = p.parse_args(argv)
     if a.cmd == "write":
         write(a.dir, a.shards, a.records_per_shard, a.seed)
     else:
-        train(a.dir, a.epochs, a.batch, a.checkpoint, not a.no_iotrace, a.marker_wait)
+        train(a.dir, a.epochs, a.batch, a.checkpoint, not a.no_iotrace, a.marker_wait, a.join_cgroup)
 
 
 if __name__ == "__main__":

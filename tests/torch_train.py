@@ -6,7 +6,9 @@ A Dataset of the files in DATA_DIR (each one sample: its first 4 KiB as
 floats), read by a DataLoader with 2 worker processes, wrapped in
 tracer.integrations.torch.timed; each epoch is tracer.marker.epochs' window,
 starts by dropping the page cache (so that it reads the files from the
-device; needs root) and ends with save_checkpoint(), the nested window
+device; needs root; with --cold none no epoch does, and the caller evicts
+the data set before the run, so only the first epoch reads it from the
+device) and ends with save_checkpoint(), the nested window
 "epoch N / checkpoint".  Prints "torch_train: pid PID", then a summary.
 Not collected by pytest (no test_ prefix).
 """
@@ -51,15 +53,22 @@ def main() -> int:
     p.add_argument("ckpt")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--join-cgroup", metavar="PROCS", help="once imported, move into the cgroup whose cgroup.procs "
+                   "this is (the test's slowed disk: torch's own files are read at full speed before)")
+    p.add_argument("--cold", choices=("every", "none"), default="every",
+                   help="drop the page cache before every epoch, or never (the caller evicted the data set)")
     a = p.parse_args()
     print(f"torch_train: pid {os.getpid()}", flush=True)
+    if a.join_cgroup:
+        Path(a.join_cgroup).write_text(f"{os.getpid()}\n")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = timed(DataLoader(Files(a.data), batch_size=a.batch, num_workers=2))
     losses = []
     for epoch in marker.epochs(a.epochs):
-        drop_caches()
+        if a.cold == "every":
+            drop_caches()
         total = 0.0
         for x, y in loader:
             opt.zero_grad()

@@ -11,6 +11,7 @@ from typing import TextIO
 
 from tracer import sinks as sinkreg
 from tracer.cli.common import add_attach_option, alert_check, device_names, make_sinks, output_options
+from tracer.errors import UserError
 from tracer.options import Parser, positive
 from tracer.runtime.loop import Live, Schedule, Sinks
 from tracer.sinks.prometheus import (
@@ -67,6 +68,8 @@ def parser() -> argparse.ArgumentParser:
                    help="only this disk (loop0, /dev/nvme0n1, 7:0); repeatable. Default: every device")
     p.add_argument("--cgroup", metavar="PATH",
                    help="only I/O submitted from this cgroup v2 or below it, e.g. /kubepods.slice for pods only")
+    p.add_argument("--tasks", action="store_true", help="also export per-process I/O wait, file and disk read bytes, "
+                   "fsync and throttled time (iotrace_task_*; tracer.sinks.taskmetrics), with the same labels")
     output_options(p, "serve")      # --listen, --top, --idle, -o, --csv, --alert, --fail-on-alert
     return p
 
@@ -85,18 +88,23 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
     # the HTTP server listens here, before loading BPF (seconds of compiling): a port in use fails at once
     outputs = Sinks(make_sinks(ns, sinkreg.Context("serve", out, names, alerts)))
     prom = next(s for s in outputs.sinks if isinstance(s, PrometheusSink))
-    probe = sig = None
+    probe = tasks = sig = None
     status = 0
     try:
         sig = Signals()
         from tracer.sources.probe import Probe, ProbeOptions
+        from tracer.sources.tasks import open_tracer
 
         probe = Probe(ProbeOptions(devs=devs, cgroup_id=cgroup_id, cgroup_level=cgroup_level, attach=ns.attach))
+        if ns.tasks:
+            tasks, why = open_tracer([], True)      # every process: serve has no pid filter
+            if tasks is None:
+                raise UserError(f"--tasks: {why}")
         prom.attached()
         print(f"iotrace: serving block I/O metrics on http://{prom.where}/metrics, every {ns.interval:g}s"
               f"{' on ' + ', '.join(ns.devs) if ns.devs else ''}{' in ' + ns.cgroup if ns.cgroup else ''}; "
               f"SIGTERM or Ctrl-C to end", file=sys.stderr)
-        Live(DumpWindows(probe, alerts=alerts), outputs, Schedule(ns.interval), sig).run()
+        Live(DumpWindows(probe, tasks, alerts=alerts), outputs, Schedule(ns.interval), sig).run()
         e = prom.exporter
         out.write(f"iotrace serve: {e.drains} intervals folded, {len(e.owners)} labelled owners, "
                   f"{e.folded} folded into \"{OTHER}\"\n")
@@ -106,5 +114,7 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
         status = outputs.close(status)
         if probe:
             probe.close()
+        if tasks:
+            tasks.close()
     return status
 

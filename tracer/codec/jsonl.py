@@ -20,7 +20,10 @@ Marker dumps also carry "enclosing": the label of the window the marker's
 stretch lay in (null at the top level, or from `iotrace mark`), and, when
 the marker closed a window the training loop was timed in, "loop":
 {"data_wait_s", "steps", "wall_s"} (seconds the loop waited for its batches,
-batches, and the window's wall time).  Merging dumps adds their loops up.
+batches, and the window's wall time), and "sender_pid": the process that
+sent the marker (the trainer; tracer.views.verdict tells its rows from its
+loaders' by it).  Merging dumps adds their loops up and keeps a sender_pid
+they share.
 
 Trace-mode dumps also carry "tasks": a row per traced process of the window,
 exited ones included: {"pid", "ppid", "comm", "io_wait_s" (its threads'

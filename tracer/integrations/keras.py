@@ -12,7 +12,12 @@ Epoch N (1-based, as Keras prints it) is the tracer.marker window
 before fit() trained as "before epoch 1") and closed at its end, with the
 training loop's wait for its batches ("loop" in the dump: the time from
 one batch's end to the next one's start, summed, the batches, and the
-epoch's wall time).  With checkpoint_path it saves the model, at the end of
+epoch's wall time).  On TensorFlow with Keras 3 a batch is fetched inside the
+compiled step (the input pipeline's get_next is part of the graph), so the
+time between batches misses the wait for data: there, with
+steps_per_execution 1, the callback fetches each batch itself, timed, and
+hands it to the model's step (its train_function, restored at the end of
+fit); elsewhere it times the gap between batches.  With checkpoint_path it saves the model, at the end of
 each epoch, to checkpoint_path.format(epoch=N) inside the window
 "epoch N / checkpoint", and fsyncs it there, so that the save's writes are
 a dump of their own, in the trainer's context; without the fsync the
@@ -55,9 +60,43 @@ class IOTraceCallback(keras.callbacks.Callback):
         self._depth: int | None = None      # windows open outside the epoch's, while it is open
         self._first = True
         self._last = 0.0        # when the last batch ended (or the epoch began)
+        self._inner = None      # the model's own train_function, while ours times its input
 
     def on_train_begin(self, logs=None) -> None:
         self._first = True
+        self._time_input()
+
+    def _time_input(self) -> None:
+        """Fetch each batch in front of the model's step, timed (Keras 3 on TensorFlow, one step per call)."""
+        model = getattr(self, "model", None)
+        try:
+            import tensorflow as tf
+
+            if keras.backend.backend() != "tensorflow" or int(keras.__version__.split(".")[0]) < 3:
+                return
+            if getattr(model, "steps_per_execution", 1) != 1:
+                return
+            inner = model.train_function
+            iterators = (tf.data.Iterator, tf.distribute.DistributedIterator)
+        except Exception:  # noqa: BLE001 - another Keras: the gap between batches is timed instead
+            return
+        if not callable(inner) or getattr(inner, "_iotrace_timed", False):
+            return
+
+        def timed(iterator):
+            if not isinstance(iterator, iterators):
+                return inner(iterator)
+            t0 = time.perf_counter()
+            try:
+                batch = iterator.get_next()
+            except tf.errors.OutOfRangeError:
+                raise StopIteration from None      # as Keras's own function does at the end of the data
+            marker.loop_step(time.perf_counter() - t0)
+            return inner(iter((batch,)))            # a plain iterator: Keras runs one step on the batch
+
+        timed._iotrace_timed = True
+        self._inner = inner
+        model.train_function = timed
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
         self._close_epoch()
@@ -68,7 +107,8 @@ class IOTraceCallback(keras.callbacks.Callback):
         self._last = time.perf_counter()
 
     def on_train_batch_begin(self, batch: int, logs=None) -> None:
-        marker.loop_step(time.perf_counter() - self._last)
+        if self._inner is None:     # else the batch's fetch was timed (_time_input)
+            marker.loop_step(time.perf_counter() - self._last)
 
     def on_train_batch_end(self, batch: int, logs=None) -> None:
         self._last = time.perf_counter()
@@ -81,6 +121,10 @@ class IOTraceCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None) -> None:
         self._close_epoch()      # an epoch stopped early (model.stop_training) still gets its window
+        if self._inner is not None:
+            if getattr(getattr(self.model, "train_function", None), "_iotrace_timed", False):
+                self.model.train_function = self._inner
+            self._inner = None
 
     def _close_epoch(self) -> None:
         if self._depth is not None:

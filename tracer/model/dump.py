@@ -189,6 +189,9 @@ def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None
     enclosing = {d.extra.get("enclosing") for d in dumps if "enclosing" in d.extra}
     if len(enclosing) == 1:
         merged.extra["enclosing"] = enclosing.pop()
+    senders = {d.extra["sender_pid"] for d in dumps if isinstance(d.extra.get("sender_pid"), int)}
+    if len(senders) == 1:
+        merged.extra["sender_pid"] = senders.pop()
     tasks = [d.extra["tasks"] for d in dumps if isinstance(d.extra.get("tasks"), list)]
     if tasks:
         merged.extra["tasks"] = merge_tasks(tasks)

@@ -26,6 +26,7 @@ import pwd
 import shutil
 import socket
 import stat
+import struct
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -33,6 +34,17 @@ from dataclasses import dataclass
 from tracer import marker
 
 BAD_MESSAGES_SHOWN = 3     # then bad messages are only counted
+_CRED = struct.Struct("iII")                # struct ucred: pid, uid, gid
+_CRED_SPACE = socket.CMSG_SPACE(_CRED.size)
+
+
+def _sender_pid(ancillary: list) -> int | None:
+    """The sending process's pid from SCM_CREDENTIALS, if the kernel attached it."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= _CRED.size:
+            pid = _CRED.unpack_from(data)[0]
+            return pid if pid > 0 else None
+    return None
 
 
 @dataclass
@@ -44,10 +56,12 @@ class Marker:
     reply_to: bytes | str | None = None
     enclosing: str | None = None
     loop: dict | None = None
+    sender_pid: int | None = None   # from the kernel (SCM_CREDENTIALS), in the tracer's pid namespace
 
     def dump_fields(self) -> dict:
         """What the marker adds to its dump's JSON line, beside the label."""
-        return {"enclosing": self.enclosing, **({"loop": self.loop} if self.loop else {})}
+        return {"enclosing": self.enclosing, **({"loop": self.loop} if self.loop else {}),
+                **({"sender_pid": self.sender_pid} if self.sender_pid else {})}
 
 
 def _usable_run_dir(directory: str) -> bool:
@@ -100,6 +114,8 @@ class ControlSocket:
             if owner:
                 os.chown(path, owner.pw_uid, owner.pw_gid)
             sock.setblocking(False)
+            # the kernel tells each datagram's sender: the trainer, whose rows the verdict tells apart
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         except OSError:
             sock.close()
             os.unlink(path)
@@ -114,7 +130,7 @@ class ControlSocket:
         out: list[Marker] = []
         while len(out) < limit:
             try:
-                data, addr = self.sock.recvfrom(marker.MAX_DATAGRAM + 1)
+                data, ancillary, _flags, addr = self.sock.recvmsg(marker.MAX_DATAGRAM + 1, _CRED_SPACE)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:      # never let the socket end the trace
@@ -122,7 +138,7 @@ class ControlSocket:
                 break
             try:
                 msg = marker.decode_message(data)
-                out.append(Marker(msg["label"], addr or None, msg["enclosing"], msg["loop"]))
+                out.append(Marker(msg["label"], addr or None, msg["enclosing"], msg["loop"], _sender_pid(ancillary)))
                 self.received += 1
             except ValueError as exc:
                 self._complain(f"ignored a bad control message ({exc})")

@@ -16,6 +16,7 @@ and adds the dump to cumulative counters, which a Prometheus scrape reads:
     iotrace_labelled_owners                                       gauge: (comm, container) pairs with own labels
     iotrace_folded_owners_total                                   counter: owners folded into comm="other"
     iotrace_attached                                              gauge: 0 while the BPF programs load, then 1
+    iotrace_task_*{comm,container}     with --tasks: per-process I/O wait, read bytes, fsync... (taskmetrics.py)
 
 /ready answers 200 once the programs are attached and 503 before (a readiness
 probe); /metrics answers from the start, so a scrape tells "not attached yet"
@@ -52,6 +53,7 @@ import numpy as np
 
 from tracer.errors import UserError
 from tracer.model.histogram import Histogram, bucket_index, bucket_lower, bucket_upper
+from tracer.sinks import taskmetrics
 
 # ---- metric names: the one source of truth ------------------------------------
 
@@ -81,7 +83,7 @@ def metric_labels() -> dict[str, tuple[str, ...]]:
         f"{LATENCY}_bucket": (*LATENCY_LABELS, "le"), f"{LATENCY}_sum": LATENCY_LABELS,
         f"{LATENCY}_count": LATENCY_LABELS,
         IOS: IO_LABELS, BYTES: IO_LABELS, DROPPED: ("reason",), DRAINS: (), LABELLED: (), FOLDED: (),
-        ATTACHED: (),
+        ATTACHED: (), **taskmetrics.metric_labels(),
     }
 
 
@@ -177,6 +179,11 @@ class Exporter:
         self._lock = threading.Lock()
 
     # ---- folding
+
+    def labelled(self) -> set[OwnerKey]:
+        """The owners with labels of their own, as of the last fold."""
+        with self._lock:
+            return set(self.owners)
 
     def fold(self, dump) -> None:
         from tracer.views.report import row_comm
@@ -364,12 +371,14 @@ def add_arguments(p, mode: str) -> None:
 
 
 class PrometheusSink:
-    """Folds each dump into `exporter`, which `server` serves; close() stops the server."""
+    """Folds each dump into `exporter` (then, with --tasks, its per-process rows into `tasks`, under the
+    owners the exporter just ranked), which `server` serves; close() stops the server."""
 
-    def __init__(self, exporter: Exporter, server, where: str):
+    def __init__(self, exporter: Exporter, server, where: str, tasks: taskmetrics.TaskCounters | None = None):
         self.exporter = exporter
         self.server = server
         self.where = where
+        self.tasks = tasks
 
     def attached(self) -> None:
         """The BPF programs are attached: /ready answers 200 and iotrace_attached is 1 from now on."""
@@ -377,6 +386,8 @@ class PrometheusSink:
 
     def on_dump(self, window) -> None:
         self.exporter.fold(window)
+        if self.tasks:
+            self.tasks.fold(window)
 
     def close(self, status: int) -> int:
         self.server.shutdown()
@@ -393,7 +404,10 @@ def from_args(ns, ctx) -> PrometheusSink | None:
     exporter = Exporter(top=ns.top, idle_s=ns.idle)
     registry = prom.CollectorRegistry(auto_describe=False)
     registry.register(exporter)
+    tasks = taskmetrics.TaskCounters(exporter) if getattr(ns, "tasks", False) else None
+    if tasks:
+        registry.register(tasks)
     server = start_server(prom, host, port, registry)
     server.set_app(with_ready(server.get_app(), exporter))
     bound = server.server_address[1]
-    return PrometheusSink(exporter, server, f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}")
+    return PrometheusSink(exporter, server, f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}", tasks)

@@ -1,4 +1,5 @@
-"""The terminal table: each window as it closes, and the whole run at the end (trace and diskstats modes)."""
+"""The terminal table: each window as it closes; at the end the whole run, and per label the waits and
+the verdict (is the disk slowing training?), in trace and diskstats modes."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class TableSink:
         self.whole = whole
         self.windows = 0
         self.total = None
+        self.labels = None      # tracer.views.report.LabelWindows: marker dumps per label, for waits and verdicts
 
     def on_dump(self, window) -> None:
         self.windows += 1
@@ -36,10 +38,13 @@ class TableSink:
             self.out.flush()
             return
         from tracer.model import dump as dumpmod
-        from tracer.views.report import render_table
+        from tracer.views.report import LabelWindows, render_table
 
         render_table(window, self.out, hist=self.hist)
         self.out.flush()
+        if self.labels is None:
+            self.labels = LabelWindows()
+        self.labels.add(window)
         self.total = window if self.total is None else dumpmod.merge_dumps([self.total, window])
         if len(self.total.series) > MAX_RUN_ROWS:
             # processes come and go on a long run: keep their sums, not a row per pid
@@ -55,6 +60,7 @@ class TableSink:
                 from tracer.views.report import render_table
 
                 render_table(self.total, self.out, title="whole run")
+                self.labels.render(self.out)       # per label: the waits and one verdict line each
         return status
 
 

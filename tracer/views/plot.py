@@ -7,7 +7,11 @@ Panels, top to bottom:
 2. a latency heatmap: time x latency band, colour = requests, from the
    dumps' HdrHistograms re-binned into ROWS_PER_OCTAVE bands per power of two;
 3. per label (dumps closed by markers: "epoch 1", ...): p50 and p99 bars and
-   MB, only when the dumps carry labels.
+   MB, only when the dumps carry labels;
+4. wait shares per label: the training loop's data wait, the I/O wait of the
+   trainer and of its loaders, and the share of bytes read from disk, with
+   each label's verdict (tracer.views.verdict) under it, only when labelled dumps
+   carry per-process rows (--tasks) or the loop's timing.
 
 render() returns what it drew (PlotResult); the panel titles also go into
 the PNG's Description text, so the file says what it shows.
@@ -32,6 +36,7 @@ PHASES = tuple(contract.load().shown_phases)
 TITLE_TIME = "latency over time: p50 (dashed) and p99 (solid) per device and op; MB/s (thin, right axis)"
 TITLE_HEAT = "latency heatmap: requests per latency band and dump"
 TITLE_LABELS = "per label: p50 and p99 (bars), MB (line, right axis)"
+TITLE_WAITS = "per label: % of the time waiting (data: the loop; I/O: trainer, loaders), % of bytes from disk"
 
 
 @dataclass
@@ -176,6 +181,33 @@ def _label_panel(ax, windows: list[_Window], phase: str) -> list[str]:
     return order
 
 
+def _wait_windows(dumps) -> list:
+    """(label, tracer.views.verdict.Verdict) of each label whose dumps carry tasks rows or loop timing."""
+    from tracer.views.report import judged, windows_by_label
+    from tracer.views.verdict import judge_dump
+
+    return [(w.label, judge_dump(w.merged)) for w in windows_by_label([d for d in dumps if d.label is not None])
+            if judged(w.merged)]
+
+
+def _waits_panel(ax, waits: list) -> None:
+    bars = (("data wait", "C0", lambda v: v.data_wait), ("trainer I/O wait", "C3", lambda v: v.trainer_io_wait
+                                                        if v.trainer_pid is not None else v.busiest_io_wait),
+            ("loaders I/O wait (mean)", "C1", lambda v: v.loader_io_wait), ("from disk", "C7", lambda v: v.from_disk))
+    x = np.arange(len(waits))
+    width = 0.8 / len(bars)
+    for i, (name, colour, get) in enumerate(bars):
+        vals = [100 * (get(v) or 0.0) for _, v in waits]
+        ax.bar(x - 0.4 + width * (i + 0.5), vals, width=width, label=name, color=colour)
+    names = [f"{label}\n{v.state}" for label, v in waits]
+    ax.set_xticks(x, names, rotation=30 if len(waits) > 6 else 0, ha="right" if len(waits) > 6 else "center",
+                  fontsize="small")
+    ax.set_ylabel("% of the window (I/O wait: threads summed)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize="small", loc="upper right")
+    ax.set_title(TITLE_WAITS, fontsize="medium")
+
+
 def render(dumps, path: str, device: str | None = None, op: str | None = None, phase: str = "total",
            source: str = "") -> PlotResult:
     """Draw the panels for `dumps` (tracer.model.dump.Dump) into the PNG at `path`."""
@@ -190,7 +222,8 @@ def render(dumps, path: str, device: str | None = None, op: str | None = None, p
         raise UserError(f"no {phase} latency for {what} in {source or 'the dumps'}; there: "
                         f"{', '.join(f'{d} {o}' for d, o in seen) or 'no I/O at all'}")
     labelled = any(w.label is not None for w in windows)
-    n = 3 if labelled else 2
+    waits = _wait_windows(dumps) if labelled else []
+    n = 2 + labelled + bool(waits)
     fig = figure(figsize=(WIDTH_IN, PANEL_HEIGHT_IN * n), dpi=DPI, layout="constrained")
     canvas(fig)
     axes = fig.subplots(n, 1)
@@ -203,6 +236,9 @@ def render(dumps, path: str, device: str | None = None, op: str | None = None, p
     if labelled:
         _label_panel(axes[2], windows, phase)
         panels.append(TITLE_LABELS)
+    if waits:
+        _waits_panel(axes[3], waits)
+        panels.append(TITLE_WAITS)
     scope = ", ".join(x for x in (device, op) if x) or "every device and op"
     fig.suptitle(f"iotrace: {source or 'dumps'} ({len(dumps)} dumps; {scope}; {phase} phase)", fontsize="large")
     fig.savefig(path, format="png", metadata={"Title": f"iotrace plot of {source}", "Software": "iotrace",

@@ -1,4 +1,4 @@
-"""Renderers: the terminal table, biolatency-style bars and windows side by side.
+"""Renderers: the terminal table, biolatency-style bars, windows side by side, and waits per window.
 
 They take a Dump (plain data) and a stream, and compute nothing but what
 they show.
@@ -21,6 +21,7 @@ from tracer.model.dump import (
     unrecorded,
 )
 from tracer.units import fmt_latency, fmt_ns, fmt_size
+from tracer.views.verdict import Verdict, judge_dump
 
 BAR_WIDTH = 40
 
@@ -88,6 +89,7 @@ def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = N
         for s in sorted(d.series, key=lambda s: (-s.count, s.pid, s.device, s.op)):
             out.write(_row(series_row(s, seconds)) + (f"  {s.container or '-'}" if ctr else "") + "\n")
     _bio_line(d, out)
+    _tasks_line(d, out)
     _coverage_line(d, out)
     lost = {k: v for k, v in d.dropped.items() if v}
     if lost:
@@ -201,7 +203,11 @@ def windows_by_label(dumps: list[Dump]) -> list[Window]:
     for d in dumps:
         groups.setdefault(d.label, []).append(d)
     order = [k for k in groups if k is not None] + ([None] if None in groups else [])
-    return [Window(k, groups[k], merge_dumps(groups[k], kind=groups[k][-1].kind, label=k)) for k in order]
+    windows = [Window(k, groups[k], merge_dumps(groups[k], kind=groups[k][-1].kind, label=k)) for k in order]
+    for w in windows:
+        if judged(w.merged):    # so that --json carries it too
+            w.merged.extra["verdict"] = judge_dump(w.merged).to_json()
+    return windows
 
 
 def render_by_label(dumps: list[Dump], out: TextIO, layout: str = "auto", per_pid: bool = False,
@@ -246,6 +252,7 @@ def render_by_label(dumps: list[Dump], out: TextIO, layout: str = "auto", per_pi
     keys = list(dict.fromkeys(k for rows in per_window for k in rows))
     if not keys:
         out.write("  no block I/O completed\n")
+        render_waits([(w.name, w.merged) for w in shown], out)
         return
     keys.sort(key=lambda k: (-sum(rows[k].count for rows in per_window if k in rows), tuple(map(str, k))))
     table = [[rows.get(k) for rows in per_window] for k in keys]
@@ -255,6 +262,7 @@ def render_by_label(dumps: list[Dump], out: TextIO, layout: str = "auto", per_pi
         _render_wide(shown, table, out, per_pid)
     else:
         _render_long(shown, table, out, per_pid)
+    render_waits([(w.name, w.merged) for w in shown], out)
 
 
 _KEY_COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<7"))
@@ -299,3 +307,98 @@ def _render_long(windows: list[Window], table: list[list[Series | None]], out: T
         for w, s in zip(windows, cells, strict=True):
             stats = row_stats(s)
             out.write(f"  {w.name[:lw]:<{lw}}" + "".join(f" {fmt_stat(k, stats[k]):>8}" for k in STAT_KEYS) + "\n")
+
+
+# ---- waits per window and the verdict (tracer.views.verdict) -----------------------------
+
+def judged(d: Dump) -> bool:
+    """Whether a window has anything to judge: per-process rows or the loop's timing."""
+    return isinstance(d.extra.get("tasks"), list) or isinstance(d.extra.get("loop"), dict)
+
+
+def _share(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}" if v < 10 else f"{v:.0%}"
+
+
+def _secs(v: float) -> str:
+    return f"{v:.2f}s" if v < 100 else f"{v:.0f}s"
+
+
+_WAIT_COLUMNS = (("SECONDS", ">8"), ("DATA WAIT", ">9"), ("TRAINER IO", ">10"), ("LOADERS IO", ">10"),
+                 ("READ", ">7"), ("HIT", ">6"), ("FSYNC", ">7"), ("THROTTLED", ">9"))
+
+
+def wait_cells(v: Verdict) -> list[str]:
+    """The waits table's cells of one window, after its label."""
+    rows = v.processes > 0
+    trainer = _share(v.trainer_io_wait if v.trainer_pid is not None else v.busiest_io_wait) if rows else "-"
+    loaders = f"{_share(v.loader_io_wait)} x{v.loaders}" if v.loaders else "-"
+    return [f"{v.wall_s:.1f}", _share(v.data_wait), trainer, loaders,
+            fmt_size(v.read_bytes) if rows else "-", _share(v.cache_hit) if rows else "-",
+            _secs(v.fsync_s) if rows else "-", _secs(v.throttled_s) if rows else "-"]
+
+
+def render_waits(windows: list[tuple[str, Dump]], out: TextIO) -> None:
+    """Per window (name, merged dump): data wait, I/O wait of the trainer and of its loaders, page-cache
+    hits, fsync and throttled time; then one verdict line per window.  Nothing for windows that have
+    neither per-process rows nor loop timing (a run without --tasks or markers)."""
+    judged_windows = [(name, judge_dump(d)) for name, d in windows if judged(d)]
+    if not judged_windows:
+        return
+    lw = min(max([len("LABEL"), *(len(n) for n, _ in judged_windows)]), _LABEL_MAX)
+    out.write("\nwaits per window, as shares of its wall time:\n"
+              "  DATA WAIT: the training loop waiting for batches; TRAINER IO: I/O wait of the trainer (the marker "
+              "sender);\n  LOADERS IO: of its child processes, mean per loader (xN); I/O wait is summed over a "
+              "process's threads,\n  so above 100% when several wait at once; READ: bytes read from files, HIT: "
+              "the share the page cache served;\n  FSYNC, THROTTLED: time in fsync and in dirty-page throttling\n")
+    out.write(f"  {'LABEL':<{lw}} " + " ".join(f"{n:{spec}}" for n, spec in _WAIT_COLUMNS) + "\n")
+    for name, v in judged_windows:
+        out.write(f"  {name[:lw]:<{lw}} " + " ".join(f"{c:{spec}}" for c, (_, spec) in
+                                                      zip(wait_cells(v), _WAIT_COLUMNS, strict=True)) + "\n")
+    out.write("verdict per window (the rule: README, 'Is the disk slowing training?'):\n")
+    for name, v in judged_windows:
+        out.write(f"  {name}: {v.line}\n")
+
+
+def _tasks_line(d: Dump, out: TextIO) -> None:
+    """One dump's per-process rows, summed up in a line (the verdict needs the whole window: see render_waits)."""
+    if not isinstance(d.extra.get("tasks"), list):
+        return
+    v = judge_dump(d)
+    if not v.processes:
+        out.write("tasks: no traced process ran in this window\n")
+        return
+    who = (f"trainer {_share(v.trainer_io_wait)}" + (f", loaders {_share(v.loader_io_wait)} x{v.loaders}"
+                                                     if v.loaders else "")
+           if v.trainer_pid is not None else f"busiest of {v.processes} processes {_share(v.busiest_io_wait)}")
+    hit = f" ({_share(v.cache_hit)} page-cache hits)" if v.cache_hit is not None else ""
+    out.write(f"tasks: I/O wait {who} of {v.wall_s:.1f}s; files read {fmt_size(v.read_bytes)}{hit}; "
+              f"fsync {_secs(v.fsync_s)}, throttled {_secs(v.throttled_s)}\n")
+
+
+class LabelWindows:
+    """A run's marker dumps merged per label as they come, without their series (for the end-of-run waits
+    and verdicts); at most MAX labels, later ones counted, not kept."""
+
+    MAX = 1000
+
+    def __init__(self) -> None:
+        self.windows: dict[str, Dump] = {}
+        self.skipped = 0
+
+    def add(self, d: Dump) -> None:
+        if d.label is None or not judged(d):
+            return
+        if d.label not in self.windows and len(self.windows) >= self.MAX:
+            self.skipped += 1
+            return
+        light = replace(d, series=[])
+        prev = self.windows.get(d.label)
+        self.windows[d.label] = merge_dumps([prev, light] if prev else [light], kind=d.kind, label=d.label)
+
+    def render(self, out: TextIO) -> None:
+        if not self.windows:
+            return
+        render_waits(list(self.windows.items()), out)
+        if self.skipped:
+            out.write(f"  ({self.skipped} dump(s) of labels past the first {self.MAX} not shown)\n")

@@ -1,0 +1,155 @@
+"""tracer.views.verdict: the I/O-bound rule, table-tested on crafted windows (no root, no BPF)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tracer.model import dump as dumpmod
+from tracer.views import verdict
+from tracer.views.verdict import IO_BOUND, NOT_IO_BOUND, UNKNOWN, family, judge, judge_dump
+
+MiB = 1 << 20
+TRAINER, W1, W2, SHELL = 100, 101, 102, 50
+
+
+def row(pid, ppid, io_wait_s=0.0, read=0, disk=0, fsync_s=0.0, throttled_s=0.0, **kw):
+    return {"pid": pid, "ppid": ppid, "comm": kw.get("comm", f"p{pid}"), "io_wait_s": io_wait_s,
+            "read_bytes": read, "disk_read_bytes": disk, "fsync_s": fsync_s, "throttled_s": throttled_s}
+
+
+def trainer_and_workers(worker_wait, read=64 * MiB, disk=0, trainer_wait=0.05, **kw):
+    """A trainer (a child of iotrace, pid 1 here) with two loader workers that read `read` bytes between them."""
+    return [row(TRAINER, 1, trainer_wait, **kw), row(W1, TRAINER, worker_wait, read // 2, disk // 2),
+            row(W2, TRAINER, worker_wait, read // 2, disk // 2)]
+
+
+def loop(wait, wall=10.0, steps=100):
+    return {"data_wait_s": wait, "steps": steps, "wall_s": wall}
+
+
+CASES = [
+    # (name, wall_s, loop, tasks, trainer_pid, state, words in the line)
+    ("cold epoch: waited, loaders in I/O wait, bytes from disk", 10.0, loop(3.1),
+     trainer_and_workers(8.5, disk=63 * MiB), TRAINER, IO_BOUND,
+     ["waited 31% of the epoch for data", "2 loaders 85% on average", "98% of bytes from disk"]),
+    ("warm epoch: hardly waited", 10.0, loop(0.2), trainer_and_workers(0.01, disk=0), TRAINER, NOT_IO_BOUND,
+     ["waited 2% of the epoch", "100% of bytes from page cache"]),
+    ("cold but prefetched: the disk was slow, the loop did not wait", 10.0, loop(0.3),
+     trainer_and_workers(9.0, disk=64 * MiB), TRAINER, NOT_IO_BOUND, ["waited 3% of the epoch"]),
+    ("long waits, no I/O wait, cache hits: the loaders' CPU", 10.0, loop(4.0), trainer_and_workers(0.02),
+     TRAINER, NOT_IO_BOUND, ["waited 40%", "hardly in I/O wait", "loader CPU?"]),
+    ("long waits, some I/O wait, mostly from disk", 10.0, loop(2.0), trainer_and_workers(0.8, disk=60 * MiB),
+     TRAINER, IO_BOUND, ["8% on average", "94% of bytes from disk"]),
+    ("long waits, the same I/O wait, from cache", 10.0, loop(2.0), trainer_and_workers(0.8, disk=MiB),
+     TRAINER, NOT_IO_BOUND, ["loader CPU?", "98% of bytes from page cache"]),
+    ("no loop timing, loaders mostly in I/O wait", 10.0, None, trainer_and_workers(7.0, disk=64 * MiB),
+     TRAINER, IO_BOUND, ["no loop timing", "70% on average"]),
+    ("no loop timing, little I/O wait", 10.0, None, trainer_and_workers(1.0, disk=64 * MiB), TRAINER,
+     NOT_IO_BOUND, ["no loop timing"]),
+    ("no rows, long waits: cannot tell why", 10.0, loop(4.0), None, None, UNKNOWN, ["--tasks"]),
+    ("no rows, short waits: the loop did not wait", 10.0, loop(0.1), None, None, NOT_IO_BOUND, ["waited 1%"]),
+    ("empty rows list, long waits", 10.0, loop(4.0), [], None, UNKNOWN, ["--tasks"]),
+    ("neither loop nor rows", 10.0, None, None, None, UNKNOWN, ["no loop timing and no per-process rows"]),
+    ("zero wall time", 0.0, loop(1.0), trainer_and_workers(1.0), TRAINER, UNKNOWN, ["empty epoch"]),
+    ("a loop with no steps is no timing", 10.0, loop(5.0, steps=0), trainer_and_workers(0.1), TRAINER,
+     NOT_IO_BOUND, ["no loop timing"]),
+    ("tf.data: reader threads of the trainer itself, summed past 100%", 10.0, loop(5.0),
+     [row(TRAINER, 1, 15.0, 64 * MiB, 64 * MiB)], TRAINER, IO_BOUND, ["trainer 150%", "100% of bytes from disk"]),
+    ("a checkpoint window: fsync stalls, no loop", 2.0, None, [row(TRAINER, 1, 1.6, fsync_s=1.5)], TRAINER,
+     IO_BOUND, ["trainer 80%", "checkpoint stalls: fsync 1.50 s", "no file reads"]),
+]
+
+
+@pytest.mark.parametrize("name,wall,lp,tasks,trainer,state,words", CASES, ids=[c[0] for c in CASES])
+def test_rule(name, wall, lp, tasks, trainer, state, words):
+    v = judge(wall, lp, tasks, trainer, noun="epoch")
+    assert v.state == state, v.line
+    assert v.line.startswith(f"{state}: "), v.line
+    for w in words:
+        assert w in v.line, (w, v.line)
+    assert "\n" not in v.line
+
+
+def test_thresholds_are_inclusive_and_one_step_below_is_not():
+    rows = trainer_and_workers(verdict.IO_WAIT_MIN * 10.0, disk=0)
+    at = judge(10.0, loop(verdict.DATA_WAIT_MIN * 10.0), rows, TRAINER)
+    below = judge(10.0, loop(verdict.DATA_WAIT_MIN * 10.0 - 0.01), rows, TRAINER)
+    assert (at.state, below.state) == (IO_BOUND, NOT_IO_BOUND)
+    io_below = judge(10.0, loop(5.0), trainer_and_workers(verdict.IO_WAIT_MIN * 10.0 - 0.01, disk=0), TRAINER)
+    assert io_below.state == NOT_IO_BOUND, io_below.line
+
+
+def test_numbers_behind_the_line():
+    v = judge(10.0, loop(3.0, wall=12.0), trainer_and_workers(5.0, read=100, disk=25, trainer_wait=1.0,
+                                                            throttled_s=0.5), TRAINER)
+    assert v.data_wait == pytest.approx(0.25)
+    assert (v.trainer_pid, v.loaders) == (TRAINER, 2)
+    assert v.trainer_io_wait == pytest.approx(0.1) and v.loader_io_wait == pytest.approx(0.5)
+    assert (v.read_bytes, v.disk_read_bytes) == (100, 24)       # 25 split in two whole halves
+    assert v.from_disk == pytest.approx(0.24) and v.cache_hit == pytest.approx(0.76)
+    assert v.throttled_s == 0.5
+    js = v.to_json()
+    assert js["state"] == v.state and js["cache_hit"] == pytest.approx(0.76) and js["loaders"] == 2
+
+
+def test_who_is_the_trainer():
+    # iotrace -- sh -c 'python train.py': the shell is the root, python (the marker sender) the trainer
+    rows = [row(SHELL, 1), row(TRAINER, SHELL), row(W1, TRAINER), row(W2, TRAINER), row(103, W1)]
+    trainer, loaders = family(rows, TRAINER)
+    assert trainer["pid"] == TRAINER and sorted(r["pid"] for r in loaders) == [W1, W2, 103]
+    trainer, loaders = family(rows)          # no sender known: the root of the tree
+    assert trainer["pid"] == SHELL and len(loaders) == 4
+    trainer, loaders = family(rows, 999)     # a sender without a row: the root again
+    assert trainer["pid"] == SHELL
+    # two unrelated trees (a system-wide run) and no sender: nobody is the trainer
+    assert family([row(1, 0), row(2, 0)]) == (None, [])
+
+
+def test_no_trainer_known_the_busiest_process_speaks():
+    v = judge(10.0, loop(3.0), [row(1, 0, 0.1), row(2, 0, 6.0, 10, 10), row(3, 0)], None)
+    assert v.trainer_pid is None and v.busiest_io_wait == pytest.approx(0.6)
+    assert v.state == IO_BOUND and "busiest of 3 processes 60%" in v.line
+
+
+def test_disk_bytes_beyond_reads_are_capped_and_mmap_reads_count_as_disk():
+    assert judge(10.0, None, [row(1, 0, 0.0, 100, 400)]).from_disk == 1.0   # readahead read more
+    assert judge(10.0, None, [row(1, 0, 0.0, 0, 400)]).from_disk == 1.0     # no read(): mmap
+    assert judge(10.0, None, [row(1, 0, 0.0, 0, 0)]).from_disk is None
+
+
+def test_bad_rows_are_left_out_not_raised():
+    rows = [row(TRAINER, 1, "x", -5, None), "junk", {"pid": "7"}, {"pid": True}, row(W1, TRAINER, float("nan"), 10, 5)]
+    v = judge(10.0, {"data_wait_s": "?", "steps": 3, "wall_s": 10}, rows, TRAINER)
+    assert v.processes == 2 and v.read_bytes == 10 and v.loader_io_wait == 0.0
+    assert v.data_wait == 0.0 and v.state == NOT_IO_BOUND
+    assert judge(float("nan"), None, rows).state == UNKNOWN
+    assert judge(10.0, "loop?", "tasks?").state == UNKNOWN
+
+
+def _dump(label, seconds, tasks=None, lp=None, sender=None):
+    t0 = datetime(2025, 1, 1, tzinfo=UTC)
+    d = dumpmod.Dump(kind="marker", label=label, start=t0, end=t0 + timedelta(seconds=seconds), host="h",
+                     kernel="k", series=[])
+    if tasks is not None:
+        d.extra["tasks"] = tasks
+    if lp is not None:
+        d.extra["loop"] = lp
+    if sender is not None:
+        d.extra["sender_pid"] = sender
+    return d
+
+
+def test_judge_dump_reads_the_window_and_names_epochs():
+    # a shell runs the trainer: its pid comes with the markers, and survives the merge of the label's dumps
+    rows = [row(SHELL, 1), row(TRAINER, SHELL, 0.1), row(W1, TRAINER, 4.0, 32 * MiB, 32 * MiB)]
+    parts = [_dump("epoch 1", 4.0, rows, None, TRAINER),
+             _dump("epoch 1", 1.0, [row(TRAINER, SHELL)], loop(2.0, wall=5.0), TRAINER)]
+    merged = dumpmod.merge_dumps(parts, kind="marker", label="epoch 1")
+    assert merged.extra["sender_pid"] == TRAINER
+    v = judge_dump(merged)
+    assert v.trainer_pid == TRAINER and v.loaders == 1 and v.wall_s == 5.0
+    assert v.state == IO_BOUND and "of the epoch for data" in v.line and "its loader 80%" in v.line
+    assert verdict.noun_of("epoch 3 / checkpoint") == "window" and verdict.noun_of("run 2 / epoch 3") == "epoch"
+    assert verdict.noun_of(None) == "window"

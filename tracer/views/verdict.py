@@ -1,0 +1,254 @@
+"""The verdict: was storage what a training window waited for?  One pure rule over one window.
+
+This module owns the rule, its thresholds and the one line that states it;
+tracer.report and tracer.plot show it, nothing here reads files or the
+kernel.  Its input is one window (a dump, or the dumps of one label merged):
+its wall time, the training loop's timing ("loop": data_wait_s, steps,
+wall_s, sent with the window's marker) and its per-process rows ("tasks":
+io_wait_s, read_bytes, disk_read_bytes, fsync_s, throttled_s per pid, with
+ppid).
+
+Who is who.  The *trainer* is the process that sent the window's markers
+("sender_pid" of marker dumps), else the one process of the rows whose
+parent is not among them (the root of the traced tree: the command iotrace
+ran, or the --pid).  Its *loaders* are its descendants among the rows
+(DataLoader workers, multiprocessing pools).  With neither known (a
+system-wide run, no markers), every row is a *process* and the busiest
+one speaks for them.
+
+Shares, of the window's wall time (the dumps' own time, which the rows
+cover):
+
+- data wait: loop.data_wait_s / loop.wall_s, the loop's own clock;
+- trainer I/O wait: its io_wait_s / wall, summed over its threads, so a
+  trainer whose reader threads wait at once (tf.data) can pass 100%;
+- loaders I/O wait: their io_wait_s summed / (loaders x wall): the mean
+  loader's share (again summed over each one's threads);
+- from disk: disk_read_bytes / read_bytes over trainer and loaders (capped
+  at 100%: readahead may read more than was asked for; all of it when bytes
+  came from disk but none through read(), as with mmap); page-cache hits are
+  the rest.
+
+The rule (thresholds below, module constants):
+
+1. no wall time, or neither loop timing nor rows: "no verdict";
+2. with loop timing: the loop waited less than DATA_WAIT_MIN of the window
+   for data: "not I/O-bound" (whatever the disk did, the loop did not wait);
+3. it waited more, and the readers (the trainer or its loaders, whichever
+   waited more) were in I/O wait IO_WAIT_MIN of the window or more, or
+   IO_WAIT_DISK_MIN or more with DISK_SHARE_MIN of their bytes from disk:
+   "I/O-bound";
+4. it waited more, but the readers hardly waited for I/O: "not I/O-bound",
+   and the line asks "loader CPU?" (decoding, too few workers, the GIL);
+5. it waited more and there are no rows: "no verdict" (run with --tasks);
+6. no loop timing (a checkpoint window, a plain mark): "I/O-bound" when the
+   readers were in I/O wait IO_WAIT_ALONE of the window or more, else
+   "not I/O-bound".
+
+fsync and dirty-page throttling time are added to the line when together
+they reach STALL_MIN of the window and STALL_MIN_S seconds ("checkpoint
+stalls"); they are I/O wait
+too, so a checkpoint window that stalls on its fsync is called I/O-bound by
+rule 6.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+DATA_WAIT_MIN = 0.10        # the loop waited at least this share of the window for its batches
+IO_WAIT_MIN = 0.20          # readers' I/O wait share that makes the disk the reason for the wait
+IO_WAIT_DISK_MIN = 0.05     # ... or this much, when most bytes came from disk
+DISK_SHARE_MIN = 0.50       # "most bytes from disk"
+IO_WAIT_ALONE = 0.50        # without loop timing: readers in I/O wait at least half the window
+STALL_MIN = 0.10            # fsync + throttled share of the window worth naming ...
+STALL_MIN_S = 0.05          # ... and at least this many seconds
+
+IO_BOUND = "I/O-bound"
+NOT_IO_BOUND = "not I/O-bound"
+UNKNOWN = "no verdict"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One window judged: the state, the numbers it rests on, and the line that says it."""
+
+    state: str                          # IO_BOUND, NOT_IO_BOUND or UNKNOWN
+    line: str                           # "I/O-bound: waited 31% of the epoch for data; ..."
+    wall_s: float
+    data_wait: float | None = None      # share of the loop's wall time spent waiting for batches
+    steps: int | None = None
+    trainer_pid: int | None = None
+    trainer_io_wait: float | None = None    # share of the window, the trainer's threads summed
+    loaders: int = 0
+    loader_io_wait: float | None = None     # the mean loader's share of the window
+    busiest_io_wait: float | None = None    # no trainer known: the busiest process's share
+    processes: int = 0                      # rows judged (trainer + loaders, or all when no trainer is known)
+    read_bytes: int = 0
+    disk_read_bytes: int = 0
+    from_disk: float | None = None          # share of the bytes read that came from disk
+    fsync_s: float = 0.0
+    throttled_s: float = 0.0
+
+    @property
+    def cache_hit(self) -> float | None:
+        """Share of the bytes read that the page cache served (1 - from_disk)."""
+        return None if self.from_disk is None else 1.0 - self.from_disk
+
+    @property
+    def readers_io_wait(self) -> float | None:
+        """The I/O wait share of whichever waited more, the trainer or its (mean) loader."""
+        shares = [s for s in (self.trainer_io_wait, self.loader_io_wait, self.busiest_io_wait) if s is not None]
+        return max(shares) if shares else None
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["cache_hit"] = None if self.cache_hit is None else round(self.cache_hit, 4)
+        for k in ("data_wait", "trainer_io_wait", "loader_io_wait", "busiest_io_wait", "from_disk"):
+            if out[k] is not None:
+                out[k] = round(out[k], 4)
+        return out
+
+
+def _num(v, default: float = 0.0) -> float:
+    """A finite non-negative number from a row's field (a hand-edited file may hold anything)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        return default
+    return float(v)
+
+
+def _rows(tasks) -> list[dict]:
+    if not isinstance(tasks, list):
+        return []
+    return [r for r in tasks if isinstance(r, dict) and isinstance(r.get("pid"), int)
+            and not isinstance(r.get("pid"), bool)]
+
+
+def family(rows: list[dict], trainer_pid: int | None = None) -> tuple[dict | None, list[dict]]:
+    """(the trainer's row or None, its loaders' rows): see the module docstring for who is who."""
+    by_pid = {r["pid"]: r for r in rows}
+    trainer = by_pid.get(trainer_pid) if trainer_pid is not None else None
+    if trainer is None:
+        roots = [r for r in rows if r.get("ppid") not in by_pid or r.get("ppid") == r["pid"]]
+        trainer = roots[0] if len(roots) == 1 else None
+    if trainer is None:
+        return None, []
+    children: dict[int, list[dict]] = {}
+    for r in rows:
+        if r is not trainer and isinstance(r.get("ppid"), int):
+            children.setdefault(r["ppid"], []).append(r)
+    loaders, todo, seen = [], [trainer["pid"]], {trainer["pid"]}
+    while todo:
+        for r in children.get(todo.pop(), []):
+            if r["pid"] not in seen:
+                seen.add(r["pid"])
+                loaders.append(r)
+                todo.append(r["pid"])
+    return trainer, loaders
+
+
+def _pct(share: float) -> str:
+    return f"{share:.0%}" if share >= 0.01 or share == 0 else "<1%"
+
+
+def _waits(v: Verdict) -> str:
+    """'trainer 3%, 2 loaders 85% on average', or the busiest process's share when no trainer is known."""
+    if v.trainer_pid is None:
+        return "" if v.busiest_io_wait is None else f"busiest of {v.processes} processes {_pct(v.busiest_io_wait)}"
+    text = f"trainer {_pct(v.trainer_io_wait or 0.0)}"
+    if v.loaders == 1:
+        text += f", its loader {_pct(v.loader_io_wait or 0.0)}"
+    elif v.loaders:
+        text += f", {v.loaders} loaders {_pct(v.loader_io_wait or 0.0)} on average"
+    return text
+
+
+def _bytes(v: Verdict) -> str:
+    if v.from_disk is None:
+        return "no file reads"
+    if v.from_disk >= 0.5:
+        return f"{_pct(v.from_disk)} of bytes from disk"
+    return f"{_pct(v.cache_hit)} of bytes from page cache"
+
+
+def _stalls(v: Verdict) -> str:
+    stalled = v.fsync_s + v.throttled_s
+    if v.wall_s <= 0 or stalled / v.wall_s < STALL_MIN or stalled < STALL_MIN_S:
+        return ""
+    parts = [f"fsync {v.fsync_s:.2f} s"] + ([f"throttled {v.throttled_s:.2f} s"] if v.throttled_s else [])
+    return f"; checkpoint stalls: {', '.join(parts)}"
+
+
+def judge(wall_s: float, loop: dict | None = None, tasks: list | None = None, trainer_pid: int | None = None,
+          noun: str = "window") -> Verdict:
+    """The verdict on one window: `wall_s` seconds, the loop's timing (or None), its rows (or None), the
+    trainer's pid if known (the marker sender).  `noun` names the window in the line ("epoch")."""
+    wall = _num(wall_s)
+    rows = _rows(tasks)
+    has_rows = isinstance(tasks, list) and bool(rows)
+    dw = steps = None
+    if isinstance(loop, dict) and _num(loop.get("wall_s")) > 0 and _num(loop.get("steps")) > 0:
+        dw = min(1.0, _num(loop.get("data_wait_s")) / _num(loop.get("wall_s")))
+        steps = int(_num(loop.get("steps")))
+    trainer, loaders = family(rows, trainer_pid)
+    judged = ([trainer] + loaders) if trainer is not None else rows
+    fields: dict = {"wall_s": wall, "data_wait": dw, "steps": steps, "processes": len(judged)}
+    if has_rows and wall > 0:
+        fields["read_bytes"] = int(sum(_num(r.get("read_bytes")) for r in judged))
+        fields["disk_read_bytes"] = int(sum(_num(r.get("disk_read_bytes")) for r in judged))
+        fields["fsync_s"] = round(sum(_num(r.get("fsync_s")) for r in judged), 6)
+        fields["throttled_s"] = round(sum(_num(r.get("throttled_s")) for r in judged), 6)
+        if fields["read_bytes"]:
+            fields["from_disk"] = min(1.0, fields["disk_read_bytes"] / fields["read_bytes"])
+        elif fields["disk_read_bytes"]:
+            fields["from_disk"] = 1.0
+        if trainer is not None:
+            fields["trainer_pid"] = trainer["pid"]
+            fields["trainer_io_wait"] = _num(trainer.get("io_wait_s")) / wall
+            fields["loaders"] = len(loaders)
+            if loaders:
+                fields["loader_io_wait"] = sum(_num(r.get("io_wait_s")) for r in loaders) / len(loaders) / wall
+        elif rows:
+            # no trainer known: the busiest process speaks for them
+            fields["busiest_io_wait"] = max(_num(r.get("io_wait_s")) for r in rows) / wall
+    v = Verdict(UNKNOWN, "", **fields)
+    state, line = _rule(v, has_rows and wall > 0, noun)
+    return Verdict(state, f"{state}: {line}", **fields)
+
+
+def _rule(v: Verdict, rows: bool, noun: str) -> tuple[str, str]:
+    if v.wall_s <= 0:
+        return UNKNOWN, f"empty {noun} (no wall time)"
+    if v.data_wait is None and not rows:
+        return UNKNOWN, "no loop timing and no per-process rows (trace with --tasks, mark epochs with tracer.marker)"
+    io = v.readers_io_wait or 0.0
+    waits, read = _waits(v), _bytes(v)
+    if v.data_wait is not None:
+        waited = f"waited {_pct(v.data_wait)} of the {noun} for data"
+        if v.data_wait < DATA_WAIT_MIN:
+            facts = f"; in I/O wait: {waits}; {read}" if rows and waits else (f"; {read}" if rows else "")
+            return NOT_IO_BOUND, f"{waited}{facts}{_stalls(v)}"
+        if not rows:
+            return UNKNOWN, f"{waited}; no per-process rows to tell whether for the disk (trace with --tasks)"
+        disk = v.from_disk if v.from_disk is not None else 0.0
+        if io >= IO_WAIT_MIN or (io >= IO_WAIT_DISK_MIN and disk >= DISK_SHARE_MIN):
+            return IO_BOUND, f"{waited}; in I/O wait: {waits}; {read}{_stalls(v)}"
+        return NOT_IO_BOUND, f"{waited}, but hardly in I/O wait ({waits}); {read}: loader CPU?{_stalls(v)}"
+    state = IO_BOUND if io >= IO_WAIT_ALONE else NOT_IO_BOUND
+    return state, f"no loop timing; in I/O wait: {waits}; {read}{_stalls(v)}"
+
+
+def noun_of(label: str | None) -> str:
+    """What to call a window in its line: "epoch" for "epoch 3" (also nested: "run 2 / epoch 3")."""
+    last = (label or "").rsplit(" / ", 1)[-1]
+    return "epoch" if last.startswith("epoch") else "window"
+
+
+def judge_dump(d) -> Verdict:
+    """The verdict on a dump (tracer.dump.Dump: one window, or one label's dumps merged)."""
+    from tracer.model.dump import duration_of
+
+    sender = d.extra.get("sender_pid")
+    return judge(duration_of(d), d.extra.get("loop"), d.extra.get("tasks"),
+                 sender if isinstance(sender, int) and not isinstance(sender, bool) else None, noun_of(d.label))
