@@ -170,7 +170,8 @@ def test_epochs_cold_then_warm_against_delay_accounting(ext4_mnt, tmp_path, dela
         if _sysctl("kernel.task_delayacct") == "1" and all(w["blkio_ns"] / 1e9 <= span
                                                            for w in read_dumps(results)):
             break
-        print(f"attempt {attempt}: kernel.task_delayacct was changed during the run by someone else")
+        print(f"attempt {attempt}: kernel.task_delayacct was changed during the run by someone else (traced "
+              f"{span:.2f} s; workers' block-I/O delay {[w['blkio_ns'] / 1e9 for w in read_dumps(results)]} s)")
         subprocess.run(["umount", str(mnt)], check=True)     # cold again
         subprocess.run(["mount", "-o", "noatime,no_prefetch_block_bitmaps", loop.path, str(mnt)], check=True)
     else:
