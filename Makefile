@@ -1,5 +1,5 @@
 # iotrace developer entry points; `make test` and `make demo` set the machine up first.
-.PHONY: setup setup-tf setup-torch test lint demo bench clean
+.PHONY: setup setup-tf setup-torch test test-unit lint demo bench clean
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
@@ -18,9 +18,13 @@ setup-tf:
 setup-torch:
 	@bash scripts/setup_torch.sh
 
-# Run the test suite as root.
+# Run the test suite as root: tests/unit (no root needed) and tests/privileged (real BPF on loop devices).
 test: setup setup-tf setup-torch
-	$(AS_ROOT) $(PY) -m pytest -q $(PYTEST_ARGS)
+	$(AS_ROOT) $(PY) -m pytest -q $(PYTEST_ARGS) tests/unit tests/privileged
+
+# The tests that need neither root nor BPF.
+test-unit: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS) tests/unit
 
 # Lint with ruff, and check the package's layers with import-linter (both configured in pyproject.toml).
 lint:

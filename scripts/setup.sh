@@ -12,8 +12,8 @@ REPO=$(pwd -P)
 VENV=$REPO/.venv
 STAMP=$VENV/.iotrace-installed      # sha256 of the pyproject.toml pip last installed
 LINK=/usr/local/bin/iotrace
-# tmux: the tests drive `iotrace top` in it; prometheus: tests/test_prometheus.py runs its own server;
-# bpftrace: tests/test_identity.py traces beside it
+# tmux: the tests drive `iotrace top` in it; prometheus: tests/privileged/test_prometheus.py runs its own server;
+# bpftrace: tests/privileged/test_identity.py traces beside it
 APT_PACKAGES=(python3-bpfcc bpfcc-tools fio tmux prometheus bpftrace)
 # `setup.sh --bench`: also the peers the overhead bench runs iotrace against, and bpftool for its cost pass
 if [[ ${1:-} == --bench ]]; then APT_PACKAGES+=(blktrace bpftool); fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare .venv-tf: a separate venv with TensorFlow (CPU) for the end-to-end
-# training test (tests/test_tensorflow.py), plus iotrace itself installed
+# training test (tests/privileged/test_tensorflow.py), plus iotrace itself installed
 # editable without dependencies so the trainer can import tracer.marker and
 # tracer.integrations.keras.
 #

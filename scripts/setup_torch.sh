@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare .venv-torch: a separate venv with PyTorch (CPU) for the end-to-end
-# DataLoader test (tests/test_torch.py), plus iotrace itself installed
+# DataLoader test (tests/privileged/test_torch.py), plus iotrace itself installed
 # editable so the trainer can import tracer.marker and tracer.integrations.torch.
 #
 # Made from /usr/bin/python3 with --system-site-packages, as .venv is: torch

@@ -43,6 +43,13 @@ def bpf_unavailable() -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
+    # tests/privileged/ load BPF programs (root), tests/unit/ never do: the directory says which
+    for item in items:
+        where = Path(str(item.path)).parent.name
+        if where == "privileged":
+            item.add_marker(pytest.mark.bpf)
+        elif where == "unit" and "bpf" in item.keywords:
+            raise pytest.UsageError(f"{item.nodeid} is marked bpf: BPF tests belong in tests/privileged/")
     reason = bpf_unavailable()
     if not reason:
         return

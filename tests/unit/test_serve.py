@@ -4,14 +4,8 @@ the last test, which starts the real exporter."""
 
 from __future__ import annotations
 
-import csv
-import json
-import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
@@ -21,7 +15,6 @@ import numpy as np
 import pytest
 
 prometheus_client = pytest.importorskip("prometheus_client")
-from conftest import PYTHON, ROOT, reaped  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from tracer import cli  # noqa: E402
@@ -355,65 +348,6 @@ def test_not_ready_and_attached_0_until_the_probe_is_loaded(monkeypatch, capsys)
     assert seen["closed"]
 
 
-@pytest.mark.bpf
-def test_real_serve_goes_from_0_to_1_and_ready():
-    port = free_port()
-    proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "serve", "--listen", f"127.0.0.1:{port}", "--interval", "1"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    states = []     # (/ready status, attached) of each round that answered, in order; /ready asked first
-    with reaped(proc):
-        deadline = time.monotonic() + 120
-        while not states or states[-1] != (200, 1):
-            assert proc.poll() is None and time.monotonic() < deadline, states
-            ready = get(port, serve.READY_PATH)[0]
-            code, text = get(port, "/metrics")
-            if ready and code == 200:
-                states.append((ready, exposition(text)[(serve.ATTACHED, ())]))
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
-    assert proc.returncode == 0
-    # not ready (503) until attached; attached goes from 0 to 1 and never back
-    assert (200, 0) not in states and {r for r, _ in states} <= {200, 503}, states
-    attached = [a for _, a in states]
-    assert attached == sorted(attached) and attached[-1] == 1
-
-
-@pytest.mark.bpf
-def test_real_serve_writes_jsonl_csv_and_alerts_through_the_trace_modes_sinks(loop, tmp_path):
-    """serve takes -o, --csv, --alert and --fail-on-alert as trace mode does: each interval folded into the
-    metrics is also a JSON line carrying its alerts and CSV rows beside iostat's columns; exit 3 at the end."""
-    out, csv_path = tmp_path / "fold.jsonl", tmp_path / "io.csv"
-    port = free_port()
-    proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "serve", "--listen", f"127.0.0.1:{port}", "--interval", "1",
-                             "--dev", loop.name, "-o", str(out), "--csv", str(csv_path), "--alert", "p99>1ns",
-                             "--fail-on-alert"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with reaped(proc):
-        deadline = time.monotonic() + 120
-        while get(port, serve.READY_PATH)[0] != 200:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
-            time.sleep(0.1)
-        with open(loop.path, "rb", buffering=0) as f:
-            for i in range(64):
-                os.pread(f.fileno(), 4096, i * 8192)
-                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        time.sleep(2.5)
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 3, stderr
-    dumps = [json.loads(line) for line in out.read_text().splitlines()]
-    assert dumps[-1]["kind"] == "final" and len(dumps) >= 2
-    reads = sum(s["count"] for d in dumps for s in d["series"] if s["device"] == loop.name and s["op"] == "read")
-    assert reads >= 64
-    fired = [a for d in dumps for a in d.get("alerts", [])]
-    assert fired and all(a["device"] == loop.name for a in fired)
-    assert "iotrace: alert:" in stderr and "exit 3 (--fail-on-alert)" in stderr
-    with open(csv_path) as f:
-        rows = list(csv.DictReader(f))
-    mine = [r for r in rows if r["device"] == loop.name and r["op"] == "read"]
-    assert sum(int(r["count"]) for r in mine) == reads and all(r["r/s"] != "" for r in mine)
-
-
 # ---- --tasks: per-process counters (tracer.sinks.taskmetrics) ----
 
 def task_row(pid: int, comm: str, io_wait_s: float = 0.0, read: int = 0, disk: int = 0, fsync_s: float = 0.0,
@@ -471,36 +405,3 @@ def test_task_counters_follow_the_exporters_labels_and_stay_monotonic():
     # a dump without rows (serve without --tasks) folds nothing
     t.fold(dump_of([]))
     assert sum(by_comm(scrape_all(t), IOW).values()) == pytest.approx(total)
-
-
-@pytest.mark.bpf
-def test_real_serve_exports_a_readers_task_counters(tmp_path):
-    from tracer.sinks import taskmetrics
-
-    data = tmp_path / "data.bin"
-    data.write_bytes(np.random.default_rng(1).bytes(8 << 20))
-    port = free_port()
-    proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "serve", "--tasks", "--listen", f"127.0.0.1:{port}",
-                             "--interval", "0.5"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    names = {field: name for field, name, _ in taskmetrics.FIELDS}
-    READ, DISK, IOW = names["read_bytes"], names["disk_read_bytes"], names["io_wait_s"]
-    with reaped(proc):
-        deadline = time.monotonic() + 120
-        while get(port, serve.READY_PATH)[0] != 200:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
-            time.sleep(0.1)
-        # O_DIRECT: every byte from the disk, in a reader of our own name
-        reader = subprocess.run(["dd", f"if={data}", "of=/dev/null", "bs=256k", "iflag=direct", "status=none"])
-        assert reader.returncode == 0
-        got = {}
-        while time.monotonic() < deadline:
-            time.sleep(0.6)
-            s = exposition(get(port, "/metrics")[1])
-            got = {name: by_comm(s, name).get(("dd", ""), 0) for name in (READ, DISK, IOW)}
-            if got[READ] >= 8 << 20 and got[DISK] >= 8 << 20:
-                break
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
-    assert proc.returncode == 0
-    assert got[READ] >= 8 << 20 and got[DISK] >= 8 << 20, got
-    assert got[IOW] > 0, got

@@ -11,7 +11,9 @@ import time
 
 import pytest
 from conftest import PYTHON, ROOT, reaped, run_iotrace
-from test_report_views import (
+
+from tracer.codec import jsonl
+from unit.test_report_views import (
     E1_MAIN,
     E1_WORKER,
     E2_A,
@@ -26,8 +28,6 @@ from test_report_views import (
     series,
     write,
 )
-
-from tracer.codec import jsonl
 
 READS = [1 * MS] * 30 + [4 * MS] * 10
 

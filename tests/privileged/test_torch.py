@@ -31,7 +31,7 @@ from conftest import (
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
-TRAINER = Path(__file__).with_name("torch_train.py")
+TRAINER = (Path(__file__).resolve().parent.parent / "torch_train.py")
 FILES, FILE_KIB, BATCH, EPOCHS = 48, 512, 4, 2
 TIMEOUT_S = 300
 

@@ -1,4 +1,7 @@
-"""--cgroup: the kernel keeps only I/O submitted from a cgroup v2 or below it."""
+"""test_cgroup: the tests that load BPF programs (need root).
+
+The rest, and the helpers both share, are in tests/unit/test_cgroup.py.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PYTHON, assert_count, read_dumps, series_of
-from test_core import IOLOAD, finish, start_tracer
+from unit.test_core import IOLOAD, finish, start_tracer
 
 from tracer.sources.cgroups import cgroup2_mount
 
@@ -65,12 +68,3 @@ def test_cgroup_filter_keeps_the_cgroup_and_its_descendants(make_loop, tmp_path,
     assert_count(rows[inside.pid]["count"], 120, dumps, device=loop.name)
     # the cgroup id captured at submission is the reader's own cgroup (the inode of its directory)
     assert rows[inside.pid]["cgroup_id"] == os.stat(inner).st_ino
-
-
-def test_cgroup_errors_are_one_line(tmp_path):
-    from conftest import run_iotrace
-
-    for arg, words in (("/no/such/group", "no such cgroup"), ("/..", "not under the cgroup v2 mount")):
-        r = run_iotrace(["--cgroup", arg, "-d", "1"])
-        lines = r.stderr.strip().splitlines()
-        assert r.returncode == 2 and len(lines) == 1 and words in lines[0], r.stderr

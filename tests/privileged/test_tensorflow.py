@@ -25,7 +25,7 @@ from conftest import ROOT, bytes_of, epoch_windows, evict, framework_python, run
 
 pytestmark = [pytest.mark.bpf, pytest.mark.slow]
 
-TRAINER = Path(__file__).with_name("tf_train.py")
+TRAINER = (Path(__file__).resolve().parent.parent / "tf_train.py")
 SHARDS, RECORDS_PER_SHARD = 8, 384      # 16 KiB records: 8 shards of 6 MiB
 EPOCHS = 3
 TIMEOUT_S = 600                         # TensorFlow's start-up alone is several seconds on a slow machine

@@ -17,7 +17,7 @@ from tracer.sinks import prometheus as serve
 from tracer.sources import cgroups
 from tracer.sources.probe import TRACEFS_DIRS
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+DEPLOY = Path(__file__).resolve().parent.parent.parent / "deploy"
 DOCKERFILE = DEPLOY / "Dockerfile"
 MANIFEST = DEPLOY / "kubernetes" / "iotrace.yaml"
 DASHBOARD = DEPLOY / "grafana" / "iotrace-dashboard.json"

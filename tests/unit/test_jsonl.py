@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from test_report_views import MS, dump, series, write
 
 from tracer.cli import report as reportcli
 from tracer.codec import jsonl
@@ -21,6 +20,7 @@ from tracer.model.diskstats import DiskRow, Diskstats, IostatRow, ProcBytes
 from tracer.model.dump import Dump, merge_dumps
 from tracer.pipeline import windows as pipeline
 from tracer.sinks.jsonl import JsonlSink
+from unit.test_report_views import MS, dump, series, write
 
 T0 = datetime(2026, 1, 1, 9, 0, 0, tzinfo=UTC)
 

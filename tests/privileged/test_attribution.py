@@ -28,13 +28,13 @@ from conftest import (
     series_of,
     skipped_by_kernel,
 )
-from test_core import start_tracer
+from unit.test_core import start_tracer
 
 from tracer.model.diskstats import DiskStats
 from tracer.sources.devices import read_diskstats
 from tracer.sources.probe import USER_DROPS
 
-ATTRLOAD = str(Path(__file__).with_name("attrload.py"))
+ATTRLOAD = str(Path(__file__).resolve().parent.parent / "attrload.py")
 bpf = pytest.mark.bpf
 MIB = 1 << 20
 # Kernel threads that submit I/O for others: workqueue workers (the loop driver, writeback).

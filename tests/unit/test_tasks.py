@@ -1,0 +1,107 @@
+"""Per-process rows ("tasks") of every dump: I/O wait, file reads, disk reads, fsync, throttling.
+
+The BPF test runs a trainer whose forked workers read 64 MiB of files cold in
+epoch 1 and warm in epoch 2, and checks the rows against references: delay
+accounting's block-I/O delay (taskstats) for io_wait_s, the bytes the workers
+counted for read_bytes, the read series and /proc/PID/io for disk_read_bytes.
+The rest needs no root.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tracer import contract
+from tracer.model import dump
+from tracer.pipeline import aggregate
+from tracer.sources import kernel
+from tracer.sources.btf import Member
+from tracer.sources.tasks import COUNTERS, TaskRaw, Window, reason_names
+
+# ---- pure parts -----------------------------------------------------------
+
+def counts(**kw) -> tuple[int, ...]:
+    return tuple(kw.get(c, 0) for c in COUNTERS)
+
+
+def test_window_takes_differences_and_forgets_exited_processes():
+    w = Window()
+    rows, gone = w.take([(10, 1, 100, 0, "a", counts(read_bytes=5)), (11, 1, 100, 0, "b", counts())],
+                        start_ns=50, keep_idle=False)
+    # a process first seen in the window is in it, idle or not
+    assert [(r.pid, r.counts["read_bytes"], r.started) for r in rows] == [(10, 5, True), (11, 0, True)]
+    assert gone == []
+    rows, gone = w.take([(10, 1, 100, 900, "a", counts(read_bytes=12, io_wait_ns=3)),
+                         (11, 1, 100, 0, "b", counts())], start_ns=500, keep_idle=True)
+    a, b = rows
+    assert (a.counts["read_bytes"], a.counts["io_wait_ns"], a.exited, a.started) == (7, 3, True, False)
+    assert (b.pid, any(b.counts.values()), b.started) == (11, False, False)    # kept: keep_idle
+    assert gone == [10] and 10 not in w.seen
+    rows, _ = w.take([(11, 1, 100, 0, "b", counts())], start_ns=900, keep_idle=False)
+    assert rows == []       # nothing new, not started here, no pid filter: no row
+
+
+def test_a_reused_pid_counts_from_zero():
+    w = Window()
+    w.take([(10, 1, 100, 0, "a", counts(reads=9))], 0, False)
+    rows, _ = w.take([(10, 2, 700, 0, "b", counts(reads=2))], 600, False)
+    assert rows[0].counts["reads"] == 2 and rows[0].started
+
+
+def raw(pid, **kw) -> TaskRaw:
+    return TaskRaw(pid, 1, f"p{pid}", {c: kw.get(c, 0) for c in COUNTERS}, exited=True)
+
+
+def series(pid, op, nbytes, tgid=None):
+    return dump.Series(pid=pid, comm=f"p{pid}", device="loop0", devno="7:0", op=op, count=1, bytes=nbytes,
+                       phases={}, tgid=tgid if tgid is not None else pid)
+
+
+def test_task_rows_take_disk_reads_from_the_read_series_of_the_process():
+    rows = aggregate.task_rows([raw(5, read_bytes=100, io_wait_ns=2_500_000_000), raw(6)],
+                               [series(5, "read", 40), series(5, "write", 99), series(7, "read", 8, tgid=5),
+                                series(9, "read", 3)])
+    by = {r["pid"]: r for r in rows}
+    assert by[5]["disk_read_bytes"] == 48 and by[5]["read_bytes"] == 100 and by[5]["io_wait_s"] == 2.5
+    assert by[6]["disk_read_bytes"] == 0 and by[6]["exited"]
+    assert by[9]["disk_read_bytes"] == 3 and by[9]["read_bytes"] == 0     # disk reads without a row of its own
+
+
+def test_merged_dumps_add_task_rows_by_pid():
+    merged = dump.merge_tasks([[{"pid": 5, "comm": "a", "io_wait_s": 0.1, "read_bytes": 10, "exited": False}],
+                               [{"pid": 5, "comm": "b", "io_wait_s": 0.2, "read_bytes": 5, "exited": True},
+                                {"pid": 6, "comm": "c", "read_bytes": 1}, "junk"]])
+    assert merged[0] == {"pid": 5, "comm": "b", "io_wait_s": 0.3, "read_bytes": 15, "exited": True,
+                         "io_waits": 0, "reads": 0, "disk_read_bytes": 0, "fsync_s": 0, "fsyncs": 0,
+                         "throttled_s": 0, "throttles": 0, "ppid": 0, "started": False}
+    assert [r["pid"] for r in merged] == [5, 6]
+
+
+def test_the_header_and_the_kernel_table_parse():
+    assert reason_names() == ["tasks_full", "threads_full", "pids_full", "kernel_read"]
+    con = contract.load()
+    reads = con.kernel_tasks
+    assert reads.bits == {"TASK_IN_IOWAIT": ("task_struct", "in_iowait")}
+    assert {"sched_switch", "sched_wakeup", "balance_dirty_pages"} <= reads.raw_tps.keys()
+    assert "TASK_FILES" in reads.members
+    # the block-layer programs' table holds none of them: a kernel without one costs them nothing
+    assert not (reads.members.keys() | reads.raw_tps.keys() | reads.bits.keys()) & \
+        (con.kernel.members.keys() | con.kernel.raw_tps.keys() | con.kernel.bits.keys())
+
+
+class BitBtf:
+    def __init__(self, bit_offset: int, bits: int):
+        self.m = Member(bit_offset // 8, 4, bit_offset, bits)
+
+    def member(self, struct, path):
+        return self.m
+
+
+def test_a_one_bit_field_becomes_its_byte_and_mask():
+    reads = contract.KernelReads({}, {}, {}, {}, {"X": ("task_struct", "in_iowait")})
+    assert kernel.resolve_bits(BitBtf(8 * 1193 + 3, 1), reads) == {"X": 1193, "X_MASK": 8}
+    with pytest.raises(kernel.LayoutError, match="one-bit"):
+        kernel.resolve_bits(BitBtf(80, 2), reads)
+
+
+# ---- the trainer, traced --------------------------------------------------
