@@ -133,7 +133,7 @@ enum iotrace_reason {
  *                                                  holding it (NAME) and its mask
  *                                                  there (NAME_MASK); resolved
  *                                                  only for the programs that ask
- *                                                  (tracer.kernel.resolve_bits)
+ *                                                  (tracer.sources.kernel.resolve_bits)
  * Entries marked "tasks.bpf.c" are read by the per-process programs
  * (tracer/sources/tasks.py) only.
  */

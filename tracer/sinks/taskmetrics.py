@@ -1,7 +1,7 @@
 """iotrace serve --tasks: the per-process counters (I/O wait, file and disk read bytes, fsync and
 dirty-page throttling time) as Prometheus counters, with serve's bounded labels.
 
-This module owns these metric names and how a dump's "tasks" rows (tracer.tasks, see tracer.dump)
+This module owns these metric names and how a dump's "tasks" rows (tracer.sources.tasks, see tracer.codec.jsonl)
 fold into them; tracer.sinks.prometheus owns the exporter, its labels and their ranking, and registers
 this collector beside its own:
 

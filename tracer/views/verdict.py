@@ -1,7 +1,7 @@
 """The verdict: was storage what a training window waited for?  One pure rule over one window.
 
 This module owns the rule, its thresholds and the one line that states it;
-tracer.report and tracer.plot show it, nothing here reads files or the
+tracer.views.report and tracer.views.plot show it, nothing here reads files or the
 kernel.  Its input is one window (a dump, or the dumps of one label merged):
 its wall time, the training loop's timing ("loop": data_wait_s, steps,
 wall_s, sent with the window's marker) and its per-process rows ("tasks":
@@ -246,7 +246,7 @@ def noun_of(label: str | None) -> str:
 
 
 def judge_dump(d) -> Verdict:
-    """The verdict on a dump (tracer.dump.Dump: one window, or one label's dumps merged)."""
+    """The verdict on a dump (tracer.model.dump.Dump: one window, or one label's dumps merged)."""
     from tracer.model.dump import duration_of
 
     sender = d.extra.get("sender_pid")
