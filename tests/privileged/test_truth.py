@@ -142,13 +142,20 @@ def test_two_processes_reading_the_same_blocks(loop, tmp_path, attach):
     if attach != "raw_tp":
         pytest.skip("the tracepoint path knows a request only by its (dev, sector): twins may swap latencies")
     twins = fio_cmd(loop.path, "twins", size="256k", ioengine="libaio", iodepth=8, numjobs=2, number_ios=4096)
-    run = gt.run_command(dev_args(loop), twins, kdevs(loop), PYTHON, ROOT, tmp_path)
-    assert_matches(run.comparison, run.dumps, [("fio", loop.name, "read")])
-    both = [s for s in run.comparison.find(comm="fio", device=loop.name, op="read") if s.status == "compared"]
-    assert len(both) == 2, gt.render(run.comparison)
-    # the overlaps happened, and the reference told them apart by request, not by order
-    assert run.truth.notes["same_sector_by_request"] > 0, run.truth.notes
-    assert not run.truth.notes["same_sector_overlap"], run.truth.notes
+    # overlaps are likely, not certain (on a busy machine the two jobs may take turns): every run must
+    # match exactly; up to 3 runs for one in which twins were in flight together
+    for attempt in range(3):
+        workdir = tmp_path / f"run{attempt}"
+        workdir.mkdir()
+        run = gt.run_command(dev_args(loop), twins, kdevs(loop), PYTHON, ROOT, workdir)
+        assert_matches(run.comparison, run.dumps, [("fio", loop.name, "read")])
+        both = [s for s in run.comparison.find(comm="fio", device=loop.name, op="read") if s.status == "compared"]
+        assert len(both) == 2, gt.render(run.comparison)
+        assert not run.truth.notes["same_sector_overlap"], run.truth.notes
+        if run.truth.notes["same_sector_by_request"] > 0:
+            break       # the overlaps happened, and the reference told them apart by request, not by order
+    else:
+        pytest.fail(f"in 3 runs no two requests at one sector were in flight together: {run.truth.notes}")
 
 
 # ---- ext4 on a loop device: every process on the device ----------------------------
