@@ -219,13 +219,12 @@ static __always_inline bool fd_is_regular(u64 fd)
 	return (mode & IOTRACE_TASKS_S_IFMT) == IOTRACE_TASKS_S_IFREG;
 }
 
-/* A read syscall begins: note it when its fd is a regular file. */
-static __always_inline void read_enter(u64 fd)
+/* A read syscall of traced thread `id` (pid_tgid) begins: note it when its fd is a regular file. */
+static __always_inline void read_enter(u64 id, u32 fd)
 {
 	struct iotrace_thread *th;
-	u64 id = bpf_get_current_pid_tgid();
 
-	if (!twanted(tcfg(), id >> 32) || !fd_is_regular(fd))
+	if (!fd_is_regular(fd))
 		return;
 	if (!current_task(id >> 32, bpf_ktime_get_ns()))
 		return;
@@ -254,14 +253,12 @@ static __always_inline void read_exit(long ret)
 	__sync_fetch_and_add(&t->reads, 1);
 }
 
-static __always_inline void sync_enter(void)
+/* A sync syscall of traced thread `id` begins. */
+static __always_inline void sync_enter(u64 id)
 {
 	struct iotrace_thread *th;
-	u64 id = bpf_get_current_pid_tgid(), now;
+	u64 now = bpf_ktime_get_ns();
 
-	if (!twanted(tcfg(), id >> 32))
-		return;
-	now = bpf_ktime_get_ns();
 	if (!current_task(id >> 32, now))
 		return;
 	th = current_thread((u32)id, id >> 32);
@@ -288,16 +285,94 @@ static __always_inline void sync_exit(void)
 	__sync_fetch_and_add(&t->fsyncs, 1);
 }
 
+#ifdef IOTRACE_TASKS_RAW_SYSCALLS
 /*
- * The syscalls' own tracepoints (perf-event ones: their fields are the
- * syscall's arguments, no pt_regs layout to know), so that no program runs
- * for any other syscall.
+ * The raw sys_enter/sys_exit tracepoints: one program each for every
+ * syscall of the machine, which returns at the first compares for any other
+ * syscall number.  The numbers (IOTRACE_NR_*) are the running
+ * architecture's, given by user space (tracer/sources/tasks.py
+ * syscall_numbers); the argument and, at exit, the number are read from
+ * struct pt_regs at offsets from BTF (IOTRACE_K_REGS_*).
+ */
+#define READ_NR(nr) ((nr) == IOTRACE_NR_READ || (nr) == IOTRACE_NR_PREAD64 || (nr) == IOTRACE_NR_READV || \
+		     (nr) == IOTRACE_NR_PREADV || (nr) == IOTRACE_NR_PREADV2)
+#define SYNC_NR(nr) ((nr) == IOTRACE_NR_FSYNC || (nr) == IOTRACE_NR_FDATASYNC || (nr) == IOTRACE_NR_SYNC_FILE_RANGE)
+
+/* Whether the running syscall is numbered from another table (x86_64: a 32-bit one, TS_COMPAT). */
+static __always_inline bool compat_syscall(void)
+{
+#ifdef IOTRACE_K_TASK_TI_STATUS
+	u32 status = 0;
+
+	if (tread(&status, sizeof(status), bpf_get_current_task() + IOTRACE_K_TASK_TI_STATUS))
+		return true;
+	return status & IOTRACE_TASKS_X86_TS_COMPAT;
+#else
+	return false;
+#endif
+}
+
+/* sys_enter(regs, id) */
+RAW_TRACEPOINT_PROBE(sys_enter)
+{
+	long nr = ctx->args[1];
+	bool read = READ_NR(nr);
+	u64 id, fd = 0;
+
+	if (!read && !SYNC_NR(nr))
+		return 0;
+	id = bpf_get_current_pid_tgid();
+	if (!twanted(tcfg(), id >> 32) || compat_syscall())
+		return 0;
+	if (!read) {
+		sync_enter(id);
+		return 0;
+	}
+	/* the kernel takes the fd as an unsigned int (readv's unsigned long too, in fdget) */
+	if (tread(&fd, sizeof(fd), ctx->args[0] + IOTRACE_K_REGS_ARG0))
+		return 0;
+	read_enter(id, (u32)fd);
+	return 0;
+}
+
+/* sys_exit(regs, ret): the number is the one sys_enter had (pt_regs' orig_ax on x86_64) */
+RAW_TRACEPOINT_PROBE(sys_exit)
+{
+	long nr = -1;
+
+	if (tread(&nr, sizeof(nr), ctx->args[0] + IOTRACE_K_REGS_NR))
+		return 0;
+	if (READ_NR(nr))
+		read_exit(ctx->args[1]);
+	else if (SYNC_NR(nr))
+		sync_exit();
+	return 0;
+}
+
+#else /* !IOTRACE_TASKS_RAW_SYSCALLS */
+/*
+ * The fallback: the syscalls' own tracepoints (perf-event ones: their
+ * fields are the syscall's arguments, no pt_regs layout or syscall number
+ * to know), so that no program runs for any other syscall, but every
+ * syscall of the machine takes the tracepoint slow path.
  */
 #define READ_SYSCALL(name) \
-TRACEPOINT_PROBE(syscalls, sys_enter_ ## name) { read_enter(args->fd); return 0; } \
+TRACEPOINT_PROBE(syscalls, sys_enter_ ## name) \
+{ \
+	u64 id = bpf_get_current_pid_tgid(); \
+	if (twanted(tcfg(), id >> 32)) \
+		read_enter(id, args->fd); \
+	return 0; \
+} \
 TRACEPOINT_PROBE(syscalls, sys_exit_ ## name) { read_exit(args->ret); return 0; }
 #define SYNC_SYSCALL(name) \
-TRACEPOINT_PROBE(syscalls, sys_enter_ ## name) { sync_enter(); return 0; } \
+TRACEPOINT_PROBE(syscalls, sys_enter_ ## name) \
+{ \
+	u64 id = bpf_get_current_pid_tgid(); \
+	if (twanted(tcfg(), id >> 32)) \
+		sync_enter(id); \
+	return 0; \
+} \
 TRACEPOINT_PROBE(syscalls, sys_exit_ ## name) { sync_exit(); return 0; }
 
 READ_SYSCALL(read)
@@ -308,6 +383,7 @@ READ_SYSCALL(preadv2)
 SYNC_SYSCALL(fsync)
 SYNC_SYSCALL(fdatasync)
 SYNC_SYSCALL(sync_file_range)
+#endif /* IOTRACE_TASKS_RAW_SYSCALLS */
 
 /* sched_process_fork(parent, child): forks of traced processes join the filter */
 RAW_TRACEPOINT_PROBE(sched_process_fork)

@@ -211,6 +211,9 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         _announce(args, child, probe, control, control_error)
         if args.tasks and tasks is None:
             print(f"iotrace: warning: no per-process rows (\"tasks\") in the dumps: {tasks_note}", file=sys.stderr)
+        elif tasks is not None and tasks.syscalls_note:
+            print(f"iotrace: per-process rows time reads and fsyncs on the syscalls' perf-event tracepoints, "
+                  f"not raw ones (costlier for every syscall): {tasks.syscalls_note}", file=sys.stderr)
         windows = DumpWindows(probe, tasks, alerts, traced=bool(args.pids or args.command))
         live = Live(windows, outputs, Schedule(args.interval, args.duration, args.count), sig, child=child,
                     pidfds=pidfds, control=control)
