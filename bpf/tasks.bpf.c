@@ -219,6 +219,27 @@ static __always_inline bool fd_is_regular(u64 fd)
 	return (mode & IOTRACE_TASKS_S_IFMT) == IOTRACE_TASKS_S_IFREG;
 }
 
+#ifdef IOTRACE_TASKS_RAW_SYSCALLS
+/*
+ * Threads inside a read or sync syscall that sys_enter noted (READING set,
+ * or fsync_ns), machine-wide: while there are none, sys_exit returns
+ * without reading pt_regs.  Counted where a note is set and where it is
+ * cleared (at the syscall's exit, or the thread's).
+ */
+BPF_ARRAY(tnoted, s64, 1);
+
+static __always_inline void noted_add(s64 n)
+{
+	u32 zero = 0;
+	s64 *v = tnoted.lookup(&zero);
+
+	if (v)
+		__sync_fetch_and_add(v, n);
+}
+#else
+#define noted_add(n) do { } while (0)
+#endif
+
 /* A read syscall of traced thread `id` (pid_tgid) begins: note it when its fd is a regular file. */
 static __always_inline void read_enter(u64 id, u32 fd)
 {
@@ -229,8 +250,10 @@ static __always_inline void read_enter(u64 id, u32 fd)
 	if (!current_task(id >> 32, bpf_ktime_get_ns()))
 		return;
 	th = current_thread((u32)id, id >> 32);
-	if (th)
+	if (th && !(th->flags & IOTRACE_TASKS_READING)) {
 		th->flags |= IOTRACE_TASKS_READING;
+		noted_add(1);
+	}
 }
 
 /* A read syscall returns `ret`: its bytes count if it was noted. */
@@ -244,6 +267,7 @@ static __always_inline void read_exit(long ret)
 	if (!th || !(th->flags & IOTRACE_TASKS_READING))
 		return;
 	th->flags &= ~IOTRACE_TASKS_READING;
+	noted_add(-1);
 	if (ret <= 0)
 		return;
 	t = tasks.lookup(&th->tgid);
@@ -262,8 +286,11 @@ static __always_inline void sync_enter(u64 id)
 	if (!current_task(id >> 32, now))
 		return;
 	th = current_thread((u32)id, id >> 32);
-	if (th)
-		th->fsync_ns = now;
+	if (!th)
+		return;
+	if (!th->fsync_ns)
+		noted_add(1);
+	th->fsync_ns = now;
 }
 
 static __always_inline void sync_exit(void)
@@ -278,6 +305,7 @@ static __always_inline void sync_exit(void)
 		return;
 	start = th->fsync_ns;
 	th->fsync_ns = 0;
+	noted_add(-1);
 	t = tasks.lookup(&th->tgid);
 	if (!t)
 		return;
@@ -338,8 +366,13 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 /* sys_exit(regs, ret): the number is the one sys_enter had (pt_regs' orig_ax on x86_64) */
 RAW_TRACEPOINT_PROBE(sys_exit)
 {
+	u32 zero = 0;
+	s64 *noted = tnoted.lookup(&zero);
 	long nr = -1;
 
+	/* no thread anywhere in a noted syscall: nothing to end (an array lookup, no helper call) */
+	if (!noted || *noted <= 0)
+		return 0;
 	if (tread(&nr, sizeof(nr), ctx->args[0] + IOTRACE_K_REGS_NR))
 		return 0;
 	if (READ_NR(nr))
@@ -422,6 +455,13 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 	struct iotrace_task *t;
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tid = id, tgid = id >> 32;
+#ifdef IOTRACE_TASKS_RAW_SYSCALLS
+	struct iotrace_thread *th = threads.lookup(&tid);
+
+	/* a thread that ends inside a noted syscall (its exit is never traced) */
+	if (th && (th->flags & IOTRACE_TASKS_READING || th->fsync_ns))
+		noted_add(-1);
+#endif
 
 	threads.delete(&tid);
 #ifdef IOTRACE_HAVE_GROUP_DEAD
