@@ -223,8 +223,13 @@ static __always_inline bool fd_is_regular(u64 fd)
 /*
  * Threads inside a read or sync syscall that sys_enter noted (READING set,
  * or fsync_ns), machine-wide: while there are none, sys_exit returns
- * without reading pt_regs.  Counted where a note is set and where it is
- * cleared (at the syscall's exit, or the thread's).
+ * without reading pt_regs.  Raised at every note, lowered where a note is
+ * cleared.  It errs only upwards, which costs that shortcut and nothing
+ * else: sched_wakeup's unlocked update of the flags may, rarely, undo the
+ * exit's clearing of READING (the stale flag was lowered already: the next
+ * note raises it again, hence "every note") or the entry's setting (then it
+ * stays one too high).  Never lowered at a thread's exit: a thread leaves
+ * a syscall before it exits, so a note left then is a stale one.
  */
 BPF_ARRAY(tnoted, s64, 1);
 
@@ -250,7 +255,7 @@ static __always_inline void read_enter(u64 id, u32 fd)
 	if (!current_task(id >> 32, bpf_ktime_get_ns()))
 		return;
 	th = current_thread((u32)id, id >> 32);
-	if (th && !(th->flags & IOTRACE_TASKS_READING)) {
+	if (th) {
 		th->flags |= IOTRACE_TASKS_READING;
 		noted_add(1);
 	}
@@ -288,9 +293,8 @@ static __always_inline void sync_enter(u64 id)
 	th = current_thread((u32)id, id >> 32);
 	if (!th)
 		return;
-	if (!th->fsync_ns)
-		noted_add(1);
 	th->fsync_ns = now;
+	noted_add(1);
 }
 
 static __always_inline void sync_exit(void)
@@ -455,14 +459,6 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 	struct iotrace_task *t;
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tid = id, tgid = id >> 32;
-#ifdef IOTRACE_TASKS_RAW_SYSCALLS
-	struct iotrace_thread *th = threads.lookup(&tid);
-
-	/* a thread that ends inside a noted syscall (its exit is never traced) */
-	if (th && (th->flags & IOTRACE_TASKS_READING || th->fsync_ns))
-		noted_add(-1);
-#endif
-
 	threads.delete(&tid);
 #ifdef IOTRACE_HAVE_GROUP_DEAD
 	if (!(ctx->args[1] & 1))
