@@ -153,9 +153,11 @@ def choose_syscalls(mode: str, btf, con: contract.Contract, headers: Path,
     tracepoints, the struct pt_regs members of iotrace.h's entries for this
     architecture and the syscall numbers (syscall_numbers).  tracepoint: the
     syscalls' own perf-event tracepoints, which need nothing of the kernel's
-    layout but put every syscall of the machine on the tracepoint slow path
-    and share the perf-event programs' per-CPU recursion guard (see
-    bpf/tasks.bpf.c).  "auto" takes raw_tp when it can, and says why not.
+    layout but share the perf-event and kprobe programs' per-CPU recursion
+    guard: other tools' programs skip events while they run (both variants
+    put every syscall of the machine on the syscall-tracepoint slow path;
+    costs in bpf/tasks.bpf.c).  "auto" takes raw_tp when it can, and says
+    why not.
     """
     if mode == "tracepoint":
         return "tracepoint", [], ""
@@ -215,14 +217,23 @@ class TaskTracer:
         except kernel.LayoutError as exc:
             raise UserError(f"per-process rows need the kernel's BTF: {exc}") from None
         self.syscalls, syscall_flags, self.syscalls_note = choose_syscalls(syscalls, btf, con, headers)
-        cflags = [f"-I{contract.bpf_dir()}", *layout.cflags(), *syscall_flags]
+        cflags = [f"-I{contract.bpf_dir()}", *layout.cflags()]
         if layout.group_dead:
             cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
         text = (contract.bpf_dir() / "tasks.bpf.c").read_text()
         try:
-            self.bpf = bcc.BPF(text=text, cflags=cflags)
+            self.bpf = bcc.BPF(text=text, cflags=cflags + syscall_flags)
         except Exception as exc:  # bcc raises bare Exception for compile/load/attach errors
-            raise UserError(f"could not load the per-process programs: {str(exc).strip().splitlines()[-1]}") from None
+            why = str(exc).strip().splitlines()[-1]
+            if self.syscalls != "raw_tp" or syscalls != "auto":
+                raise UserError(f"could not load the per-process programs: {why}") from None
+            # the kernel refused the raw variant: "auto" still has the perf-event one
+            self.syscalls, self.syscalls_note = "tracepoint", f"the raw sys_enter/sys_exit programs did not load: {why}"
+            try:
+                self.bpf = bcc.BPF(text=text, cflags=cflags)
+            except Exception as exc2:
+                raise UserError("could not load the per-process programs: "
+                                f"{str(exc2).strip().splitlines()[-1]}") from None
         self.reasons = reason_names()
         self.filtered = bool(pids)
         self._window = Window()
