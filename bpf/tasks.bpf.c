@@ -11,11 +11,34 @@
  *                     process's io_wait_ns (where delayacct_blkio_end runs),
  *                     and to throttle_ns when balance_dirty_pages put it there
  *   balance_dirty_pages  pause > 0: the thread's next I/O wait is throttling
- *   syscalls:sys_enter/exit_{read,pread64,readv,preadv,preadv2}
+ *   read, pread64, readv, preadv, preadv2
  *                     bytes returned from a regular file (page cache or not)
- *   syscalls:sys_enter/exit_{fsync,fdatasync,sync_file_range}  time inside
+ *   fsync, fdatasync, sync_file_range  time inside
  *   sched_process_fork / exit  the pid filter follows forks; a process's
  *                     exit is stamped, and user space deletes it once read
+ *
+ * The syscalls are timed in one of two variants, chosen at load by
+ * tracer/sources/tasks.py (choose_syscalls):
+ *   IOTRACE_TASKS_RAW_SYSCALLS  raw sys_enter / sys_exit: one program each for
+ *                     every syscall of the machine, returning after a compare
+ *                     chain for any other number; fd and (at exit) number read
+ *                     from struct pt_regs at BTF offsets, numbers from user space
+ *   otherwise         the syscalls' perf-event tracepoints
+ *                     (syscalls:sys_enter/exit_<name>): no layout needed
+ * Both are driven by the kernel's sys_enter/sys_exit tracepoints, so with
+ * either every syscall of every process takes the syscall-tracepoint slow
+ * path.  What differs, measured with scripts/bench_tasks.py (2-CPU VM,
+ * kernel 6.18, retpolines and SRSO safe-RET on; medians of 5 interleaved
+ * rounds, against untraced in the same round):
+ *   getppid, watched by nothing   perf-event +107 ns (x1.45)   raw +176 ns (x1.72)
+ *     (pid filter: +110 vs +200): the raw variant runs its two programs, ~56
+ *     ns a run each in bpf_stats, where the perf-event one tests a bitmap
+ *   pread 4 KiB, traced           perf-event +1009 ns (x2.19)  raw +911 ns (x2.05)
+ *   a perf-event block:block_rq_complete program beside them, fio O_DIRECT
+ *     on a loop device, 3 x 10 s: perf-event 131 recursion misses (events
+ *     skipped: perf-event programs share a per-CPU guard), raw 0
+ * Hence raw is taken wherever it can be: it costs other tools (and iotrace's
+ * own --attach tracepoint path) no events, though not less per syscall.
  *
  * Kernel structs are read only at offsets from the running kernel's BTF
  * (IOTRACE_K_*, from iotrace.h's IOTRACE_KERNEL_TABLE, resolved by
