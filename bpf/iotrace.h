@@ -135,7 +135,12 @@ enum iotrace_reason {
  *                                                  only for the programs that ask
  *                                                  (tracer.sources.kernel.resolve_bits)
  * Entries marked "tasks.bpf.c" are read by the per-process programs
- * (tracer/sources/tasks.py) only.
+ * (tracer/sources/tasks.py) only; those marked "tasks.bpf.c syscalls" only
+ * by their raw sys_enter/sys_exit variant, which falls back to the
+ * syscalls' perf-event tracepoints when one is missing.  A syscalls entry
+ * that names an architecture (the register names of struct pt_regs, as
+ * platform.machine() spells it) is that architecture's alone; one without
+ * entries for the running architecture takes the fallback too.
  */
 #ifdef IOTRACE_KERNEL_TABLE
 KMEMBER(RQ_Q, request, q, 8)
@@ -181,6 +186,11 @@ KBIT(TASK_IN_IOWAIT, task_struct, in_iowait)	/* tasks.bpf.c */
 KRAWTP(sched_switch, bool, struct task_struct *, struct task_struct *, unsigned int)	/* tasks.bpf.c */
 KRAWTP(sched_wakeup, struct task_struct *)	/* tasks.bpf.c */
 KRAWTP(balance_dirty_pages, struct bdi_writeback *, struct dirty_throttle_control *, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long int)	/* tasks.bpf.c */
+KRAWTP(sys_enter, struct pt_regs *, long int)	/* tasks.bpf.c syscalls */
+KRAWTP(sys_exit, struct pt_regs *, long int)	/* tasks.bpf.c syscalls */
+KMEMBER(REGS_ARG0, pt_regs, di, 8)	/* tasks.bpf.c syscalls x86_64: a syscall's first argument */
+KMEMBER(REGS_NR, pt_regs, orig_ax, 8)	/* tasks.bpf.c syscalls x86_64: the syscall's number */
+KMEMBER(TASK_TI_STATUS, task_struct, thread_info.status, 4)	/* tasks.bpf.c syscalls x86_64: TS_COMPAT */
 #endif
 
 /*

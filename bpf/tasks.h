@@ -24,6 +24,15 @@
 #define IOTRACE_TASKS_THROTTLED 2	/* the I/O wait in progress is dirty-page throttling */
 #define IOTRACE_TASKS_READING 4	/* in a read syscall on a regular file */
 
+/*
+ * x86_64: thread_info.status bit of a task inside a 32-bit (ia32) syscall,
+ * whose number is from the 32-bit table (arch/x86/include/asm/thread_info.h
+ * TS_COMPAT; a #define, so not in BTF; 0x0002 since 2.6.x).  The raw
+ * sys_enter program skips such syscalls, as the perf-event syscall
+ * tracepoints do (trace_get_syscall_nr() is -1 for them).
+ */
+#define IOTRACE_TASKS_X86_TS_COMPAT 0x0002
+
 /* What could not be recorded, each counted (per CPU, never reset). */
 enum iotrace_tasks_reason {
 	IOTRACE_TASKS_DROP_TASKS_FULL = 0,	/* no room for a process: its counters lost */

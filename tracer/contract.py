@@ -21,6 +21,8 @@ _ENUM = re.compile(r"enum\s+(iotrace_\w+)\s*\{(.*?)\};", re.S)
 _MEMBER = re.compile(r"^\s*(IOTRACE_\w+)\s*=\s*(\d+)\s*,", re.M)
 _KERNEL_TABLE = re.compile(r"^#ifdef IOTRACE_KERNEL_TABLE\b(.*?)^#endif", re.M | re.S)
 _KERNEL_ENTRY = re.compile(r"^(KMEMBER|KENUM|KHEAD|KRAWTP|KBIT)\((.*?)\)\s*(?:/\*.*\*/)?\s*$")
+# "/* tasks.bpf.c syscalls */" or "/* tasks.bpf.c syscalls x86_64: what it is */": group 1 the architecture
+_SYSCALLS_MARK = re.compile(r"/\*\s*tasks\.bpf\.c\s+syscalls\b(?:\s+(\w+))?")
 
 
 def bpf_dir() -> Path:
@@ -70,6 +72,9 @@ class Contract:
     # the entries marked "tasks.bpf.c": read by the per-process programs only, so a kernel that
     # lacks one costs the block-layer programs nothing
     kernel_tasks: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
+    # the entries marked "tasks.bpf.c syscalls": the per-process programs' raw sys_enter/sys_exit
+    # variant only, by architecture ("" for every one; else platform.machine(), e.g. "x86_64")
+    kernel_syscalls: dict[str, KernelReads] = field(default_factory=dict)
 
     def const(self, name: str) -> int:
         return self.defines["IOTRACE_" + name]
@@ -125,9 +130,11 @@ class Contract:
         return self.const("HIST_BUCKETS")
 
 
-def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads]:
-    """(the block-layer programs' reads, the per-process programs' reads: lines marked tasks.bpf.c)."""
+def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, KernelReads]]:
+    """(the block-layer programs' reads, the per-process programs' reads: lines marked tasks.bpf.c,
+    their raw-syscall variant's by architecture: lines marked "tasks.bpf.c syscalls [arch]")."""
     block, tasks = KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {})
+    syscalls: dict[str, KernelReads] = {}
     table = _KERNEL_TABLE.search(text)
     for line in (table.group(1).splitlines() if table else ()):
         if not line.strip():
@@ -135,7 +142,11 @@ def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads]:
         m = _KERNEL_ENTRY.match(line.strip())
         if not m:
             raise ValueError(f"iotrace.h: bad line in IOTRACE_KERNEL_TABLE: {line.strip()!r}")
-        reads = tasks if "tasks.bpf.c" in line else block
+        mark = _SYSCALLS_MARK.search(line)
+        if mark:
+            reads = syscalls.setdefault(mark.group(1) or "", KernelReads({}, {}, {}, {}))
+        else:
+            reads = tasks if "tasks.bpf.c" in line else block
         kind, args = m.group(1), [a.strip() for a in m.group(2).split(",")]
         if kind == "KMEMBER":
             reads.members[args[0]] = (args[1], args[2], int(args[3]))
@@ -147,7 +158,7 @@ def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads]:
             reads.bits[args[0]] = (args[1], args[2])
         else:
             reads.raw_tps[args[0]] = args[1:]
-    return block, tasks
+    return block, tasks, syscalls
 
 
 def parse(text: str) -> Contract:

@@ -9,14 +9,26 @@ The rest needs no root.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tracer import contract
+from tracer.errors import UserError
 from tracer.model import dump
 from tracer.pipeline import aggregate
 from tracer.sources import kernel
-from tracer.sources.btf import Member
-from tracer.sources.tasks import COUNTERS, TaskRaw, Window, reason_names
+from tracer.sources.btf import BtfError, Member
+from tracer.sources.tasks import (
+    COUNTERS,
+    READ_SYSCALLS,
+    SYNC_SYSCALLS,
+    TaskRaw,
+    Window,
+    choose_syscalls,
+    reason_names,
+    syscall_numbers,
+)
 
 # ---- pure parts -----------------------------------------------------------
 
@@ -87,6 +99,71 @@ def test_the_header_and_the_kernel_table_parse():
     # the block-layer programs' table holds none of them: a kernel without one costs them nothing
     assert not (reads.members.keys() | reads.raw_tps.keys() | reads.bits.keys()) & \
         (con.kernel.members.keys() | con.kernel.raw_tps.keys() | con.kernel.bits.keys())
+
+
+def test_the_raw_syscall_entries_are_apart_and_by_architecture():
+    con = contract.load()
+    common, x86 = con.kernel_syscalls[""], con.kernel_syscalls["x86_64"]
+    assert common.raw_tps == {"sys_enter": ["struct pt_regs *", "long int"],
+                              "sys_exit": ["struct pt_regs *", "long int"]}
+    assert x86.members["REGS_ARG0"] == ("pt_regs", "di", 8) and x86.members["REGS_NR"] == ("pt_regs", "orig_ax", 8)
+    # none of them in the tables every variant needs: a kernel without them only loses the raw variant
+    assert not (x86.members.keys() | common.raw_tps.keys()) & (
+        con.kernel_tasks.members.keys() | con.kernel_tasks.raw_tps.keys() | con.kernel.members.keys())
+
+
+UNISTD_64 = "#ifndef _ASM_UNISTD_64_H\n" + "".join(
+    f"#define __NR_{n} {nr}\n" for n, nr in (("read", 0), ("write", 1), ("fsync", 74), ("fdatasync", 75),
+                                               ("pread64", 17), ("readv", 19), ("preadv", 295),
+                                               ("preadv2", 327), ("sync_file_range", 277)))
+
+
+def test_syscall_numbers_come_from_the_header_tree_then_usr_include(tmp_path):
+    build, usr = tmp_path / "build", tmp_path / "usr"
+    (usr / "x86_64-linux-gnu/asm").mkdir(parents=True)
+    (usr / "x86_64-linux-gnu/asm/unistd_64.h").write_text(UNISTD_64)
+    nrs = syscall_numbers("x86_64", build, usr)
+    assert nrs["read"] == 0 and nrs["preadv2"] == 327 and set(nrs) == set(READ_SYSCALLS + SYNC_SYSCALLS)
+    tree = build / "arch/x86/include/generated/uapi/asm"
+    tree.mkdir(parents=True)
+    (tree / "unistd_64.h").write_text(UNISTD_64.replace("__NR_read 0", "__NR_read 1000"))
+    assert syscall_numbers("x86_64", build, usr)["read"] == 1000
+    (tree / "unistd_64.h").write_text("#define __NR_read 0\n")        # incomplete: the next one is taken
+    assert syscall_numbers("x86_64", build, usr)["read"] == 0
+    with pytest.raises(kernel.LayoutError, match="no header numbering read"):
+        syscall_numbers("x86_64", build, tmp_path / "nothing")
+
+
+class RegsBtf:
+    def __init__(self, protos=True):
+        self.protos = protos
+
+    def member(self, struct, path):
+        return Member({"di": 112, "orig_ax": 120, "thread_info.status": 16}[path], 8 if struct == "pt_regs" else 4,
+                      0, 0)
+
+    def func_proto(self, typedef):
+        if not self.protos:
+            raise BtfError(f"no typedef named {typedef!r} in BTF")
+        return ["void *", "struct pt_regs *", "long int"]
+
+
+def test_raw_syscalls_are_taken_when_all_is_there_else_the_fallback_says_why(tmp_path):
+    con = contract.load()
+    tree = tmp_path / "arch/x86/include/generated/uapi/asm"
+    tree.mkdir(parents=True)
+    (tree / "unistd_64.h").write_text(UNISTD_64)
+    mode, flags, note = choose_syscalls("auto", RegsBtf(), con, tmp_path, "x86_64")
+    assert (mode, note) == ("raw_tp", "")
+    assert {"-DIOTRACE_TASKS_RAW_SYSCALLS", "-DIOTRACE_K_REGS_ARG0=112", "-DIOTRACE_K_REGS_NR=120",
+            "-DIOTRACE_NR_READ=0", "-DIOTRACE_NR_SYNC_FILE_RANGE=277"} <= set(flags)
+    mode, flags, note = choose_syscalls("auto", RegsBtf(), con, tmp_path, "aarch64")
+    assert (mode, flags) == ("tracepoint", []) and "no struct pt_regs mapping for aarch64" in note and "x86_64" in note
+    mode, _, note = choose_syscalls("auto", RegsBtf(protos=False), con, tmp_path, "x86_64")
+    assert mode == "tracepoint" and "raw tracepoint sys_enter" in note
+    with pytest.raises(UserError, match="raw tracepoint sys_exit"):
+        choose_syscalls("raw_tp", RegsBtf(protos=False), con, tmp_path, "x86_64")
+    assert choose_syscalls("tracepoint", RegsBtf(), con, Path("/nonexistent"), "x86_64") == ("tracepoint", [], "")
 
 
 class BitBtf:

@@ -100,6 +100,9 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
             tasks, why = open_tracer([], True)      # every process: serve has no pid filter
             if tasks is None:
                 raise UserError(f"--tasks: {why}")
+            if tasks.syscalls_note:
+                print(f"iotrace: --tasks times reads and fsyncs on the syscalls' perf-event tracepoints, not raw "
+                      f"ones (costlier for every syscall): {tasks.syscalls_note}", file=sys.stderr)
         prom.attached()
         print(f"iotrace: serving block I/O metrics on http://{prom.where}/metrics, every {ns.interval:g}s"
               f"{' on ' + ', '.join(ns.devs) if ns.devs else ''}{' in ' + ns.cgroup if ns.cgroup else ''}; "

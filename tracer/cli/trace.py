@@ -135,8 +135,9 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", action="store_true",
                    help="add per-process rows to every dump (\"tasks\"): I/O wait, bytes read from files (page "
                         "cache hits included) beside bytes read from disk, fsync and dirty-page throttling time. "
-                        "Costs while on: ~100 ns on every system call on the machine (syscall tracepoints), "
-                        "~0.5 us per traced file read, ~0.1 us per context switch")
+                        "Costs while on (scripts/bench_tasks.py): ~0.2 us on every system call on the machine (raw "
+                        "syscall tracepoints; ~0.1 us on the perf-event fallback), ~0.9 us per traced file read, "
+                        "~0.1 us per context switch")
     p.add_argument("--diskstats", action="store_true",
                    help="no BPF, no root: iostat's numbers per device from /proc/diskstats and bytes per "
                         "process from /proc/PID/io (your own processes only, unless root); no percentiles. "
@@ -211,6 +212,9 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         _announce(args, child, probe, control, control_error)
         if args.tasks and tasks is None:
             print(f"iotrace: warning: no per-process rows (\"tasks\") in the dumps: {tasks_note}", file=sys.stderr)
+        elif tasks is not None and tasks.syscalls_note:
+            print(f"iotrace: per-process rows time reads and fsyncs on the syscalls' perf-event tracepoints, "
+                  f"not raw ones (costlier for every syscall): {tasks.syscalls_note}", file=sys.stderr)
         windows = DumpWindows(probe, tasks, alerts, traced=bool(args.pids or args.command))
         live = Live(windows, outputs, Schedule(args.interval, args.duration, args.count), sig, child=child,
                     pidfds=pidfds, control=control)

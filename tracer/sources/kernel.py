@@ -44,8 +44,10 @@ def _matches(proto: list[str], want: list[str]) -> bool:
     return proto[1:1 + len(want)] == want
 
 
-def resolve(btf: Btf, reads: contract.KernelReads, events: Iterable[str]) -> Layout:
-    """Every value of `reads`, and the raw tracepoints `events` (START_EVENTS[0] stands for the start).
+def resolve(btf: Btf, reads: contract.KernelReads, events: Iterable[str],
+            start_events: tuple[str, ...] = START_EVENTS) -> Layout:
+    """Every value of `reads`, and the raw tracepoints `events` (START_EVENTS[0] stands for the start;
+    no start is looked for when `start_events` is empty, as for the per-process syscall programs).
 
     Collects every problem before raising, so one run names them all.
     """
@@ -82,9 +84,9 @@ def resolve(btf: Btf, reads: contract.KernelReads, events: Iterable[str]) -> Lay
         except BtfError:
             return None
 
-    start = next((ev for ev in START_EVENTS if (p := proto(ev)) and _matches(p, reads.raw_tps[ev])), None)
-    if start is None:
-        missing.append(f"raw tracepoint {' or '.join(START_EVENTS)} taking a struct request *")
+    start = next((ev for ev in start_events if (p := proto(ev)) and _matches(p, reads.raw_tps[ev])), None)
+    if start is None and start_events:
+        missing.append(f"raw tracepoint {' or '.join(start_events)} taking a struct request *")
     group_dead = False
     for event in events:
         if event in START_EVENTS:
@@ -98,7 +100,7 @@ def resolve(btf: Btf, reads: contract.KernelReads, events: Iterable[str]) -> Lay
             group_dead = p[2:3] == ["bool"]
     if missing:
         raise LayoutError("; ".join(missing))
-    return Layout(values, start, group_dead)
+    return Layout(values, start or "", group_dead)
 
 
 def resolve_bits(btf: Btf, reads: contract.KernelReads) -> dict[str, int]:
@@ -126,15 +128,22 @@ def resolve_bits(btf: Btf, reads: contract.KernelReads) -> dict[str, int]:
     return values
 
 
-def load(events: Iterable[str], path: str = BTF_PATH, reads: contract.KernelReads | None = None) -> Layout:
-    """The layout of the running kernel for the raw tracepoints `events` and the table `reads` (the
-    block-layer programs' by default), one-bit fields included; LayoutError if it cannot be had."""
-    reads = contract.load().kernel if reads is None else reads
+def open_btf(path: str = BTF_PATH) -> Btf:
+    """The running kernel's BTF, or a LayoutError saying why not."""
     try:
-        btf = Btf.load(path)
+        return Btf.load(path)
     except BtfError as exc:
         raise LayoutError(str(exc)) from None
-    layout = resolve(btf, reads, events)
+
+
+def load(events: Iterable[str], path: str = BTF_PATH, reads: contract.KernelReads | None = None,
+         btf: Btf | None = None, start_events: tuple[str, ...] = START_EVENTS) -> Layout:
+    """The layout of the running kernel for the raw tracepoints `events` and the table `reads` (the
+    block-layer programs' by default), one-bit fields included; LayoutError if it cannot be had.
+    `btf`: one already read (else the file at `path` is)."""
+    reads = contract.load().kernel if reads is None else reads
+    btf = open_btf(path) if btf is None else btf
+    layout = resolve(btf, reads, events, start_events)
     if reads.bits:
         layout = replace(layout, values={**layout.values, **resolve_bits(btf, reads)})
     return layout

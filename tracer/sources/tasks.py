@@ -15,9 +15,11 @@ What is measured, and where (the kernel's own accounting points):
   accounting's block-I/O delay, what iotop's IO> shows.  Like delay
   accounting, a wait is counted when it ends.
 - read_bytes: what read, pread64, readv, preadv and preadv2 returned from
-  regular files, page-cache hits included (the syscalls' tracepoints; the
-  fd's file type read through current->files at entry).  mmap, sendfile,
-  splice, copy_file_range and io_uring are not counted.
+  regular files, page-cache hits included (the raw sys_enter/sys_exit
+  tracepoints, or where those cannot be used the syscalls' own perf-event
+  tracepoints: see choose_syscalls; the fd's file type read through
+  current->files at entry).  mmap, sendfile, splice, copy_file_range and
+  io_uring are not counted.
 - fsync: time inside the fsync, fdatasync and sync_file_range syscalls.
 - throttled: I/O waits that balance_dirty_pages began (it traces a pause
   > 0, then sleeps in io_schedule_timeout); also counted in io_wait.
@@ -29,8 +31,11 @@ see tracer.pipeline.aggregate.task_rows.
 from __future__ import annotations
 
 import ctypes as ct
+import platform
+import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tracer import contract
 from tracer.errors import UserError
@@ -38,6 +43,17 @@ from tracer.sources import kernel
 
 COUNTERS = ("io_wait_ns", "io_waits", "read_bytes", "reads", "fsync_ns", "fsyncs", "throttle_ns", "throttles")
 RAW_EVENTS = ("sched_switch", "sched_wakeup", "balance_dirty_pages", "sched_process_fork", "sched_process_exit")
+# The syscalls timed (asm/unistd*.h's __NR_<name>): their reads' bytes, the syncs' time
+READ_SYSCALLS = ("read", "pread64", "readv", "preadv", "preadv2")
+SYNC_SYSCALLS = ("fsync", "fdatasync", "sync_file_range")
+SYSCALL_EVENTS = ("sys_enter", "sys_exit")
+SYSCALL_MODES = ("raw_tp", "tracepoint")
+# Per architecture (platform.machine()): the uapi header that numbers its syscalls, and where it is,
+# relative to the kernel header tree bcc compiles against, then to /usr/include (linux-libc-dev).
+# The pt_regs members are iotrace.h's, marked "tasks.bpf.c syscalls <arch>".
+UNISTD = {"x86_64": ("arch/x86/include/generated/uapi/asm/unistd_64.h",
+                     "x86_64-linux-gnu/asm/unistd_64.h", "asm/unistd_64.h")}
+_NR = re.compile(r"^#define\s+__NR_(\w+)\s+(\d+)\s*$", re.M)
 
 
 def header() -> contract.Contract:
@@ -101,6 +117,71 @@ class Window:
         return rows, gone
 
 
+def syscall_numbers(arch: str, headers: Path, usr_include: Path = Path("/usr/include")) -> dict[str, int]:
+    """The numbers of READ_SYSCALLS and SYNC_SYSCALLS on `arch`, from its asm/unistd header.
+
+    The running kernel has no file that numbers its syscalls (tracefs's
+    syscalls events give their arguments, not their numbers), but the
+    numbers are its ABI: never changed once given, so any kernel's or libc's
+    copy of the header has the running kernel's numbers for these (all
+    older than 4.6, preadv2's).  Looked for first in the header tree bcc
+    compiles against (`headers`, the arch package's generated uapi, which
+    scripts/setup.sh installs for bcc), then in linux-libc-dev's.
+    KeyError if `arch` has no entry in UNISTD; LayoutError if no header
+    names them all.
+    """
+    in_tree, *system = UNISTD[arch]
+    tried = [headers / in_tree, *(usr_include / s for s in system)]
+    for path in tried:
+        try:
+            found = {name: int(nr) for name, nr in _NR.findall(path.read_text())}
+        except OSError:
+            continue
+        want = READ_SYSCALLS + SYNC_SYSCALLS
+        if all(n in found for n in want) and len({found[n] for n in want}) == len(want):
+            return {n: found[n] for n in want}
+    raise kernel.LayoutError(f"no header numbering {', '.join(READ_SYSCALLS + SYNC_SYSCALLS)} "
+                             f"(tried {', '.join(map(str, tried))})")
+
+
+def choose_syscalls(mode: str, btf, con: contract.Contract, headers: Path,
+                    arch: str | None = None) -> tuple[str, list[str], str]:
+    """How the read and sync syscalls are timed: (one of SYSCALL_MODES, its compiler flags, why not raw_tp).
+
+    raw_tp: the raw sys_enter/sys_exit tracepoints, which run for every
+    syscall and return at once for any other number; they need the raw
+    tracepoints, the struct pt_regs members of iotrace.h's entries for this
+    architecture and the syscall numbers (syscall_numbers).  tracepoint: the
+    syscalls' own perf-event tracepoints, which need nothing of the kernel's
+    layout but share the perf-event and kprobe programs' per-CPU recursion
+    guard: other tools' programs skip events while they run (both variants
+    put every syscall of the machine on the syscall-tracepoint slow path;
+    costs in bpf/tasks.bpf.c).  "auto" takes raw_tp when it can, and says
+    why not.
+    """
+    if mode == "tracepoint":
+        return "tracepoint", [], ""
+    if mode not in ("auto", "raw_tp"):
+        raise UserError(f"the per-process syscall programs attach auto, {' or '.join(SYSCALL_MODES)}, not {mode!r}")
+    arch = arch or platform.machine()
+    try:
+        regs = con.kernel_syscalls.get(arch)
+        if regs is None or arch not in UNISTD:
+            known = sorted(a for a in con.kernel_syscalls if a and a in UNISTD)
+            raise kernel.LayoutError(f"iotrace has no struct pt_regs mapping for {arch} "
+                                     f"(bpf/iotrace.h and tracer/sources/tasks.py's UNISTD have one for "
+                                     f"{', '.join(known) or 'none'})")
+        reads = con.kernel_syscalls.get("", contract.KernelReads({}, {}, {}, {})).merged(regs)
+        layout = kernel.load(SYSCALL_EVENTS, reads=reads, btf=btf, start_events=())
+        numbers = syscall_numbers(arch, headers)
+    except kernel.LayoutError as exc:
+        if mode == "raw_tp":
+            raise UserError(f"per-process rows on raw syscall tracepoints: {exc}") from None
+        return "tracepoint", [], str(exc)
+    return "raw_tp", ["-DIOTRACE_TASKS_RAW_SYSCALLS", *layout.cflags(),
+                      *(f"-DIOTRACE_NR_{name.upper()}={nr}" for name, nr in sorted(numbers.items()))], ""
+
+
 def _proc_ppid(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -120,25 +201,39 @@ def _proc_comm(pid: int) -> str:
 class TaskTracer:
     """bpf/tasks.bpf.c loaded and attached; `drain()` gives a window's TaskRaw rows, `close()` detaches."""
 
-    def __init__(self, pids: list[int] | None = None, follow_children: bool = True):
+    def __init__(self, pids: list[int] | None = None, follow_children: bool = True, syscalls: str = "auto"):
+        """`syscalls`: how the read and sync syscalls are timed, "auto" or one of SYSCALL_MODES
+        (choose_syscalls); the one taken is `self.syscalls`, and `self.syscalls_note` says why
+        "auto" did not take raw_tp."""
         from tracer.sources.probe import import_bcc, kernel_headers
 
         bcc = import_bcc()
-        kernel_headers()
+        headers = kernel_headers()
         try:
             con = contract.load()
             # one read of the BTF for the members, raw tracepoints and one-bit fields alike
-            layout = kernel.load(RAW_EVENTS, reads=con.kernel.merged(con.kernel_tasks))
+            btf = kernel.open_btf()
+            layout = kernel.load(RAW_EVENTS, reads=con.kernel.merged(con.kernel_tasks), btf=btf)
         except kernel.LayoutError as exc:
             raise UserError(f"per-process rows need the kernel's BTF: {exc}") from None
+        self.syscalls, syscall_flags, self.syscalls_note = choose_syscalls(syscalls, btf, con, headers)
         cflags = [f"-I{contract.bpf_dir()}", *layout.cflags()]
         if layout.group_dead:
             cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
         text = (contract.bpf_dir() / "tasks.bpf.c").read_text()
         try:
-            self.bpf = bcc.BPF(text=text, cflags=cflags)
+            self.bpf = bcc.BPF(text=text, cflags=cflags + syscall_flags)
         except Exception as exc:  # bcc raises bare Exception for compile/load/attach errors
-            raise UserError(f"could not load the per-process programs: {str(exc).strip().splitlines()[-1]}") from None
+            why = str(exc).strip().splitlines()[-1]
+            if self.syscalls != "raw_tp" or syscalls != "auto":
+                raise UserError(f"could not load the per-process programs: {why}") from None
+            # the kernel refused the raw variant: "auto" still has the perf-event one
+            self.syscalls, self.syscalls_note = "tracepoint", f"the raw sys_enter/sys_exit programs did not load: {why}"
+            try:
+                self.bpf = bcc.BPF(text=text, cflags=cflags)
+            except Exception as exc2:
+                raise UserError("could not load the per-process programs: "
+                                f"{str(exc2).strip().splitlines()[-1]}") from None
         self.reasons = reason_names()
         self.filtered = bool(pids)
         self._window = Window()
