@@ -91,8 +91,10 @@ def test_real_serve_exports_a_readers_task_counters(tmp_path):
     data = tmp_path / "data.bin"
     data.write_bytes(np.random.default_rng(1).bytes(8 << 20))
     port = free_port()
+    # --top 500: dd keeps labels of its own even when other processes on a busy machine do more I/O
     proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "serve", "--tasks", "--listen", f"127.0.0.1:{port}",
-                             "--interval", "0.5"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--interval", "0.5", "--top", "500"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     names = {field: name for field, name, _ in taskmetrics.FIELDS}
     READ, DISK, IOW = names["read_bytes"], names["disk_read_bytes"], names["io_wait_s"]
     with reaped(proc):
