@@ -60,8 +60,11 @@ def test_epochs_cold_then_warm_against_delay_accounting(ext4_mnt, tmp_path, dela
     loop, mnt = ext4_mnt
     data = _cold_files(loop, mnt)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    # kernel.task_delayacct is machine-wide: another test run may turn it off (or off and on, which
-    # makes the kernel count a wait from 0, i.e. from boot) while ours runs; then run again
+    # kernel.task_delayacct is machine-wide: another test run may turn it off (or off and on) while ours
+    # runs; then run again.  And the reference itself is not always right: now and then the kernel (seen on
+    # 6.18) adds the whole time since boot to a fresh worker's block-I/O delay (a wait ended with no start
+    # recorded).  Such a worker's delay exceeds the window it lived in; it is left out of the comparison,
+    # said so, and a run where every cold worker's reference is broken is run again.
     for attempt in range(1, 4):
         results, out = tmp_path / f"workers{attempt}.jsonl", tmp_path / f"run{attempt}.jsonl"
         _sysctl("kernel.task_delayacct", "1")
@@ -69,16 +72,20 @@ def test_epochs_cold_then_warm_against_delay_accounting(ext4_mnt, tmp_path, dela
                                                  str(ROOT / "tests" / "tasksload.py"), str(data), str(results)],
                                                 env, timeout=300)
         assert code == 0, stderr
-        span = sum(d["duration_s"] for d in read_dumps(out))
-        if _sysctl("kernel.task_delayacct") == "1" and all(w["blkio_ns"] / 1e9 <= span
-                                                           for w in read_dumps(results)):
+        windows = {d["label"]: d["duration_s"] for d in read_dumps(out) if d["kind"] == "marker"}
+        broken = {w["pid"] for w in read_dumps(results)
+                  if w["blkio_ns"] / 1e9 > windows.get(f"epoch {w['epoch']}", 0.0)}
+        cold = {w["pid"] for w in read_dumps(results) if w["epoch"] == 1}
+        toggled = _sysctl("kernel.task_delayacct") != "1"
+        if not toggled and cold - broken:
             break
-        print(f"attempt {attempt}: kernel.task_delayacct was changed during the run by someone else (traced "
-              f"{span:.2f} s; workers' block-I/O delay {[w['blkio_ns'] / 1e9 for w in read_dumps(results)]} s)")
+        print(f"attempt {attempt}: " + ("kernel.task_delayacct was changed during the run by someone else"
+                                        if toggled else "every cold worker's delay-accounting figure is broken")
+              + f" (workers' block-I/O delay {[w['blkio_ns'] / 1e9 for w in read_dumps(results)]} s)")
         subprocess.run(["umount", str(mnt)], check=True)     # cold again
         subprocess.run(["mount", "-o", "noatime,no_prefetch_block_bitmaps", loop.path, str(mnt)], check=True)
     else:
-        pytest.fail("kernel.task_delayacct kept being changed by another process during the run")
+        pytest.fail("no usable delay-accounting reference in 3 runs (see the captured output)")
     assert "no per-process rows" not in stderr, stderr
     dumps = read_dumps(out)
     assert all(isinstance(d.get("tasks"), list) for d in dumps)
@@ -102,16 +109,23 @@ def test_epochs_cold_then_warm_against_delay_accounting(ext4_mnt, tmp_path, dela
         disk = sum(r["disk_read_bytes"] for r in rows.values())
         wait = sum(r["io_wait_s"] for r in rows.values())
         counted = sum(w["read"] for w in mine)
-        delay = sum(w["blkio_ns"] for w in mine) / 1e9
-        report.append(f"epoch {epoch}: read {read} (workload {counted}), disk {disk}, io_wait {wait:.4f}s "
-                      f"(taskstats {delay:.4f}s, stat ticks {sum(w['blkio_ticks'] for w in mine)})")
+        sane = [w for w in mine if w["pid"] not in broken]
+        delay = sum(w["blkio_ns"] for w in sane) / 1e9
+        wait_sane = sum(rows[w["pid"]]["io_wait_s"] for w in sane)
+        report.append(f"epoch {epoch}: read {read} (workload {counted}), disk {disk}, io_wait {wait:.4f}s; of the "
+                      f"{len(sane)} worker(s) with a usable reference {wait_sane:.4f}s (taskstats {delay:.4f}s, "
+                      f"stat ticks {sum(w['blkio_ticks'] for w in sane)})"
+                      + (f"; left out, delay accounting broken: {len(mine) - len(sane)}" if len(sane) < len(mine)
+                         else ""))
         assert counted == FILES * FILE_MB * MiB
         assert abs(read - counted) <= 0.02 * counted, report
         # io_wait_s against delay accounting's block-I/O delay of the same processes and window
-        assert abs(wait - delay) <= max(0.10 * delay, 0.020), report
+        assert abs(wait_sane - delay) <= max(0.10 * delay, 0.020), report
         for w in mine:
             r = rows[w["pid"]]
-            assert abs(r["io_wait_s"] - w["blkio_ns"] / 1e9) <= max(0.10 * w["blkio_ns"] / 1e9, 0.020), report
+            if w in sane:
+                assert abs(r["io_wait_s"] - w["blkio_ns"] / 1e9) <= max(0.10 * w["blkio_ns"] / 1e9, 0.020), \
+                    report
             # disk_read_bytes is the process's read series, and what /proc/PID/io says it fetched
             series = sum(s["bytes"] for s in window["series"] if s["op"] == "read" and s["tgid"] == w["pid"])
             assert r["disk_read_bytes"] == series
