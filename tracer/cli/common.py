@@ -101,7 +101,7 @@ def device_names(specs: list[str]) -> list[str] | None:
     return [name_of(resolve(d)) for d in specs] or None
 
 
-def alert_check(ns, devices: list[str] | None, bpf: bool = True):
+def alert_check(ns, bpf: bool = True):
     """The pipeline's --alert stage for these options, or None; bad rules fail here, before tracing."""
     from tracer.pipeline import alerts as alertmod
 
@@ -115,7 +115,7 @@ def alert_check(ns, devices: list[str] | None, bpf: bool = True):
             if r.needs_bpf:
                 raise UserError(f"--alert {r.text!r}: latency percentiles need BPF; with --diskstats alerts can "
                                 f"use {', '.join(alertmod.DISK_METRICS)}")
-    return alertmod.AlertCheck(rules, devices) if rules else None
+    return alertmod.AlertCheck(rules) if rules else None
 
 
 def make_sinks(ns, ctx: sinkreg.Context) -> list:

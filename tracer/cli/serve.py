@@ -84,7 +84,7 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
     devs = [devices.resolve(d) for d in ns.devs]
     cgroup_id, cgroup_level = resolve_cgroup(ns.cgroup) if ns.cgroup else (0, 0)
     names = device_names(ns.devs)
-    alerts = alert_check(ns, names)
+    alerts = alert_check(ns)
     # the HTTP server listens here, before loading BPF (seconds of compiling): a port in use fails at once
     outputs = Sinks(make_sinks(ns, sinkreg.Context("serve", out, names, alerts)))
     prom = next(s for s in outputs.sinks if isinstance(s, PrometheusSink))
@@ -107,7 +107,8 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
         print(f"iotrace: serving block I/O metrics on http://{prom.where}/metrics, every {ns.interval:g}s"
               f"{' on ' + ', '.join(ns.devs) if ns.devs else ''}{' in ' + ns.cgroup if ns.cgroup else ''}; "
               f"SIGTERM or Ctrl-C to end", file=sys.stderr)
-        Live(DumpWindows(probe, tasks, alerts=alerts), outputs, Schedule(ns.interval), sig).run()
+        Live(DumpWindows(probe, tasks, alerts=alerts, iostat=bool(ns.csv), devices=names), outputs,
+             Schedule(ns.interval), sig).run()
         e = prom.exporter
         out.write(f"iotrace serve: {e.drains} intervals folded, {len(e.owners)} labelled owners, "
                   f"{e.folded} folded into \"{OTHER}\"\n")

@@ -180,7 +180,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     cgroup_id, cgroup_level = cgroups.resolve_cgroup(args.cgroup) if args.cgroup else (0, 0)
     pidfds = childmod.check_pids(args.pids)
     names = device_names(args.devs)
-    alerts = alert_check(args, names)
+    alerts = alert_check(args)
     outputs = Sinks(make_sinks(args, sinkreg.Context("trace", out, names, alerts)))
     control, control_error = open_control()
     child = release = None
@@ -215,7 +215,8 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         elif tasks is not None and tasks.syscalls_note:
             print(f"iotrace: per-process rows time reads and fsyncs on the syscalls' perf-event tracepoints, "
                   f"not raw ones (costlier for every syscall): {tasks.syscalls_note}", file=sys.stderr)
-        windows = DumpWindows(probe, tasks, alerts, traced=bool(args.pids or args.command))
+        windows = DumpWindows(probe, tasks, alerts, traced=bool(args.pids or args.command),
+                              iostat=bool(args.csv), devices=names)
         live = Live(windows, outputs, Schedule(args.interval, args.duration, args.count), sig, child=child,
                     pidfds=pidfds, control=control)
         status = live.run()
@@ -282,7 +283,7 @@ def run_diskstats(args: TraceArgs, out: TextIO = sys.stdout) -> int:
 
     _check_diskstats_args(args)
     names = device_names(args.devs)
-    alerts = alert_check(args, names, bpf=False)
+    alerts = alert_check(args, bpf=False)
     pidfds = check_pids(args.pids)
     windows = DiskWindows(DiskSampler(names), ProcSampler(args.pids, children=not args.no_children),
                           every_device=names is not None, alerts=alerts)

@@ -115,6 +115,9 @@ class Dump:
     label: str | None = None
     extra: dict = field(default_factory=dict)   # sections added by later features (coverage, ...)
     disks: Diskstats | None = None      # a --diskstats window (it has no series); None for a BPF dump
+    # iostat -x rows of the same window (tracer.model.diskstats.IostatRow), sampled once by the pipeline
+    # for --csv and --alert; not written to the file
+    iostat: list | None = field(default=None, repr=False, compare=False)
 
     @property
     def duration_s(self) -> float:

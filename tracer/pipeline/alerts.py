@@ -192,37 +192,24 @@ def check(rules: Iterable[Rule], dump=None, disk: Iterable = ()) -> list[Alert]:
 class AlertCheck:
     """The pipeline stage of --alert: each window's alerts, told on stderr and recorded in it ("alerts").
 
-    With BPF dumps, the diskstats metrics (util, awaits, aqu-sz) come from a
-    DiskSampler of its own over the same window; a --diskstats window carries
-    its rows already (`disks`).  tracer.sinks.alerts turns the counts into the exit
+    The diskstats metrics (util, awaits, aqu-sz) come from the window's rows:
+    a BPF dump's `iostat` (sampled by the pipeline, the same rows --csv
+    writes), a --diskstats window's `disks`.  tracer.sinks.alerts turns the counts into the exit
     status.
     """
 
-    def __init__(self, rules: list[Rule], devices: list[str] | None = None, err=None):
+    def __init__(self, rules: list[Rule], err=None):
         import sys
 
         self.rules = rules
-        self.devices = devices
         self.err = err or sys.stderr
-        self.sampler = None
         self.fired = 0
         self.alerted_windows = 0
         self.windows = 0
 
-    def start(self) -> None:
-        """The diskstats baseline: when the first window begins."""
-        from tracer.sources.diskstats import DiskSampler
-
-        self.sampler = DiskSampler(self.devices)
-
     def apply(self, d) -> None:
         """Check the window `d` (a Dump) and record its alerts in it."""
-        if d.disks is not None:       # a --diskstats window: its own rows
-            disk = d.disks.devices
-        else:
-            if self.sampler is None:
-                self.start()
-            disk = self.sampler.sample()
+        disk = d.disks.devices if d.disks is not None else (d.iostat or [])
         d.extra["alerts"] = [a.to_json() for a in self._check(d, disk)]
 
     def _check(self, d, disk) -> list[Alert]:

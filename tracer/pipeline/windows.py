@@ -6,8 +6,10 @@ per-process tracer; a window is a tracer.model.dump.Dump built from both
   1. marker fields (label, loop timing) and, on the final window, what the
      sources say about themselves (BPF program costs, pid filter size);
   2. containers from cgroup ids (tracer.sources.cgroups);
-  3. --alert checks (tracer.pipeline.alerts.AlertCheck), so each JSON line
-     carries its own alerts.
+  3. with --csv or --alert, iostat's rows of the same window (one
+     /proc/diskstats sample, `Dump.iostat`), then the --alert checks
+     (tracer.pipeline.alerts.AlertCheck), so each JSON line carries its own
+     alerts.
 DiskWindows (--diskstats): /proc/diskstats and /proc/PID/io samplers; a
 window is a Dump with no series and its `disks` (tracer.model.diskstats.
 Diskstats), then the --alert stage.
@@ -27,17 +29,24 @@ from tracer.pipeline.aggregate import Clock, build_dump
 class DumpWindows:
     """`probe` (tracer.sources.probe.Probe) and `tasks` (tracer.sources.tasks.TaskTracer or None) → Dumps."""
 
-    def __init__(self, probe, tasks=None, alerts=None, containers: bool = True, traced: bool = False):
+    def __init__(self, probe, tasks=None, alerts=None, containers: bool = True, traced: bool = False,
+                 iostat: bool = False, devices: list[str] | None = None):
         self.probe = probe
         self.tasks = tasks
         self.alerts = alerts            # AlertCheck or None
         self.containers = containers
         self.traced = traced            # a pid filter is on: the final dump says how many pids it held
+        self.iostat = iostat or alerts is not None      # sample /proc/diskstats per window (--csv, --alert)
+        self.devices = devices          # whose rows: these disks, or None for every whole disk
+        self.sampler = None
         self.clock = Clock()
 
     def start(self) -> None:
-        if self.alerts:
-            self.alerts.start()
+        """The diskstats baseline, when the first window begins."""
+        if self.iostat:
+            from tracer.sources.diskstats import DiskSampler
+
+            self.sampler = DiskSampler(self.devices)
 
     def cut(self, final: bool = False):
         """Close the window on both BPF objects at once: (raw interval, task rows or None, their drops)."""
@@ -56,6 +65,8 @@ class DumpWindows:
             from tracer.sources.cgroups import resolve_containers
 
             resolve_containers(d)
+        if self.sampler:
+            d.iostat = self.sampler.sample()
         if self.alerts:
             self.alerts.apply(d)
         return d

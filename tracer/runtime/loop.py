@@ -67,12 +67,6 @@ class Sinks:
     def __init__(self, sinks: list[Sink]):
         self.sinks = [s for s in sinks if s is not None]
 
-    def start(self) -> None:
-        for s in self.sinks:
-            start = getattr(s, "start", None)
-            if start:
-                start()
-
     def on_dump(self, window: Any) -> None:
         for s in self.sinks:
             s.on_dump(window)
@@ -117,7 +111,6 @@ class Live:
 
     def run(self) -> int:
         """Until the end; then the last markers and the final window.  Returns the command's exit status (or 0)."""
-        self.sinks.start()
         self.windows.start()
         status = self._loop()
         if self.control:     # markers sent just before the command exited are still queued

@@ -1,10 +1,9 @@
 """Sinks: where every window of a live mode goes (a table, JSON lines, CSV, alerts, Prometheus, top's screen).
 
 A sink is an object with `on_dump(window)`, called with each window (a
-tracer.model.dump.Dump, or a tracer.model.diskstats.DiskWindow in the
-diskstats mode), and `close(status) -> status`, called once at the end with
-the run's exit status (a sink may change it: --fail-on-alert's exit 3); an
-optional `start()` runs when the first window opens.
+tracer.model.dump.Dump; in the diskstats mode one whose `disks` holds the
+window), and `close(status) -> status`, called once at the end with the
+run's exit status (a sink may change it: --fail-on-alert's exit 3).
 
 A sink module registers with one line in SINKS and provides two functions:
 

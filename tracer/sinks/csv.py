@@ -75,18 +75,11 @@ def add_arguments(p, mode: str) -> None:
 
 
 class CsvSink:
-    """CsvLog fed by every window; with BPF dumps, iostat's columns come from a DiskSampler of its own."""
+    """CsvLog fed by every window; a BPF dump's iostat columns are its `iostat` rows (sampled by the pipeline)."""
 
     def __init__(self, path: str, devices: list[str] | None):
         self.log = CsvLog(path)
         self.devices = devices
-        self.sampler = None
-
-    def start(self) -> None:
-        """The diskstats baseline: when the first window begins."""
-        from tracer.sources.diskstats import DiskSampler
-
-        self.sampler = DiskSampler(self.devices)
 
     def on_dump(self, window) -> None:
         if window.disks is not None:        # a --diskstats window: its own rows
@@ -94,9 +87,7 @@ class CsvSink:
 
             self.log.write_disk(window.end, window.kind, window.disks.devices, duration_of(window))
             return
-        if self.sampler is None:
-            self.start()
-        self.log.write_dump(window, self.sampler.sample(), every_device=self.devices is not None)
+        self.log.write_dump(window, window.iostat or [], every_device=self.devices is not None)
 
     def close(self, status: int) -> int:
         self.log.close()
