@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -101,29 +102,40 @@ def loop(make_loop) -> LoopDevice:
     return make_loop()
 
 
-def _umount(mnt: Path) -> None:
-    if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-        # something still holds it (a trainer that outlived a failure): detach it lazily so the
-        # loop device's own teardown can still let go of it once the holder exits
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+def make_ext4(dev: str, mnt: Path, options: str | None = None) -> None:
+    """A fresh ext4 on block device `dev`, mounted at `mnt` (made if missing) with mount `options`.
+
+    Inode tables and journal are initialised now: ext4lazyinit would otherwise write while a test traces.
+    """
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev],
+                   check=True, capture_output=True)
+    mnt.mkdir(exist_ok=True)
+    subprocess.run(["mount", *(["-o", options] if options else []), dev, str(mnt)], check=True,
+                   capture_output=True)
+
+
+def umount(mnt: Path) -> None:
+    """Unmount, never failing a teardown: udev may hold a just-detached loop device (and so the file it sat
+    on) for a moment, so retry for up to 5 s; if something still holds it (a trainer that outlived a failure),
+    detach it lazily so the loop device's own teardown can still let go of it once the holder exits."""
+    for _ in range(50):
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.1)
+    subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
 
 
 @pytest.fixture
 def ext4_mnt(make_loop, tmp_path):
     """(loop device, mount point): a fresh ext4 on a 256 MiB loop device; unmounted at teardown."""
     loop = make_loop(256)
-    # Initialise inode tables and journal now: ext4lazyinit would otherwise write while we trace.
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", loop.path],
-                   check=True, capture_output=True)
     mnt = tmp_path / "mnt"
-    mnt.mkdir()
     # noatime: reading the data must not write inodes; no bitmap prefetch: no background reads
-    subprocess.run(["mount", "-o", "noatime,no_prefetch_block_bitmaps", loop.path, str(mnt)],
-                   check=True, capture_output=True)
+    make_ext4(loop.path, mnt, "noatime,no_prefetch_block_bitmaps")
     try:
         yield loop, mnt
     finally:
-        _umount(mnt)
+        umount(mnt)
 
 
 def drop_caches() -> None:

@@ -23,10 +23,12 @@ from conftest import (
     LoopDevice,
     assert_count,
     fio_cmd,
+    make_ext4,
     read_dumps,
     run_iotrace,
     series_of,
     skipped_by_kernel,
+    umount,
 )
 from unit.test_core import start_tracer
 
@@ -149,15 +151,6 @@ def settled(name: str, timeout: float = 5) -> DiskStats:
         time.sleep(0.01)
 
 
-def umount(path: Path) -> None:
-    # udev may still hold a just-detached loop device (and so the file it sat on) for a moment
-    for _ in range(50):
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode == 0:
-            return
-        time.sleep(0.1)
-    subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
-
-
 # ---- fixtures ----------------------------------------------------------------
 
 @dataclass
@@ -190,12 +183,8 @@ def ext4(make_loop, tmp_path):
 
     def make(size_mb: int = 128) -> Ext4:
         dev = make_loop(size_mb)
-        # no lazy init: ext4lazyinit would write the inode tables while the test traces
-        subprocess.run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev.path],
-                       check=True, capture_output=True)
         mnt = tmp_path / f"mnt{len(made)}"
-        mnt.mkdir()
-        subprocess.run(["mount", dev.path, str(mnt)], check=True, capture_output=True)
+        make_ext4(dev.path, mnt)
         fs = Ext4(dev, mnt)
         made.append(fs)
         return fs
