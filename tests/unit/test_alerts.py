@@ -96,6 +96,14 @@ def test_bad_rules_on_the_command_line(argv, needle):
     assert needle in lines[0] and "Traceback" not in r.stderr
 
 
+
+def test_an_error_while_starting_is_one_line_with_alerts_on(tmp_path):
+    """The alert summary is said at the end of a run that made reports, not after a start-up error."""
+    r = run_iotrace(["--alert", "p99>1ms", "--csv", str(tmp_path / "x.csv"), "--", "no-such-command-for-iotrace"],
+                    timeout=60)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and lines == ["iotrace: command not found: no-such-command-for-iotrace"], r.stderr
+
 # ---- checking crafted dumps ------------------------------------------------------
 
 def test_fires_above_and_not_below():

@@ -38,6 +38,8 @@ class AlertStatus:
 
     def close(self, status: int) -> int:
         c = self.check
+        if not c.windows:
+            return status       # no report was made (an error while starting): nothing to say
         failing = bool(c.fired and self.fail and not status)
         print(f"iotrace: alerts: {c.fired} in {c.alerted_windows} of {c.windows} report(s)"
               + (f"; exit {ALERT_EXIT} (--fail-on-alert)" if failing else ""), file=self.err)
