@@ -182,7 +182,10 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     names = device_names(args.devs)
     alerts = alert_check(args)
     outputs = Sinks(make_sinks(args, sinkreg.Context("trace", out, names, alerts)))
-    control, control_error = open_control()
+    # a traced COMMAND is told the socket's path before it runs (it is held until the probe is ready);
+    # otherwise the socket is bound once the probe is attached: a marker sent while the programs still
+    # compile would be taken only when the loop starts, seconds late, and close the wrong stretch
+    control, control_error = open_control(args.pids) if args.command else (None, None)
     child = release = None
     probe = tasks = sig = None
     status = 0
@@ -205,11 +208,15 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         except UserError as exc:
             raise offer_diskstats(exc) from None
         tasks, tasks_note = open_tracer(opts.pids, opts.follow_children) if args.tasks else (None, "")
+        # after both filters are armed: what the --pid targets forked before the attach joins them
+        attached = _attach_existing(args.pids, not args.no_children, probe, tasks) if args.pids else None
+        if not args.command:
+            control, control_error = open_control(args.pids)
         if child:
             pidfds.append(os.pidfd_open(child))
             childmod.release(release)
             release = None
-        _announce(args, child, probe, control, control_error)
+        _announce(args, child, probe, control, control_error, attached)
         if args.tasks and tasks is None:
             print(f"iotrace: warning: no per-process rows (\"tasks\") in the dumps: {tasks_note}", file=sys.stderr)
         elif tasks is not None and tasks.syscalls_note:
@@ -238,9 +245,25 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
             control.close()
 
 
-def _announce(args: TraceArgs, child: int | None, probe, control, control_error: str | None) -> None:
+def _attach_existing(pids: list[int], follow: bool, probe, tasks):
+    """The --pid targets' existing descendants added to each BPF filter (tracer.sources.proctree)."""
+    from tracer.sources import proctree
+
+    found = proctree.attach_tree(pids, probe.add_pid, probe.traced_pids, follow=follow)
+    if tasks is not None:       # its own filter, armed later than the probe's: its own walk
+        proctree.attach_tree(pids, tasks.add_pid, tasks.traced_pids, follow=follow)
+    if not found.settled:
+        print(f"iotrace: warning: the process tree under pid {', '.join(map(str, pids))} kept changing through "
+              f"{found.rounds} reads of /proc: processes it forked while we read may be missed", file=sys.stderr)
+    return found
+
+
+def _announce(args: TraceArgs, child: int | None, probe, control, control_error: str | None,
+              attached=None) -> None:
+    from tracer.sources.proctree import describe
+
     what = (f"command {' '.join(args.command)!r} (pid {child})" if child else
-            f"pid {', '.join(map(str, args.pids))}" if args.pids else "all processes")
+            describe(attached) if attached else "all processes")
     print(f"iotrace: tracing block I/O of {what}"
           f"{' on ' + ', '.join(args.devs) if args.devs else ''}; Ctrl-C to end", file=sys.stderr)
     if probe.attach_note:
@@ -250,13 +273,27 @@ def _announce(args: TraceArgs, child: int | None, probe, control, control_error:
           f"iotrace: warning: no control socket, markers are off ({control_error})", file=sys.stderr)
 
 
-def open_control():
-    """The control socket for markers, or (None, why not): tracing goes on without it."""
+def open_control(pids: list[int] | None = None):
+    """The control socket for markers, or (None, why not): tracing goes on without it.
+
+    It is writable by the user behind sudo; with --pid, by the user the
+    first target runs as, if not root: the trainer attached to must reach
+    the tracer with its next marker (root, sudo iotrace mark, always can).
+    """
+    import pwd
+
     from tracer.osutil import invoking_user
     from tracer.runtime.control import ControlSocket
 
+    owner = invoking_user()
+    if pids:
+        try:
+            uid = os.stat(f"/proc/{pids[0]}").st_uid
+            owner = pwd.getpwuid(uid) if uid else owner
+        except (OSError, KeyError):
+            pass
     try:
-        return ControlSocket.open(owner=invoking_user()), None
+        return ControlSocket.open(owner=owner), None
     except OSError as exc:
         return None, exc.strerror or str(exc)
 
@@ -288,9 +325,11 @@ def run_diskstats(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     windows = DiskWindows(DiskSampler(names), ProcSampler(args.pids, children=not args.no_children),
                           every_device=names is not None, alerts=alerts)
     outputs = Sinks(make_sinks(args, sinkreg.Context("diskstats", out, names, alerts, whole=windows.whole)))
+    from tracer.sources import proctree
+
+    who = f", {proctree.describe(proctree.snapshot(args.pids, not args.no_children))}" if args.pids else ""
     print(f"iotrace: --diskstats: {'devices ' + ', '.join(names) if names else 'every disk'}"
-          f"{', pid ' + ', '.join(map(str, args.pids)) if args.pids else ''}; {NO_PERCENTILES}; Ctrl-C to end",
-          file=sys.stderr)
+          f"{who}; {NO_PERCENTILES}; Ctrl-C to end", file=sys.stderr)
     if os.geteuid() != 0:
         print("iotrace: not root: /proc/PID/io shows only your own processes", file=sys.stderr)
     sig = Signals()

@@ -258,6 +258,10 @@ class TaskTracer:
         v.comm = _proc_comm(pid).encode()[:15]
         tasks[tasks.Key(pid)] = v
 
+    def traced_pids(self) -> set[int]:
+        """What the pid filter holds now: the processes added and those the kernel's fork hook added."""
+        return {k.value for k in self.bpf["tpids"].keys()}
+
     def drain(self, final: bool = False) -> list[TaskRaw]:
         """The window since the last drain: a row per process with something in it (every traced
         process when a pid filter is set), exited ones included, then forgotten."""

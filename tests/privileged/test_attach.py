@@ -1,0 +1,235 @@
+"""`iotrace --pid` attached to processes that were running first: their existing tree, exactly.
+
+The workloads (tests/treeload.py, fio) start before the tracer; each reader's
+requests are counted by the reader itself and compared with what iotrace
+recorded under its pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import (
+    PYTHON,
+    ROOT,
+    assert_count,
+    framework_python,
+    read_dumps,
+    reaped,
+    series_of,
+    skipped_by_kernel,
+)
+
+from tracer.model.dump import merge_coverage
+
+TREELOAD = str(ROOT / "tests" / "treeload.py")
+
+
+def reads_by_tgid(dumps: list[dict], device: str) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for d in dumps:
+        for s in series_of(d, device=device, op="read"):
+            out[s["tgid"]] = out.get(s["tgid"], 0) + s["count"]
+    return out
+
+
+def start_tracer(args: list[str]) -> tuple[subprocess.Popen, str]:
+    """iotrace started with `args`, once it says it traces (the tree walk is done by then): (process, that line)."""
+    p = subprocess.Popen([PYTHON, "-m", "tracer.cli", *args], cwd=ROOT, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = p.stderr.readline()
+    if "tracing block I/O" not in line:
+        p.kill()
+        raise AssertionError(line + p.communicate()[1])
+    return p, line
+
+
+def wait_file(path: Path, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.01)
+    time.sleep(0.05)            # written in one go, but let the writer finish
+    return path.read_text()
+
+
+def test_attached_at_the_root_of_a_three_level_tree_counts_every_process_exactly(loop, tmp_path):
+    ctrl = tmp_path / "ctrl"
+    ctrl.mkdir()
+    blocks = 64
+    tree = subprocess.Popen([PYTHON, TREELOAD, "tree", loop.path, str(ctrl), str(blocks)], cwd=ROOT / "tests")
+    with reaped(tree):
+        up = json.loads(wait_file(ctrl / "ready"))
+        out = tmp_path / "out.jsonl"
+        tracer, line = start_tracer(["-p", str(up["root"]), "--dev", loop.name, "-o", str(out)])
+        with reaped(tracer):
+            # the start line names what it found: the child and both pool workers, forked before the attach
+            assert f"pid {up['root']} (python" in line and "and 3 descendants" in line, line
+            for pid in (up["child"], *up["workers"]):
+                assert str(pid) in line, line
+            (ctrl / "go").touch()
+            assert tree.wait(60) == 0
+            _, err = tracer.communicate(timeout=60)     # ends by itself: its target exited
+        assert tracer.returncode == 0, err
+    did = {int(k): v for k, v in json.loads((ctrl / "result").read_text()).items()}
+    assert set(did) >= {up["root"], up["child"]}
+    assert sum(did.values()) == blocks * (2 + 8)
+    dumps = read_dumps(out)
+    got = reads_by_tgid(dumps, loop.name)
+    assert set(got) == set(did), (got, did)
+    for pid, n in did.items():
+        assert_count(got[pid], n, dumps)
+
+
+def test_attached_to_a_tight_fork_loop_counts_every_child_forked_after_the_attach(loop, tmp_path):
+    ctrl = tmp_path / "ctrl"
+    ctrl.mkdir()
+    blocks = 2
+    forker = subprocess.Popen([PYTHON, TREELOAD, "forker", loop.path, str(ctrl), str(blocks)], cwd=ROOT / "tests")
+    with reaped(forker):
+        parent = int(wait_file(ctrl / "ready"))
+        time.sleep(0.3)         # children come and go already
+        out = tmp_path / "out.jsonl"
+        tracer, _ = start_tracer(["-p", str(parent), "--dev", loop.name, "-o", str(out)])
+        attached = time.monotonic()     # after the line: the walk is done, every later fork is followed
+        with reaped(tracer):
+            time.sleep(1.5)
+            (ctrl / "stop").touch()
+            assert forker.wait(60) == 0
+            _, err = tracer.communicate(timeout=60)
+        assert tracer.returncode == 0, err
+    forked = json.loads((ctrl / "result").read_text())
+    after = [pid for pid, t in forked if t > attached]
+    before = [pid for pid, t in forked if t <= attached]
+    assert len(after) >= 20 and before, (len(after), len(before))
+    dumps = read_dumps(out)
+    got = reads_by_tgid(dumps, loop.name)
+    skipped = skipped_by_kernel(dumps)
+    missing = {pid: got.get(pid, 0) for pid in after if got.get(pid, 0) != blocks}
+    assert len(missing) * blocks <= skipped, f"{len(missing)} of {len(after)} children short: {missing}"
+    assert parent not in got        # the parent itself reads nothing
+
+
+def test_p_on_a_running_fio_shows_its_job(loop, tmp_path):
+    fio = subprocess.Popen(["fio", "--name=job", f"--filename={loop.path}", "--rw=randread", "--bs=4k",
+                            "--direct=1", "--ioengine=psync", "--time_based", "--runtime=30", "--rate_iops=2000",
+                            "--output=/dev/null"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with reaped(fio):
+        job = None
+        deadline = time.monotonic() + 20
+        while job is None and time.monotonic() < deadline:   # fio's job runs in a child it forks
+            kids = Path(f"/proc/{fio.pid}/task/{fio.pid}/children").read_text().split()
+            job = int(kids[0]) if kids else None
+            time.sleep(0.05)
+        assert job, "fio forked no job process"
+        time.sleep(0.3)
+        r = subprocess.run([PYTHON, "-m", "tracer.cli", "-p", str(fio.pid), "-j", "-d", "2", "--dev", loop.name],
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"and 1 descendant: {job} fio" in r.stderr, r.stderr
+    [dump] = [json.loads(line) for line in r.stdout.splitlines()]
+    rows = series_of(dump, device=loop.name, op="read")
+    assert {s["tgid"] for s in rows} == {job}, rows
+    assert sum(s["count"] for s in rows) > 1000     # ~2000 IOPS for 2 s
+
+
+def test_no_children_traces_the_named_process_alone(loop, tmp_path):
+    ctrl = tmp_path / "ctrl"
+    ctrl.mkdir()
+    tree = subprocess.Popen([PYTHON, TREELOAD, "tree", loop.path, str(ctrl), "16"], cwd=ROOT / "tests")
+    with reaped(tree):
+        up = json.loads(wait_file(ctrl / "ready"))
+        out = tmp_path / "out.jsonl"
+        tracer, line = start_tracer(["-p", str(up["root"]), "--no-children", "--dev", loop.name, "-o", str(out)])
+        with reaped(tracer):
+            assert "descendant" not in line, line
+            (ctrl / "go").touch()
+            assert tree.wait(60) == 0
+            _, err = tracer.communicate(timeout=60)
+        assert tracer.returncode == 0, err
+    dumps = read_dumps(out)
+    got = reads_by_tgid(dumps, loop.name)
+    assert set(got) == {up["root"]}, got
+    assert_count(got[up["root"]], 16, dumps)
+
+
+TORCH_ATTACH = ROOT / "tests" / "torch_attach.py"
+
+
+def disk_ios(name: str) -> tuple[int, int]:
+    """(reads, writes) the disk has completed since it appeared (/sys/block/NAME/stat)."""
+    f = Path(f"/sys/block/{name}/stat").read_text().split()
+    return int(f[0]), int(f[4])
+
+
+@pytest.mark.slow
+def test_attached_to_a_running_pytorch_trainer_sees_its_workers_and_its_next_markers(ext4_mnt, tmp_path):
+    """The mission's command: a trainer running with persistent DataLoader workers, attached mid-epoch."""
+    python = framework_python(".venv-torch", "setup-torch")
+    loop, mnt = ext4_mnt
+    data = mnt / "data"
+    data.mkdir()
+    for i in range(64):
+        (data / f"{i:03d}.bin").write_bytes(os.urandom(256 << 10))
+    subprocess.run(["sync"], check=True)
+    ctrl, run_dir = tmp_path / "ctrl", tmp_path / "run"
+    ctrl.mkdir()
+    run_dir.mkdir(mode=0o755)
+    # a run directory of this test's own: tracers other tests start must not be the trainer's "one tracer"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SUDO_") and k != "IOTRACE_CONTROL"},
+           "IOTRACE_RUN_DIR": str(run_dir), "PYTHONPATH": str(ROOT)}
+    log = tmp_path / "trainer.log"
+    with open(log, "w") as err:
+        trainer = subprocess.Popen([str(python), str(TORCH_ATTACH), str(data), str(ctrl), "--step-s", "0.1",
+                                    "--epochs", "1000"],
+                                   env=env, stderr=err, stdout=err)
+    with reaped(trainer):
+        up = json.loads(wait_file(ctrl / "ready", timeout=120))
+        time.sleep(0.5)     # mid-epoch 1: the workers are prefetching
+        out = tmp_path / "out.jsonl"
+        p = subprocess.Popen([PYTHON, "-m", "tracer.cli", "-p", str(up["pid"]), "--tasks", "--dev", loop.name,
+                              "-o", str(out)],
+                             cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        with reaped(p):
+            line = p.stderr.readline()
+            assert "and 2 descendants" in line and all(str(w) in line for w in up["workers"]), line
+            first = disk_ios(loop.name)     # inside the tracer's window: it began before the line
+            time.sleep(4)   # two epochs or more (16 batches of 0.1 s each)
+            (ctrl / "stop").touch()
+            assert trainer.wait(60) == 0, log.read_text()
+            last = disk_ios(loop.name)
+            _, err_text = p.communicate(timeout=60)
+        assert p.returncode == 0, err_text
+    said = log.read_text()
+    assert said.count("iotrace marker:") == 1, said     # the first marker found no tracer, and said so once
+    dumps = read_dumps(out)
+    reads = [s for d in dumps for s in series_of(d, device=loop.name, op="read")]
+    assert reads and {s["tgid"] for s in reads} <= set(up["workers"]), {s["tgid"] for s in reads}
+    # every read the disk completed in the attach window was recorded: the disk's read count over a span
+    # inside the tracer's window is at most what iotrace recorded, and the whole window's at least
+    recorded = sum(s["count"] for s in reads)
+    cov = merge_coverage([d["coverage"] for d in dumps])
+    in_span, writes = last[0] - first[0], last[1] - first[1]
+    assert in_span > 64 and in_span <= recorded + skipped_by_kernel(dumps), (in_span, recorded, writes, cov)
+    assert recorded <= cov["devices"][loop.name]["diskstats"], (recorded, cov)
+    # the epochs after the attach closed dumps in the attached tracer, sent by the trainer, with the loop's timing
+    markers = [d for d in dumps if d["kind"] == "marker"]
+    labels = [d["label"] for d in markers]
+    first = int(labels[0].split()[-1]) if labels else 0   # the epoch the attach fell in, or the next
+    assert len(labels) >= 2 and labels == [f"epoch {n}" for n in range(first, first + len(labels))], labels
+    assert all(d.get("sender_pid") == up["pid"] for d in markers), markers
+    assert all(d["loop"]["steps"] == 16 for d in markers), [d.get("loop") for d in markers]
+    r = subprocess.run([PYTHON, "-m", "tracer.cli", "report", str(out), "--by", "label"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    # the verdict: the trainer is the markers' sender, its loaders the workers found at the attach
+    verdicts = re.findall(rf"^  {labels[1]}: (.*)$", r.stdout, re.M)
+    assert verdicts and re.match(r"(not )?I/O-bound", verdicts[-1]), r.stdout
+    loaders = [t for d in markers[1:] for t in d.get("tasks", []) if t["pid"] in up["workers"]]
+    assert loaders and sum(t["read_bytes"] for t in loaders) > 0, [d.get("tasks") for d in markers]

@@ -1,0 +1,105 @@
+"""Process trees that exist before a tracer attaches with --pid, for tests/privileged/test_attach.py.
+
+    treeload.py tree DEVICE CTRL BLOCKS      root -> child -> a multiprocessing pool of 2 workers
+    treeload.py forker DEVICE CTRL BLOCKS    a parent forking short-lived readers in a tight loop
+
+tree: every process is up before CTRL/ready appears; once CTRL/go exists the
+root, the child and the pool (8 tasks) each read BLOCKS 4 KiB blocks with
+O_DIRECT (one request each, ioload.read_blocks), then the root writes
+CTRL/result: {pid: requests} for every process, and exits.
+
+forker: from the start until CTRL/stop exists, the parent forks children
+one after another; each reads BLOCKS blocks and exits.  The parent notes each
+child's pid with the time.monotonic() of its fork, and writes them to
+CTRL/result as [[pid, t], ...] before it exits.
+
+Each reader reads a range of its own, so any count can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+from ioload import read_blocks
+
+POOL_TASKS = 8
+
+
+def wait_for(path: Path) -> None:
+    while not path.exists():
+        time.sleep(0.005)
+
+
+def _pool_task(args: tuple[str, int, int]) -> tuple[int, int]:
+    device, blocks, first = args
+    read_blocks(device, blocks, first)
+    return os.getpid(), blocks
+
+
+def _child(device: str, ctrl: Path, blocks: int, w: int) -> None:
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(2) as pool:
+        workers = [p.pid for p in pool._pool]   # noqa: SLF001 - the test wants the workers' pids now
+        os.write(w, (json.dumps({"child": os.getpid(), "workers": workers}) + "\n").encode())
+        wait_for(ctrl / "go")
+        read_blocks(device, blocks, blocks)
+        done: dict[int, int] = {os.getpid(): blocks}
+        tasks = [(device, blocks, (2 + i) * blocks) for i in range(POOL_TASKS)]
+        for pid, n in pool.map(_pool_task, tasks, chunksize=1):
+            done[pid] = done.get(pid, 0) + n
+    os.write(w, (json.dumps(done) + "\n").encode())
+
+
+def tree(device: str, ctrl: Path, blocks: int) -> int:
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(r)
+        try:
+            _child(device, ctrl, blocks, w)
+        finally:
+            os._exit(0)
+    os.close(w)
+    lines = os.fdopen(r)
+    up = json.loads(lines.readline())
+    (ctrl / "ready").write_text(json.dumps({"root": os.getpid(), **up}))
+    wait_for(ctrl / "go")
+    read_blocks(device, blocks, 0)
+    done = {int(k): v for k, v in json.loads(lines.readline()).items()}
+    os.waitpid(child, 0)
+    done[os.getpid()] = blocks
+    (ctrl / "result").write_text(json.dumps(done))
+    return 0
+
+
+def forker(device: str, ctrl: Path, blocks: int) -> int:
+    forked: list[tuple[int, float]] = []
+    (ctrl / "ready").write_text(str(os.getpid()))
+    i = 0
+    while not (ctrl / "stop").exists():
+        t = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                read_blocks(device, blocks, (i % 4096) * blocks)
+            finally:
+                os._exit(0)
+        forked.append((pid, t))
+        os.waitpid(pid, 0)
+        i += 1
+    (ctrl / "result").write_text(json.dumps(forked))
+    return 0
+
+
+def main() -> int:
+    mode, device, ctrl, blocks = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+    return {"tree": tree, "forker": forker}[mode](device, ctrl, blocks)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
