@@ -13,10 +13,11 @@ VENV=$REPO/.venv
 STAMP=$VENV/.iotrace-installed      # sha256 of the pyproject.toml pip last installed
 LINK=/usr/local/bin/iotrace
 # tmux: the tests drive `iotrace top` in it; prometheus: tests/privileged/test_prometheus.py runs its own server;
-# bpftrace: tests/privileged/test_identity.py traces beside it
-APT_PACKAGES=(python3-bpfcc bpfcc-tools fio tmux prometheus bpftrace)
-# `setup.sh --bench`: also the peers the overhead bench runs iotrace against, and bpftool for its cost pass
-if [[ ${1:-} == --bench ]]; then APT_PACKAGES+=(blktrace bpftool); fi
+# bpftrace: tests/privileged/test_identity.py traces beside it; bpftool: tests/unit/test_btf.py checks the
+# BTF reader against `bpftool btf dump`, and the bench's cost pass reads program stats with it
+APT_PACKAGES=(python3-bpfcc bpfcc-tools fio tmux prometheus bpftrace bpftool)
+# `setup.sh --bench`: also the peers the overhead bench runs iotrace against
+if [[ ${1:-} == --bench ]]; then APT_PACKAGES+=(blktrace); fi
 RELEASE=$(uname -r)
 MODDIR=/lib/modules/$RELEASE
 export DEBIAN_FRONTEND=noninteractive PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1
