@@ -151,3 +151,30 @@ def test_top_ends_on_ctrl_c_when_started_with_sigint_ignored(tmux, loop):
     tmux.wait_for(lambda s: "iotrace top  every 0.5s" in s, "iotrace top screen")
     tmux("send-keys", "C-c")
     _assert_restored(tmux)
+
+
+PARENT_OF_LOAD = """\
+import os, sys, time
+child = os.fork()
+if child == 0:
+    os.execv(sys.executable, [sys.executable, "-c", {load!r}, *sys.argv[1:]])
+print(child, flush=True)
+os.waitpid(child, 0)
+"""
+
+
+@pytest.mark.bpf
+def test_top_p_shows_a_child_forked_before_it_started(tmux, loop, tmp_path):
+    stop = tmp_path / "stop"
+    parent = subprocess.Popen([PYTHON, "-c", PARENT_OF_LOAD.format(load=LOAD.format(tests=str(TESTS))), loop.path,
+                               str(stop)], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        tmux.type(f"clear; {PYTHON} -m tracer.cli top 0.5 3 -p {parent.pid} --dev {loop.name}; echo top-exit=$?")
+        _assert_restored(tmux)
+        screen = tmux.screen()
+    finally:
+        stop.touch()
+        parent.wait(timeout=60)
+    assert f"pid {parent.pid} (python" in screen and f"and 1 descendant: {child} python" in screen, screen
+    assert re.search(rf"^\s*{child} python\s+{loop.name}\s+read\s+[1-9]", screen, re.M), screen

@@ -8,12 +8,15 @@ With a count (`iotrace top 5 3`), the last screen stays printed, as biotop's.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TextIO
 
 from tracer import sinks as sinkreg
 from tracer.cli.common import (
+    PID_HELP,
     add_attach_option,
+    attach_existing,
     interval_count,
     make_sinks,
     offer_diskstats,
@@ -46,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
                    help="refresh every SECONDS (default 1)")
     p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
                    help="only this disk (loop0, /dev/nvme0n1, 7:0); repeatable")
+    p.add_argument("-p", "--pid", type=int, action="append", default=[], metavar="PID", dest="pids", help=PID_HELP)
+    p.add_argument("--no-children", action="store_true", help="with --pid: that process alone, no descendant")
     add_attach_option(p)
     output_options(p, "top")        # --sort
     return p
@@ -60,15 +65,24 @@ def run(argv: list[str], out: TextIO) -> int:
     if not (sys.stdin.isatty() and out.isatty()):
         raise UserError("top needs a terminal; for a log, run 'sudo iotrace -i 1' instead")
     devs = [devices.resolve(d) for d in ns.devs]
+    from tracer.runtime.child import check_pids
+
+    for fd in check_pids(ns.pids):      # a gone pid: one line now, before the programs load
+        os.close(fd)
 
     from tracer.pipeline.windows import DumpWindows
     from tracer.sources.probe import Probe, ProbeOptions
 
     print("iotrace top: loading the BPF programs ...", file=sys.stderr, flush=True)
     try:
-        probe = Probe(ProbeOptions(devs=devs, attach=ns.attach))
+        probe = Probe(ProbeOptions(devs=devs, attach=ns.attach, pids=ns.pids, follow_children=not ns.no_children))
     except UserError as exc:
         raise offer_diskstats(exc) from None
+    where = ", ".join(ns.devs) or "every device"
+    if ns.pids:
+        from tracer.sources.proctree import describe
+
+        where += "; " + describe(attach_existing(ns.pids, not ns.no_children, probe), shown=2)
     # our own handlers, not Python's: a process started with SIGINT ignored gets no KeyboardInterrupt
     sig = Signals()
     try:
@@ -76,7 +90,7 @@ def run(argv: list[str], out: TextIO) -> int:
 
         def view(scr) -> list[str] | None:
             ctx = sinkreg.Context("top", out, extra={"scr": scr, "interval": interval,
-                                                      "where": ", ".join(ns.devs) or "every device"})
+                                                      "where": where})
             outputs = Sinks(make_sinks(ns, ctx))
             screen = outputs.sinks[0]
             live = Live(DumpWindows(probe, containers=False), outputs, Schedule(interval, count=ns.count), sig,

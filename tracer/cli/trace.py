@@ -19,8 +19,10 @@ from typing import TextIO
 from tracer import contract
 from tracer import sinks as sinkreg
 from tracer.cli.common import (
+    PID_HELP,
     add_attach_option,
     alert_check,
+    attach_existing,
     device_names,
     duration,
     interval_count,
@@ -37,7 +39,8 @@ EPILOG = """\
 examples:
   sudo iotrace                                  every process, every device, until Ctrl-C
   sudo iotrace --pid "$(pgrep -f train.py)" -i 10
-                                                one process and its children, a report every 10 s
+                                                a running trainer, its workers and what it forks
+                                                later, a report every 10 s
   sudo iotrace -o run.jsonl -- python train.py  run a command traced from its first I/O
   sudo iotrace --dev nvme0n1 -d 30 --hist       one device for 30 s, with latency bars
   iotrace report run.jsonl                      render saved dumps again (no root needed)
@@ -64,7 +67,7 @@ coming from bcc and sysstat (what their flags are here):
   biolatency -Q                     queue time is in already: total = queue (Q:) + device (D:)
   biolatency -F                     per op already: the OP column (read, write, flush, discard, other)
   biolatency -m                     units adapt per value (us, ms, s); --hist for log2 bars
-  biotop -p PID, pidstat -d -p PID  iotrace -p PID (--pid; follows the children it forks)
+  biotop -p PID, pidstat -d -p PID  iotrace -p PID (--pid; with the children it has and forks)
   biotop                            iotrace top
   biolatpcts -j, iostat -o JSON     iotrace -j         one JSON line per report on stdout (the -o dump format)
   iostat -x (no root)               iotrace --diskstats
@@ -111,9 +114,11 @@ def trace_parser() -> argparse.ArgumentParser:
                             "p50/p90/p99/p99.9 of each process's reads, writes, flushes and discards.")
     interval_count(p)
     p.add_argument("-p", "--pid", type=int, action="append", default=[], metavar="PID", dest="pids",
-                   help="trace this process (and the children it forks from now on); repeatable. "
-                        "Default: every process")
-    p.add_argument("--no-children", action="store_true", help="with --pid or COMMAND: do not follow forks")
+                   help=PID_HELP + ". The run ends when every PID has exited; a trainer already running finds "
+                        "the tracer with its next marker")
+    p.add_argument("--no-children", action="store_true",
+                   help="with --pid: that process (and its threads) alone, no descendant; with COMMAND: "
+                        "do not follow its forks")
     p.add_argument("--threads", action="store_true", help="one row per thread instead of per process")
     p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
                    help="trace only this disk (loop0, /dev/nvme0n1, 7:0); repeatable. Default: every device")
@@ -209,7 +214,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
             raise offer_diskstats(exc) from None
         tasks, tasks_note = open_tracer(opts.pids, opts.follow_children) if args.tasks else (None, "")
         # after both filters are armed: what the --pid targets forked before the attach joins them
-        attached = _attach_existing(args.pids, not args.no_children, probe, tasks) if args.pids else None
+        attached = attach_existing(args.pids, not args.no_children, probe, tasks) if args.pids else None
         if not args.command:
             control, control_error = open_control(args.pids)
         if child:
@@ -243,19 +248,6 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
             tasks.close()
         if control:
             control.close()
-
-
-def _attach_existing(pids: list[int], follow: bool, probe, tasks):
-    """The --pid targets' existing descendants added to each BPF filter (tracer.sources.proctree)."""
-    from tracer.sources import proctree
-
-    found = proctree.attach_tree(pids, probe.add_pid, probe.traced_pids, follow=follow)
-    if tasks is not None:       # its own filter, armed later than the probe's: its own walk
-        proctree.attach_tree(pids, tasks.add_pid, tasks.traced_pids, follow=follow)
-    if not found.settled:
-        print(f"iotrace: warning: the process tree under pid {', '.join(map(str, pids))} kept changing through "
-              f"{found.rounds} reads of /proc: processes it forked while we read may be missed", file=sys.stderr)
-    return found
 
 
 def _announce(args: TraceArgs, child: int | None, probe, control, control_error: str | None,
