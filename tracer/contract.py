@@ -26,11 +26,14 @@ _SYSCALLS_MARK = re.compile(r"/\*\s*tasks\.bpf\.c\s+syscalls\b(?:\s+(\w+))?")
 
 
 def bpf_dir() -> Path:
-    """Where the BPF sources live: $IOTRACE_BPF_DIR, else the checkout's bpf/."""
+    """Where the BPF sources live: $IOTRACE_BPF_DIR, else the installed package's tracer/bpf/ (a wheel or
+    `pip install .`), else the checkout's bpf/ (an editable install, or running from the tree)."""
     env = os.environ.get("IOTRACE_BPF_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "bpf"
+    here = Path(__file__).resolve().parent
+    installed = here / "bpf"
+    return installed if (installed / "iotrace.h").is_file() else here.parent / "bpf"
 
 
 def _eval_int(expr: str, known: dict[str, int]) -> int:

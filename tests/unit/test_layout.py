@@ -117,3 +117,18 @@ def test_the_layers_contract_holds():
     exe = shutil.which("lint-imports") or str(ROOT / ".venv/bin/lint-imports")
     r = subprocess.run([exe, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "1 kept, 0 broken" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_pyproject_lists_every_package_and_maps_the_bpf_sources():
+    """The package list is explicit (tracer.bpf maps to bpf/, outside tracer/): a new subpackage must join it,
+    or `pip install .` would leave it out."""
+    import tomllib
+
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {"tracer"} | {f"tracer.{p.parent.name}" for p in (ROOT / "tracer").glob("*/__init__.py")}
+    assert set(conf["packages"]) == found | {"tracer.bpf"}
+    assert conf["package-dir"] == {"tracer.bpf": "bpf"}
+    for pattern in conf["package-data"]["tracer.bpf"]:
+        assert list((ROOT / "bpf").glob(pattern)), pattern
+    assert {p.name for p in (ROOT / "bpf").iterdir()} <= {
+        p.name for pattern in conf["package-data"]["tracer.bpf"] for p in (ROOT / "bpf").glob(pattern)}
