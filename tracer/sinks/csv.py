@@ -21,7 +21,7 @@ class CsvLog:
     """
 
     def __init__(self, path: str):
-        self.file = open_output(path)   # the same rules as -o: append, owned by the sudo user
+        self.file = open_output(path)   # the same rules as -o: append, opened as the sudo user
         self.writer = csv.writer(self.file, lineterminator="\n")
         if self.file.tell() == 0:
             self.writer.writerow(CSV_COLUMNS)
