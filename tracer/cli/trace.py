@@ -32,6 +32,7 @@ from tracer.cli.common import (
 from tracer.errors import UserError
 from tracer.options import Parser, positive
 from tracer.runtime.loop import Live, Schedule, Sinks
+from tracer.text import safe
 
 EPILOG = """\
 examples:
@@ -211,10 +212,11 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
             release = None
         _announce(args, child, probe, control, control_error)
         if args.tasks and tasks is None:
-            print(f"iotrace: warning: no per-process rows (\"tasks\") in the dumps: {tasks_note}", file=sys.stderr)
+            print(f"iotrace: warning: no per-process rows (\"tasks\") in the dumps: {safe(tasks_note)}",
+                  file=sys.stderr)
         elif tasks is not None and tasks.syscalls_note:
             print(f"iotrace: per-process rows time reads and fsyncs on the syscalls' perf-event tracepoints, "
-                  f"not raw ones (costlier for every syscall): {tasks.syscalls_note}", file=sys.stderr)
+                  f"not raw ones (costlier for every syscall): {safe(tasks.syscalls_note)}", file=sys.stderr)
         windows = DumpWindows(probe, tasks, alerts, traced=bool(args.pids or args.command),
                               iostat=bool(args.csv), devices=names)
         live = Live(windows, outputs, Schedule(args.interval, args.duration, args.count), sig, child=child,
@@ -241,13 +243,15 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
 def _announce(args: TraceArgs, child: int | None, probe, control, control_error: str | None) -> None:
     what = (f"command {' '.join(args.command)!r} (pid {child})" if child else
             f"pid {', '.join(map(str, args.pids))}" if args.pids else "all processes")
-    print(f"iotrace: tracing block I/O of {what}"
-          f"{' on ' + ', '.join(args.devs) if args.devs else ''}; Ctrl-C to end", file=sys.stderr)
+    # the command, devices and paths as given: shown through safe(), as every name
+    print(safe(f"iotrace: tracing block I/O of {what}"
+               f"{' on ' + ', '.join(args.devs) if args.devs else ''}; Ctrl-C to end"), file=sys.stderr)
     if probe.attach_note:
-        print(f"iotrace: attached to perf-event tracepoints, not raw ones: {probe.attach_note}", file=sys.stderr)
-    print(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "
-          f"(control socket {control.path})" if control else
-          f"iotrace: warning: no control socket, markers are off ({control_error})", file=sys.stderr)
+        print(f"iotrace: attached to perf-event tracepoints, not raw ones: {safe(probe.attach_note)}",
+              file=sys.stderr)
+    print(safe(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "
+               f"(control socket {control.path})" if control else
+               f"iotrace: warning: no control socket, markers are off ({control_error})"), file=sys.stderr)
 
 
 def open_control():
@@ -288,8 +292,8 @@ def run_diskstats(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     windows = DiskWindows(DiskSampler(names), ProcSampler(args.pids, children=not args.no_children),
                           every_device=names is not None, alerts=alerts)
     outputs = Sinks(make_sinks(args, sinkreg.Context("diskstats", out, names, alerts, whole=windows.whole)))
-    print(f"iotrace: --diskstats: {'devices ' + ', '.join(names) if names else 'every disk'}"
-          f"{', pid ' + ', '.join(map(str, args.pids)) if args.pids else ''}; {NO_PERCENTILES}; Ctrl-C to end",
+    print(safe(f"iotrace: --diskstats: {'devices ' + ', '.join(names) if names else 'every disk'}"
+               f"{', pid ' + ', '.join(map(str, args.pids)) if args.pids else ''}; {NO_PERCENTILES}; Ctrl-C to end"),
           file=sys.stderr)
     if os.geteuid() != 0:
         print("iotrace: not root: /proc/PID/io shows only your own processes", file=sys.stderr)
