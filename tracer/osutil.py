@@ -39,23 +39,35 @@ def invoking_user() -> pwd.struct_passwd | None:
         return None
 
 
-def _user_gid(user: pwd.struct_passwd) -> int:
+def _sudo_ids() -> tuple[int, int, list[int]] | None:
+    """(uid, gid, groups) of the user behind sudo, when we are root because of sudo (SUDO_UID, SUDO_GID;
+    a uid with no passwd entry still counts: its rights are the uid's and gid's alone)."""
+    if os.geteuid() != 0:
+        return None
     try:
-        return int(os.environ["SUDO_GID"])
+        uid = int(os.environ["SUDO_UID"])
     except (KeyError, ValueError):
-        return user.pw_gid
-
-
-def _become(user: pwd.struct_passwd) -> None:
-    """Drop every root right for good (in a child only): the user's groups, gid and uid."""
-    gid = _user_gid(user)
+        return None
     try:
-        groups = os.getgrouplist(user.pw_name, gid)
+        user: pwd.struct_passwd | None = pwd.getpwuid(uid)
+    except KeyError:
+        user = None
+    try:
+        gid = int(os.environ["SUDO_GID"])
+    except (KeyError, ValueError):
+        gid = user.pw_gid if user else uid
+    try:
+        groups = os.getgrouplist(user.pw_name, gid) if user else [gid]
     except OSError:
         groups = [gid]
+    return uid, gid, groups
+
+
+def _become(uid: int, gid: int, groups: list[int]) -> None:
+    """Drop every root right for good (in a child only): the user's groups, gid and uid."""
     os.setgroups(groups)
     os.setresgid(gid, gid, gid)
-    os.setresuid(user.pw_uid, user.pw_uid, user.pw_uid)
+    os.setresuid(uid, uid, uid)
 
 
 def _as_user(op: Callable[[], int | None]) -> int | None:
@@ -64,8 +76,8 @@ def _as_user(op: Callable[[], int | None]) -> int | None:
     op returns a file descriptor (handed back to us) or None; an OSError it
     raises is raised here with the same errno.
     """
-    user = invoking_user()
-    if user is None or user.pw_uid == 0:
+    ids = _sudo_ids()
+    if ids is None or ids[0] == 0:
         return op()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -75,7 +87,7 @@ def _as_user(op: Callable[[], int | None]) -> int | None:
             try:
                 ours.close()
                 try:
-                    _become(user)
+                    _become(*ids)
                     fd = op()
                     msg, fds = b"ok", ([] if fd is None else [fd])
                 except OSError as exc:

@@ -157,3 +157,23 @@ def test_bench_refuses_before_it_runs(dirs, where):
     assert "bench:" not in r.stderr          # refused before a scratch device was made
     assert_untouched(root / "shadow")
     assert where == "symlink" or not out.exists()
+
+
+def test_a_uid_without_a_passwd_entry_is_still_the_user(dirs):
+    # sudo from a uid that has no passwd entry (a container's): still its rights, not root's
+    import pwd
+
+    uid = 54321
+    with pytest.raises(KeyError):
+        pwd.getpwuid(uid)
+    user, root = dirs
+    os.chown(user, uid, uid)
+    env = {**os.environ, "SUDO_UID": str(uid), "SUDO_GID": str(uid)}
+    out = user / "new.jsonl"
+    r = subprocess.run([PYTHON, "-m", "tracer.cli", "--diskstats", "0.2", "1", "-o", str(out)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (out.stat().st_uid, out.stat().st_gid) == (uid, uid)
+    r = subprocess.run([PYTHON, "-m", "tracer.cli", "--diskstats", "0.2", "1", "-o", str(root / "x.jsonl")],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert_refused(r, root / "x.jsonl", "Permission denied")
