@@ -100,7 +100,10 @@ def _as_user(op: Callable[[], int | None]) -> int | None:
         try:
             msg, fds, _flags, _addr = socket.recv_fds(ours, 4096, 1)
         finally:
-            os.waitpid(pid, 0)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass            # reaped by someone else's waitpid(-1): it is gone either way
     finally:
         ours.close()
         theirs.close()
