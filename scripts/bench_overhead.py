@@ -300,8 +300,10 @@ class IOTrace(Tracer):
 
     def start(self, device: str) -> None:
         # the default a user would run: every process, every device, a report every 10 s
+        # without SUDO_*: under sudo iotrace would open -o (root's scratch dir) as the invoking user
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SUDO_")}
         self.proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "-i", "10", "-o", str(self.output), *self.extra],
-                                     cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                     cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.pid = self.proc.pid
         if _wait_line(self.proc, self.proc.stderr, "tracing block I/O", 60) is None:
             err = self.proc.stderr.read() if self.proc.poll() is not None else ""

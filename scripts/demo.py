@@ -380,7 +380,12 @@ def main(argv: list[str] | None = None) -> int:
             chown_tree(disk.mnt, int(os.environ["SUDO_UID"]), int(os.environ.get("SUDO_GID", "0")))
         drop_caches()
         say("synced and dropped the page cache: epoch 1 starts cold")
-        dump = disk.tmp / "demo.jsonl"
+        # under sudo the tracer opens -o as the sudo user (tracer.osutil): a directory of theirs for it
+        out_dir = disk.tmp / "out"
+        out_dir.mkdir()
+        if os.environ.get("SUDO_UID"):
+            os.chown(out_dir, int(os.environ["SUDO_UID"]), int(os.environ.get("SUDO_GID", "0")))
+        dump = out_dir / "demo.jsonl"
         workload = [PY, str(WORKLOAD), str(data), "--epochs", str(ns.epochs), "--workers", str(ns.workers),
                     "--checkpoint-dir", str(ckpt), "--mark"]
         if ns.slow_disk > 0:

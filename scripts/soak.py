@@ -51,6 +51,11 @@ def rss_mb(pid: int, field: str = "VmRSS") -> float | None:
     return None
 
 
+def without_sudo() -> dict[str, str]:
+    """This environment without SUDO_*: under sudo, iotrace opens -o as the invoking user (tracer.osutil)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SUDO_")}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=60, help="length of the run (default 60; 3600 for the hour)")
@@ -73,7 +78,8 @@ def main() -> int:
     try:
         tracer = subprocess.Popen([PYTHON, "-m", "tracer.cli", "-i", str(args.interval), "-o", str(out),
                                    "--pid", str(os.getpid())],
-                                  cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                  cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                  env=without_sudo())     # -o is root's scratch file, not the sudo user's
         if "tracing block I/O" not in tracer.stderr.readline():
             raise SystemExit(f"soak: the tracer did not start: {tracer.stderr.read().strip()}")
         start = time.monotonic()

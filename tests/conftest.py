@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,6 +27,13 @@ from tracer.sources.probe import USER_DROPS
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 REQUIRE_BPF = os.environ.get("IOTRACE_REQUIRE_BPF") == "1"
+NOBODY = 65534
+SUDO_ENV = {"SUDO_UID": str(NOBODY), "SUDO_GID": str(NOBODY), "SUDO_USER": "nobody"}
+
+# `sudo -E make test` would hand its SUDO_* to every iotrace the tests start, which would then open
+# -o files as that user, in pytest's tmp dirs that only root may enter: a test that means sudo says so
+for _var in ("SUDO_UID", "SUDO_GID", "SUDO_USER", "SUDO_COMMAND"):
+    os.environ.pop(_var, None)
 
 
 def bpf_unavailable() -> str | None:
@@ -75,6 +83,17 @@ class LoopDevice:
 
     def __repr__(self) -> str:
         return f"LoopDevice({self.path})"
+
+
+@pytest.fixture
+def nobody_dir() -> Iterator[Path]:
+    """A fresh directory under /tmp owned by `nobody` (pytest's tmp dirs are closed to it); removed after."""
+    d = Path(tempfile.mkdtemp(prefix="iotrace-nobody-", dir="/tmp"))
+    try:
+        os.chown(d, NOBODY, NOBODY)
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

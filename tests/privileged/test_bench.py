@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, ROOT, run_iotrace
+from conftest import NOBODY, PYTHON, ROOT, SUDO_ENV, run_iotrace
 
 from tracer.model import benchresult as br
 from tracer.sources.probe import USER_DROPS
@@ -44,14 +44,13 @@ def assert_torn_down(backing: str) -> None:
 
 
 @bpf
-def test_bench_custom_workload(tmp_path):
-    out = tmp_path / "r.json"
+def test_bench_custom_workload(nobody_dir):
+    out = nobody_dir / "r.json"
     # as under `sudo` by user nobody: fio must still run as root (nobody may not open the loop
-    # device), and the result belongs to the user
-    nobody = {"SUDO_UID": "65534", "SUDO_GID": "65534", "SUDO_USER": "nobody"}
-    r = run_iotrace(["bench", "--repeat", "2", "-o", str(out), "--", *TINY], env={**os.environ, **nobody})
+    # device), and the result is written by the user, in the user's directory
+    r = run_iotrace(["bench", "--repeat", "2", "-o", str(out), "--", *TINY], env={**os.environ, **SUDO_ENV})
     assert r.returncode == 0, r.stderr
-    assert out.stat().st_uid == 65534
+    assert out.stat().st_uid == NOBODY and not list(nobody_dir.glob("*.tmp*"))
     raw = json.loads(out.read_text())
     res = br.read(str(out))
     assert (raw["kind"], raw["schema"]) == ("iotrace-bench", 1)

@@ -113,14 +113,14 @@ def test_mark_from_a_shell_against_a_running_tracer(loop, tmp_path):
 
 
 @bpf
-def test_command_run_as_an_unprivileged_user_can_mark(tmp_path):
+def test_command_run_as_an_unprivileged_user_can_mark(tmp_path, nobody_dir):
     """Under sudo the command runs as SUDO_UID; the socket is that user's, and only theirs."""
     nobody = pwd.getpwnam("nobody")
     code = ("import os; from tracer.marker import mark, ENV_CONTROL; st = os.stat(os.environ[ENV_CONTROL]); "
             "said = mark('as nobody', wait=10); "
             # one write: the tracer's tables share this stdout
             "os.write(1, f'{os.getuid()} {st.st_uid} {oct(st.st_mode & 0o777)} {said}\\n'.encode())")
-    out = tmp_path / "out.jsonl"
+    out = nobody_dir / "out.jsonl"     # -o is opened as nobody: not in pytest's tmp dirs
     env = _env(tmp_path / "run", SUDO_UID=str(nobody.pw_uid), SUDO_GID=str(nobody.pw_gid), SUDO_USER="nobody")
     env.pop(marker.ENV_RUN_DIR)     # the default run dir: pytest's tmp dirs are closed to nobody
     r = run_iotrace(["-o", str(out), "--", PYTHON, "-c", code], env=env)

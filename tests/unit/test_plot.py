@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import PYTHON, REQUIRE_BPF, ROOT, run_iotrace
 
+from tracer.errors import UserError
 from tracer.views import plot
 
 try:        # in the dev extra, so `make setup` installs it; CI must not skip these quietly
@@ -92,3 +93,9 @@ def test_wait_shares_per_label_panel(tmp_path):
     for x in dumps:
         x.extra.clear()
     assert plot.render(dumps, str(tmp_path / "p.png")).panels[-1] == plot.TITLE_LABELS
+    # -o is never written through a link (tracer.osutil)
+    (tmp_path / "target").write_text("keep\n")
+    (tmp_path / "link.png").symlink_to(tmp_path / "target")
+    with pytest.raises(UserError, match="symbolic link"):
+        plot.render(dumps, str(tmp_path / "link.png"))
+    assert (tmp_path / "target").read_text() == "keep\n"

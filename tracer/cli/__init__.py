@@ -4,8 +4,8 @@
     iotrace report FILE.jsonl...                      render saved dumps
     iotrace diff A B                                  compare two runs or labels
 
-Errors the user can fix (tracer.errors.UserError) are one line on stderr and
-their exit code; a closed pipe (`iotrace ... | head`) is not a traceback.
+Errors the user can fix (tracer.errors.UserError) are one line on stderr
+(made safe: tracer.text) and their exit code; a closed pipe (`iotrace ... | head`) is not a traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sys
 
 from tracer.cli.common import COMMANDS
 from tracer.errors import UserError
+from tracer.text import safe
 
 
 def command(name: str):
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return trace.run(argv, sys.stdout)
     except UserError as exc:
-        print(f"iotrace: {exc}", file=sys.stderr)
+        print(f"iotrace: {safe(exc)}", file=sys.stderr)     # it may quote a path, a label, a comm
         return exc.exit_code
     except BrokenPipeError:
         # reader went away (iotrace ... | head): not an error worth a traceback

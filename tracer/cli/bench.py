@@ -14,7 +14,7 @@ from typing import TextIO
 from tracer.errors import UserError
 from tracer.model import benchresult as br
 from tracer.options import Parser, at_least
-from tracer.osutil import give_to_user
+from tracer.osutil import check_output
 from tracer.runtime.bench import (
     DEFAULT_DIR,
     DEFAULT_OUTPUT,
@@ -128,9 +128,7 @@ def _preflight(plan: Plan) -> None:
     for tool in ("fio", "losetup"):
         if shutil.which(tool) is None:
             raise UserError(f"{tool} is not installed: run 'make setup' (or apt-get install fio util-linux)")
-    parent = os.path.dirname(os.path.abspath(plan.output))
-    if not os.access(parent, os.W_OK):
-        raise UserError(f"cannot write {plan.output}: {parent} is not a writable directory")
+    check_output(plan.output)     # as the sudo user: before the bench, not after it
 
 
 def _announce(plan: Plan, dev: Device) -> None:
@@ -153,7 +151,6 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
                 workloads = run_plan(plan, dev, True, Path(tmp), sys.stderr)
     result = br.BenchResult(plan.suite, plan.version, workloads, environment(dev), plan.repeat)
     br.write(plan.output, result)
-    give_to_user(plan.output)
     render(result, out)
     print(f"bench: wrote {plan.output}", file=sys.stderr)
     return 0

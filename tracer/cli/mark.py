@@ -10,6 +10,7 @@ from typing import TextIO
 from tracer import marker
 from tracer.errors import UserError
 from tracer.options import Parser
+from tracer.text import safe
 
 
 def _cmdline(pid: int) -> str:
@@ -79,8 +80,8 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
     except OSError as exc:
         raise UserError(f"cannot send to {path}: {exc.strerror or exc}") from None
     if ns.wait > 0 and not confirmed:
-        print(f"iotrace: marker {ns.label!r} sent to {path}, but the tracer did not confirm it within "
-              f"{ns.wait:g} s (busy?); its dump will be closed late", file=sys.stderr)
+        print(safe(f"iotrace: marker {ns.label!r} sent to {path}, but the tracer did not confirm it within "
+                   f"{ns.wait:g} s (busy?); its dump will be closed late"), file=sys.stderr)
     else:
-        print(f"iotrace: marked {ns.label!r} ({path})", file=out)
+        print(safe(f"iotrace: marked {ns.label!r} ({path})"), file=out)
     return 0

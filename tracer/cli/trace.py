@@ -34,6 +34,7 @@ from tracer.cli.common import (
 from tracer.errors import UserError
 from tracer.options import Parser, positive
 from tracer.runtime.loop import Live, Schedule, Sinks
+from tracer.text import safe
 
 EPILOG = """\
 examples:
@@ -223,10 +224,11 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
             release = None
         _announce(args, child, probe, control, control_error, attached)
         if args.tasks and tasks is None:
-            print(f"iotrace: warning: no per-process rows (\"tasks\") in the dumps: {tasks_note}", file=sys.stderr)
+            print(f"iotrace: warning: no per-process rows (\"tasks\") in the dumps: {safe(tasks_note)}",
+                  file=sys.stderr)
         elif tasks is not None and tasks.syscalls_note:
             print(f"iotrace: per-process rows time reads and fsyncs on the syscalls' perf-event tracepoints, "
-                  f"not raw ones (costlier for every syscall): {tasks.syscalls_note}", file=sys.stderr)
+                  f"not raw ones (costlier for every syscall): {safe(tasks.syscalls_note)}", file=sys.stderr)
         windows = DumpWindows(probe, tasks, alerts, traced=bool(args.pids or args.command),
                               iostat=bool(args.csv), devices=names)
         live = Live(windows, outputs, Schedule(args.interval, args.duration, args.count), sig, child=child,
@@ -256,13 +258,15 @@ def _announce(args: TraceArgs, child: int | None, probe, control, control_error:
 
     what = (f"command {' '.join(args.command)!r} (pid {child})" if child else
             describe(attached) if attached else "all processes")
-    print(f"iotrace: tracing block I/O of {what}"
-          f"{' on ' + ', '.join(args.devs) if args.devs else ''}; Ctrl-C to end", file=sys.stderr)
+    # the command, devices and paths as given: shown through safe(), as every name
+    print(safe(f"iotrace: tracing block I/O of {what}"
+               f"{' on ' + ', '.join(args.devs) if args.devs else ''}; Ctrl-C to end"), file=sys.stderr)
     if probe.attach_note:
-        print(f"iotrace: attached to perf-event tracepoints, not raw ones: {probe.attach_note}", file=sys.stderr)
-    print(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "
-          f"(control socket {control.path})" if control else
-          f"iotrace: warning: no control socket, markers are off ({control_error})", file=sys.stderr)
+        print(f"iotrace: attached to perf-event tracepoints, not raw ones: {safe(probe.attach_note)}",
+              file=sys.stderr)
+    print(safe(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "
+               f"(control socket {control.path})" if control else
+               f"iotrace: warning: no control socket, markers are off ({control_error})"), file=sys.stderr)
 
 
 def open_control(pids: list[int] | None = None):
@@ -320,8 +324,8 @@ def run_diskstats(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     from tracer.sources import proctree
 
     who = f", {proctree.describe(proctree.snapshot(args.pids, not args.no_children))}" if args.pids else ""
-    print(f"iotrace: --diskstats: {'devices ' + ', '.join(names) if names else 'every disk'}"
-          f"{who}; {NO_PERCENTILES}; Ctrl-C to end", file=sys.stderr)
+    print(safe(f"iotrace: --diskstats: {'devices ' + ', '.join(names) if names else 'every disk'}"
+               f"{who}; {NO_PERCENTILES}; Ctrl-C to end"), file=sys.stderr)
     if os.geteuid() != 0:
         print("iotrace: not root: /proc/PID/io shows only your own processes", file=sys.stderr)
     sig = Signals()

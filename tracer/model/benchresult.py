@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from tracer import contract
 from tracer.errors import UserError
+from tracer.osutil import open_output, replace_as_user
 
 KIND = "iotrace-bench"
 SCHEMA = 1
@@ -172,19 +173,24 @@ def from_json(obj) -> BenchResult:
 
 
 def write(path: str, r: BenchResult) -> None:
-    """Write atomically, so an interrupted bench never leaves half a baseline behind."""
+    """Write atomically, so an interrupted bench never leaves half a baseline behind; as the sudo user
+    (tracer.osutil: never through a link, never into a directory the user could not write)."""
     tmp = f"{path}.tmp{os.getpid()}"
+    f = open_output(tmp, "x")
     try:
-        with open(tmp, "w") as f:
-            json.dump(to_json(r), f, indent=1)
-            f.write("\n")
-        os.replace(tmp, path)
-    except OSError as exc:
+        try:
+            with f:
+                json.dump(to_json(r), f, indent=1)
+                f.write("\n")
+        except OSError as exc:
+            raise UserError(f"cannot write {path}: {exc.strerror}") from None
+        replace_as_user(tmp, path)
+    except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
-        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+        raise
 
 
 def read(path: str) -> BenchResult:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from tracer import contract
 from tracer.errors import UserError
+from tracer.text import safe
 
 PHASES = tuple(contract.load().shown_phases)
 LATENCY_STATS = ("p50", "p90", "p99", "p99.9", "max", "mean", "min")
@@ -216,7 +217,7 @@ class AlertCheck:
         what = f"{d.kind}{' ' + repr(d.label) if d.label else ''} ending {d.end:%H:%M:%S}"
         fired = check(self.rules, d, disk)
         for a in fired:
-            print(f"iotrace: alert: {what}: {a.describe()}", file=self.err)
+            print(safe(f"iotrace: alert: {what}: {a.describe()}"), file=self.err)   # a label, a device
         self.windows += 1
         self.fired += len(fired)
         self.alerted_windows += bool(fired)

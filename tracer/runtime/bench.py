@@ -29,6 +29,7 @@ from typing import TextIO
 
 from tracer.errors import UserError
 from tracer.model import benchresult as br
+from tracer.text import safe
 
 SCRATCH_MB = 256
 DEFAULT_DIR = "/dev/shm"
@@ -344,7 +345,7 @@ def run_plan(plan: Plan, dev: Device, scratch: bool, workdir: Path, progress: Te
             done += 1
             rep = run_rep(w, dev, scratch, workdir, i + 1)
             reps[w.name].append(rep)
-            print(f"bench: {done}/{total} {w.name} #{i + 1}: {_describe(rep)}", file=progress, flush=True)
+            print(f"bench: {done}/{total} {safe(w.name)} #{i + 1}: {_describe(rep)}", file=progress, flush=True)
     return [br.WorkloadResult(w.name, list(w.fio), reps[w.name]) for w in plan.workloads]
 
 

@@ -47,7 +47,9 @@ def spawn_held(command: list[str], env: dict[str, str] | None = None, stdout_to_
         os.execvp(command[0], command)
     except BaseException as exc:  # noqa: BLE001 - must never return into the tracer's code
         try:
-            os.write(2, f"iotrace: cannot run {command[0]}: {exc}\n".encode())
+            from tracer.text import safe
+
+            os.write(2, f"iotrace: cannot run {safe(command[0])}: {safe(exc)}\n".encode(errors="replace"))
         finally:
             os._exit(127)
 

@@ -32,6 +32,7 @@ import tempfile
 from dataclasses import dataclass
 
 from tracer import marker
+from tracer.text import safe
 
 BAD_MESSAGES_SHOWN = 3     # then bad messages are only counted
 _CRED = struct.Struct("iII")                # struct ucred: pid, uid, gid
@@ -148,7 +149,7 @@ class ControlSocket:
         self.bad += 1
         if self.bad <= BAD_MESSAGES_SHOWN:
             more = "; further bad messages are ignored silently" if self.bad == BAD_MESSAGES_SHOWN else ""
-            print(f"iotrace: {message}{more}", file=sys.stderr, flush=True)
+            print(f"iotrace: {safe(message)}{more}", file=sys.stderr, flush=True)   # a sender's bytes
 
     def ack(self, m: Marker) -> None:
         """Tell a waiting sender its dump is closed (best effort, never blocks)."""

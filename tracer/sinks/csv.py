@@ -7,6 +7,7 @@ from datetime import datetime
 
 from tracer.model.diskstats import IOSTAT_COLUMNS, DiskRow, IostatRow
 from tracer.osutil import open_output
+from tracer.text import safe
 
 CSV_COLUMNS = ("time", "kind", "label", "seconds", "device", "op", *IOSTAT_COLUMNS,
                "count", "MB/s", "p50_us", "p99_us")
@@ -21,7 +22,7 @@ class CsvLog:
     """
 
     def __init__(self, path: str):
-        self.file = open_output(path)   # the same rules as -o: append, owned by the sudo user
+        self.file = open_output(path)   # the same rules as -o: append, opened as the sudo user
         self.writer = csv.writer(self.file, lineterminator="\n")
         if self.file.tell() == 0:
             self.writer.writerow(CSV_COLUMNS)
@@ -30,7 +31,9 @@ class CsvLog:
              device: str, op: str, traced=None) -> list:
         cols = disk.columns() if disk else {}
         # a sampler's row knows its own window (a few microseconds off the dump's)
-        row = [end.isoformat(), kind, label or "", f"{getattr(disk, 'seconds', seconds):.6f}", device, op]
+        # names made safe (tracer.text), as on the terminal: a spreadsheet or `column` shows them too
+        row = [end.isoformat(), safe(kind), safe(label or ""), f"{getattr(disk, 'seconds', seconds):.6f}",
+               safe(device), safe(op)]
         row += [f"{cols[c]:.2f}" if c in cols else "" for c in IOSTAT_COLUMNS]
         if traced is None:
             return row + ["", "", "", ""]

@@ -15,6 +15,7 @@ from typing import TextIO
 from tracer import contract
 from tracer.errors import UserError
 from tracer.model.benchresult import IOPS, LATENCY_METRICS, BenchResult, Spread
+from tracer.text import safe
 
 DEFAULT_LIMITS = {"p50": 0.10, "p99": 0.10}
 DEFAULT_PHASE = "total"
@@ -191,22 +192,22 @@ def _shown_verdict(r: Row) -> str:
 def describe(path: str, r: BenchResult) -> str:
     env = r.env
     bits = [r.suite_id, f"{r.repeat} rep(s)", env.get("date"), env.get("host"), env.get("kernel"), env.get("commit")]
-    return f"{path}: " + ", ".join(str(b) for b in bits if b)
+    return safe(f"{path}: " + ", ".join(str(b) for b in bits if b))
 
 
 def render(c: Comparison, base_desc: str, new_desc: str, out: TextIO) -> None:
-    print(f"base {base_desc}", file=out)
-    print(f"new  {new_desc}", file=out)
+    print(f"base {safe(base_desc)}", file=out)
+    print(f"new  {safe(new_desc)}", file=out)
     for n in c.notes:
-        print(f"note: {n}", file=out)
+        print(f"note: {safe(n)}", file=out)
     print("medians [min..max] across repetitions", file=out)
-    w = max([len("WORKLOAD"), *(len(r.workload) for r in c.rows)])
+    w = max([len("WORKLOAD"), *(len(safe(r.workload)) for r in c.rows)])
     print(f"{'WORKLOAD':<{w}}  {'OP':<7} {'PHASE':<6} {'METRIC':<6} {'BASE':>24} {'NEW':>24} {'CHANGE':>8}  VERDICT",
           file=out)
     for r in c.rows:
         change = f"{r.change:+.1%}" if r.change is not None else "n/a"
-        print(f"{r.workload:<{w}}  {r.op:<7} {r.phase:<6} {r.metric:<6} {_cell(r.metric, r.base):>24} "
-              f"{_cell(r.metric, r.new):>24} {change:>8}  {_shown_verdict(r)}", file=out)
+        print(f"{safe(r.workload):<{w}}  {safe(r.op):<7} {safe(r.phase):<6} {r.metric:<6} "
+              f"{_cell(r.metric, r.base):>24} {_cell(r.metric, r.new):>24} {change:>8}  {_shown_verdict(r)}", file=out)
 
 
 def side_json(path: str, r: BenchResult) -> dict:

@@ -19,12 +19,14 @@ from tracer.codec import jsonl
 from tracer.errors import UserError
 from tracer.model import dump as dumpmod
 from tracer.model.dump import Dump, Series
+from tracer.text import safe
 from tracer.views.report import (
     LATENCY_KEYS,
     STAT_KEYS,
     UNLABELLED,
     fmt_latency,
     fmt_stat,
+    lost_text,
     row_stats,
     row_text,
     rows_of,
@@ -156,7 +158,7 @@ _CELL = 9
 
 
 def _line(first: str, cells: list[str]) -> str:
-    return f"{first[:_ROW_WIDTH]:<{_ROW_WIDTH}}" + "".join(f" {c:>{_CELL}}" for c in cells)
+    return f"{safe(first)[:_ROW_WIDTH]:<{_ROW_WIDTH}}" + "".join(f" {c:>{_CELL}}" for c in cells)
 
 
 def render_diff(a: Side, b: Side, out: TextIO, phase: str = "total") -> None:
@@ -164,12 +166,11 @@ def render_diff(a: Side, b: Side, out: TextIO, phase: str = "total") -> None:
     out.write(f"\ndiff: {phase} latency, B against A; rows matched on process name, device and op\n")
     for side in (a, b):
         m = side.merged
-        out.write(f"  {side.tag}  {side.spec}: {len(side.dumps)} dump(s), {dumpmod.duration_of(m):.1f}s, "
+        out.write(f"  {side.tag}  {safe(side.spec)}: {len(side.dumps)} dump(s), {dumpmod.duration_of(m):.1f}s, "
                   f"{m.start:%H:%M:%S} - {m.end:%H:%M:%S}, {len(rows_of(m.series))} row(s)\n")
-        lost = {k: v for k, v in m.dropped.items() if v}
-        if lost:
-            out.write(f"WARNING: {side.tag}: events not recorded: " + ", ".join(f"{k}={v}" for k, v in lost.items())
-                      + " (see README, 'Dropped events')\n")
+        if any(m.dropped.values()):
+            out.write(f"WARNING: {side.tag}: events not recorded: {lost_text(m.dropped)} "
+                      f"(see README, 'Dropped events')\n")
     heads = ["COUNT", "MB", *LATENCY_KEYS]
     if not (comp.matched or comp.only_a or comp.only_b):
         out.write("  no block I/O on either side\n")

@@ -11,6 +11,7 @@ from typing import TextIO
 
 from tracer.model.diskstats import IOSTAT_COLUMNS
 from tracer.model.dump import Dump, duration_of
+from tracer.text import safe
 from tracer.units import fmt_size
 from tracer.views.report import render_table
 
@@ -34,19 +35,19 @@ def render(d: Dump, out: TextIO, title: str | None = None) -> None:
     if disks is None:
         raise ValueError("not a --diskstats window")
     seconds = duration_of(d)
-    out.write(f"\n{title or 'diskstats ' + d.kind}: {d.start:%H:%M:%S} - {d.end:%H:%M:%S} ({seconds:.1f}s); "
+    out.write(f"\n{safe(title or 'diskstats ' + d.kind)}: {d.start:%H:%M:%S} - {d.end:%H:%M:%S} ({seconds:.1f}s); "
               f"iostat -x's columns from /proc/diskstats, bytes from /proc/PID/io; no BPF, so no percentiles\n")
     if disks.devices:
         out.write(DEV_HEAD + "\n")
         for r in disks.devices:
-            out.write(f"{r.device:<12}" + "".join(f"{v:>10.2f}" for v in r.columns().values()) + "\n")
+            out.write(f"{safe(r.device):<12}" + "".join(f"{v:>10.2f}" for v in r.columns().values()) + "\n")
     else:
         out.write("  no block I/O on any disk\n")
     if disks.processes:
         out.write(PROC_HEAD + "\n")
         per_s = 1 / 1024 / seconds if seconds > 0 else 0.0
         for p in disks.processes:
-            out.write(f"{p.pid:>7} {p.comm[:15]:<16}{fmt_size(p.read_bytes):>9}{fmt_size(p.write_bytes):>9}"
+            out.write(f"{p.pid:>7} {safe(p.comm)[:15]:<16}{fmt_size(p.read_bytes):>9}{fmt_size(p.write_bytes):>9}"
                       f"{p.read_bytes * per_s:>10.1f}{p.write_bytes * per_s:>10.1f}\n")
     else:
         out.write("  no process did block I/O that /proc/PID/io shows\n")

@@ -19,6 +19,7 @@ the PNG's Description text, so the file says what it shows.
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass, field
 
@@ -26,6 +27,8 @@ import numpy as np
 
 from tracer import contract
 from tracer.errors import UserError
+from tracer.osutil import open_output
+from tracer.text import safe
 
 WIDTH_IN = 12.0
 PANEL_HEIGHT_IN = 3.6
@@ -91,6 +94,12 @@ def _edges(windows: list[_Window]) -> np.ndarray:
     return np.maximum.accumulate(np.array([windows[0].start] + [w.end for w in windows]))
 
 
+def shown(text: object) -> str:
+    """A name (device, op, label, file) as a chart shows it: made safe (tracer.text), and a "$" kept a
+    dollar sign (matplotlib reads $...$ as mathtext, and fails on an unbalanced one)."""
+    return safe(text).replace("$", r"\$")
+
+
 def _pct(s, phase: str, key: str) -> float:
     st = s.phases.get(phase) if s is not None else None
     if st is None or not st.count:
@@ -106,8 +115,8 @@ def _time_panel(ax, windows: list[_Window], groups: list[tuple[str, str]], phase
         rows = [w.rows.get(g) for w in windows]
         p99 = [_pct(s, phase, "p99") for s in rows]
         p50 = [_pct(s, phase, "p50") for s in rows]
-        ax.plot(x, p99, "o-", color=c, label=f"{g[0]} {g[1]} p99", markersize=4)
-        ax.plot(x, p50, ".--", color=c, label=f"{g[0]} {g[1]} p50")
+        ax.plot(x, p99, "o-", color=c, label=f"{shown(g[0])} {shown(g[1])} p99", markersize=4)
+        ax.plot(x, p50, ".--", color=c, label=f"{shown(g[0])} {shown(g[1])} p50")
         mbps = [s.bytes / w.seconds / 1e6 if s is not None and w.seconds > 0 else 0.0 for s, w in zip(rows, windows,
                                                                                                       strict=True)]
         right.stairs(mbps, _edges(windows), color=c, linewidth=0.8, alpha=0.5)    # each dump's rate over its window
@@ -169,8 +178,8 @@ def _label_panel(ax, windows: list[_Window], phase: str) -> list[str]:
     x = np.arange(len(order))
     ax.bar(x - 0.2, p50, width=0.4, label="p50", color="C0")
     ax.bar(x + 0.2, p99, width=0.4, label="p99", color="C3")
-    ax.set_xticks(x, order, rotation=30 if len(order) > 6 else 0, ha="right" if len(order) > 6 else "center",
-                  fontsize="small")
+    ax.set_xticks(x, [shown(label) for label in order], rotation=30 if len(order) > 6 else 0,
+                  ha="right" if len(order) > 6 else "center", fontsize="small")
     ax.set_ylabel(f"{phase} latency (ms)")
     right = ax.twinx()
     right.plot(x, mb, "ko-", label="MB", markersize=4)
@@ -199,7 +208,7 @@ def _waits_panel(ax, waits: list) -> None:
     for i, (name, colour, get) in enumerate(bars):
         vals = [100 * (get(v) or 0.0) for _, v in waits]
         ax.bar(x - 0.4 + width * (i + 0.5), vals, width=width, label=name, color=colour)
-    names = [f"{label}\n{v.state}" for label, v in waits]
+    names = [f"{shown(label)}\n{v.state}" for label, v in waits]
     ax.set_xticks(x, names, rotation=30 if len(waits) > 6 else 0, ha="right" if len(waits) > 6 else "center",
                   fontsize="small")
     ax.set_ylabel("% of the window (I/O wait: threads summed)")
@@ -240,7 +249,11 @@ def render(dumps, path: str, device: str | None = None, op: str | None = None, p
         _waits_panel(axes[3], waits)
         panels.append(TITLE_WAITS)
     scope = ", ".join(x for x in (device, op) if x) or "every device and op"
-    fig.suptitle(f"iotrace: {source or 'dumps'} ({len(dumps)} dumps; {scope}; {phase} phase)", fontsize="large")
-    fig.savefig(path, format="png", metadata={"Title": f"iotrace plot of {source}", "Software": "iotrace",
-                                              "Description": "panels: " + " | ".join(panels)})
+    fig.suptitle(f"iotrace: {shown(source or 'dumps')} ({len(dumps)} dumps; {shown(scope)}; {phase} phase)",
+                 fontsize="large")
+    png = io.BytesIO()
+    fig.savefig(png, format="png", metadata={"Title": f"iotrace plot of {safe(source)}", "Software": "iotrace",
+                                             "Description": "panels: " + " | ".join(panels)})
+    with open_output(path, "wb") as f:     # as the sudo user, never through a link (tracer.osutil)
+        f.write(png.getbuffer())
     return PlotResult(path, panels, round(WIDTH_IN * DPI), round(PANEL_HEIGHT_IN * n * DPI), len(dumps), groups)

@@ -1,7 +1,9 @@
 """Renderers: the terminal table, biolatency-style bars, windows side by side, and waits per window.
 
 They take a Dump (plain data) and a stream, and compute nothing but what
-they show.
+they show.  Every name in a dump (comm, container, label, device, a drop's
+reason: a saved file may hold anything) reaches the stream through
+tracer.text.safe, at the line or cell that shows it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tracer.model.dump import (
     unexplained_loss,
     unrecorded,
 )
+from tracer.text import safe
 from tracer.units import fmt_latency, fmt_ns, fmt_size
 from tracer.views.verdict import Verdict, judge_dump
 
@@ -32,7 +35,12 @@ COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<7"), ("COU
 
 
 def _row(cells: list[str]) -> str:
-    return " ".join(f"{c:{spec}}" for c, (_, spec) in zip(cells, COLUMNS, strict=True)).rstrip()
+    return " ".join(f"{safe(c):{spec}}" for c, (_, spec) in zip(cells, COLUMNS, strict=True)).rstrip()
+
+
+def lost_text(dropped: dict) -> str:
+    """The non-zero drop counters, "reason=n, ..." (the reasons as a saved file had them, made safe)."""
+    return ", ".join(f"{safe(k)}={v}" for k, v in dropped.items() if v)
 
 
 def _pct(s: Series, phase: str, key: str) -> str:
@@ -46,7 +54,7 @@ def series_row(s: Series, seconds: float) -> list[str]:
     avg = fmt_size(s.bytes / s.count) if s.count and s.bytes else "-"
     total = [_pct(s, "total", k) for k in (*PCT_KEYS, "max")]
     split = [_pct(s, "queue", "p50"), _pct(s, "queue", "p99"), _pct(s, "device", "p50"), _pct(s, "device", "p99")]
-    return [str(s.pid), s.comm[:15], s.device[:9], s.op, str(s.count), f"{rate:.0f}", f"{mbps:.2f}", avg,
+    return [str(s.pid), safe(s.comm)[:15], safe(s.device)[:9], s.op, str(s.count), f"{rate:.0f}", f"{mbps:.2f}", avg,
             *total, *split]
 
 
@@ -58,25 +66,26 @@ def _coverage_line(d: Dump, out: TextIO) -> None:
     for name, c in cov["devices"].items():
         rec, ker = c["recorded"], c["diskstats"]
         pct = f" ({100 * rec / ker:.1f}%)" if ker else ""
-        parts.append(f"{name} {rec}/{ker}{pct}")
+        parts.append(f"{safe(name)} {rec}/{ker}{pct}")
     why = "; a pid or cgroup filter leaves the rest out" if cov.get("filtered") else ""
     out.write(f"coverage: requests recorded / completed per /proc/diskstats: {', '.join(parts)}{why}\n")
     missing = unrecorded(cov)
     # requests counted as dropped are missing for a known reason (the next line names it)
     if unexplained_loss(cov, d.dropped) and not cov.get("filtered") and d.kind == "final":
         out.write("WARNING: the kernel completed requests iotrace neither saw nor counted as dropped: "
-                  + ", ".join(f"{n} {k}" for n, k in missing.items()) + " (see README, 'Coverage')\n")
+                  + ", ".join(f"{safe(n)} {k}" for n, k in missing.items()) + " (see README, 'Coverage')\n")
 
 
 def _bio_line(d: Dump, out: TextIO) -> None:
     bio = d.extra.get("bio_devices")
     if bio and any(s.device in bio for s in d.series):
-        out.write(f"bio-based: {', '.join(bio)} timed per bio, queue to completion (total only, no Q:/D: split)\n")
+        out.write(f"bio-based: {', '.join(map(safe, bio))} timed per bio, queue to completion "
+                  f"(total only, no Q:/D: split)\n")
 
 
 def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = None) -> None:
     seconds = duration_of(d)
-    head = title or f"{d.kind}{' ' + repr(d.label) if d.label else ''}"
+    head = safe(title or f"{d.kind}{' ' + repr(d.label) if d.label else ''}")
     out.write(f"\n{head}: {d.start:%H:%M:%S} - {d.end:%H:%M:%S} ({seconds:.1f}s), "
               f"{len(d.series)} series; total latency (p50..max), Q = queue (~Q2D), D = device (D2C)\n")
     if not d.series:
@@ -87,14 +96,12 @@ def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = N
         ctr = any(s.container for s in d.series)
         out.write(_row([name for name, _ in COLUMNS]) + ("  CONTAINER" if ctr else "") + "\n")
         for s in sorted(d.series, key=lambda s: (-s.count, s.pid, s.device, s.op)):
-            out.write(_row(series_row(s, seconds)) + (f"  {s.container or '-'}" if ctr else "") + "\n")
+            out.write(_row(series_row(s, seconds)) + (f"  {safe(s.container or '-')}" if ctr else "") + "\n")
     _bio_line(d, out)
     _tasks_line(d, out)
     _coverage_line(d, out)
-    lost = {k: v for k, v in d.dropped.items() if v}
-    if lost:
-        out.write("WARNING: events not recorded: " + ", ".join(f"{k}={v}" for k, v in lost.items())
-                  + " (see README, 'Dropped events')\n")
+    if any(d.dropped.values()):
+        out.write(f"WARNING: events not recorded: {lost_text(d.dropped)} (see README, 'Dropped events')\n")
     if hist:
         for s in d.series:
             render_bars(s, out)
@@ -106,7 +113,7 @@ def render_bars(s: Series, out: TextIO, phase: str = "total") -> None:
         return
     rows = st.hist.log2_bars()
     peak = max(c for _, _, c in rows) or 1
-    out.write(f"\n{s.pid} {s.comm} {s.device} {s.op}: {phase} latency\n")
+    out.write(f"\n{s.pid} {safe(s.comm)} {safe(s.device)} {safe(s.op)}: {phase} latency\n")
     out.write(f"{'range':>21} : {'count':<8} distribution\n")
     for lo, hi, c in rows:
         bar = "*" * round(BAR_WIDTH * c / peak)
@@ -152,7 +159,8 @@ def rows_of(series: Iterable[Series], per_pid: bool = False) -> dict[tuple, Seri
 
 
 def row_text(s: Series, per_pid: bool = False) -> str:
-    return f"{f'{s.pid} ' if per_pid else ''}{s.comm}  {s.device}  {s.op}"
+    """A row's name as shown: [pid] comm  device  op (made safe)."""
+    return safe(f"{f'{s.pid} ' if per_pid else ''}{s.comm}  {s.device}  {s.op}")
 
 
 def row_stats(s: Series | None, phase: str = "total") -> dict[str, float | None]:
@@ -194,7 +202,8 @@ class Window:
 
     @property
     def name(self) -> str:
-        return window_name(self.label)
+        """The label as shown (made safe): diff matches labels with window_name, not with this."""
+        return safe(window_name(self.label))
 
 
 def windows_by_label(dumps: list[Dump]) -> list[Window]:
@@ -243,10 +252,9 @@ def render_by_label(dumps: list[Dump], out: TextIO, layout: str = "auto", per_pi
     for w in empty_rest:
         out.write(f"  {UNLABELLED}: {len(w.dumps)} dump(s) with no block I/O, not shown\n")
     for w in shown:
-        lost = {k: v for k, v in w.merged.dropped.items() if v}
-        if lost:
-            out.write(f"WARNING: {w.name}: events not recorded: " + ", ".join(f"{k}={v}" for k, v in lost.items())
-                      + " (see README, 'Dropped events')\n")
+        if any(w.merged.dropped.values()):
+            out.write(f"WARNING: {w.name}: events not recorded: {lost_text(w.merged.dropped)} "
+                      f"(see README, 'Dropped events')\n")
 
     per_window = [rows_of(w.merged.series, per_pid) for w in shown]
     keys = list(dict.fromkeys(k for rows in per_window for k in rows))
@@ -289,7 +297,7 @@ def _render_wide(windows: list[Window], table: list[list[Series | None]], out: T
     out.write(" ".join(f"{name:{spec}}" for name, spec in cols) + (_GROUP_GAP + group_head) * len(windows) + "\n")
     for cells in table:
         first = next(s for s in cells if s is not None)
-        key = [str(first.pid), first.comm[:15], first.device[:9], first.op][-len(cols):]
+        key = [str(first.pid), safe(first.comm)[:15], safe(first.device)[:9], safe(first.op)][-len(cols):]
         line = " ".join(f"{c:{spec}}" for c, (_, spec) in zip(key, cols, strict=True))
         for s in cells:
             stats = row_stats(s)
@@ -342,7 +350,7 @@ def render_waits(windows: list[tuple[str, Dump]], out: TextIO) -> None:
     """Per window (name, merged dump): data wait, I/O wait of the trainer and of its loaders, page-cache
     hits, fsync and throttled time; then one verdict line per window.  Nothing for windows that have
     neither per-process rows nor loop timing (a run without --tasks or markers)."""
-    judged_windows = [(name, judge_dump(d)) for name, d in windows if judged(d)]
+    judged_windows = [(safe(name), judge_dump(d)) for name, d in windows if judged(d)]
     if not judged_windows:
         return
     lw = min(max([len("LABEL"), *(len(n) for n, _ in judged_windows)]), _LABEL_MAX)
@@ -357,7 +365,7 @@ def render_waits(windows: list[tuple[str, Dump]], out: TextIO) -> None:
                                                       zip(wait_cells(v), _WAIT_COLUMNS, strict=True)) + "\n")
     out.write("verdict per window (the rule: README, 'Is the disk slowing training?'):\n")
     for name, v in judged_windows:
-        out.write(f"  {name}: {v.line}\n")
+        out.write(f"  {name}: {safe(v.line)}\n")
 
 
 def _tasks_line(d: Dump, out: TextIO) -> None:

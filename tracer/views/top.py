@@ -3,11 +3,14 @@
 Like biotop, a row per process, device and op, sorted by p99 latency,
 bytes or IOPS, but with percentiles.  Pure functions of a dump, so the
 screen can be checked without a terminal; tracer.sinks.screen draws it.
+Names (comm, device, what is traced) go through tracer.text.safe.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from tracer.text import safe
 
 SORTS = ("p99", "bytes", "iops")
 COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<7"), ("IOPS", ">8"), ("MB/s", ">8"),
@@ -31,8 +34,8 @@ class TopRow:
         from tracer.units import fmt_latency, fmt_size
 
         lat = [fmt_latency(self.pct_us.get(k)) for k in ("p50", "p90", "p99", "p99.9", "max")]
-        return [str(self.pid), self.comm[:15], self.device[:9], self.op, f"{self.iops:.0f}", f"{self.mbps:.2f}",
-                fmt_size(self.avg_size) if self.avg_size else "-", *lat]
+        return [str(self.pid), safe(self.comm)[:15], safe(self.device)[:9], safe(self.op), f"{self.iops:.0f}",
+                f"{self.mbps:.2f}", fmt_size(self.avg_size) if self.avg_size else "-", *lat]
 
 
 def top_rows(dump, sort: str = "p99") -> list[TopRow]:
@@ -59,7 +62,7 @@ def _line(cells: list[str]) -> str:
 
 def screen_lines(dump, sort: str, interval: float, where: str, height: int) -> list[str]:
     """What the screen shows: a header, the column names, as many rows as fit in `height` lines."""
-    head = f"iotrace top  every {interval:g}s  {where}  sort: {sort}  [{HELP}]"
+    head = f"iotrace top  every {interval:g}s  {safe(where)}  sort: {sort}  [{HELP}]"
     if dump is None:
         return [head, "", "  waiting for the first interval..."]
     rows = top_rows(dump, sort)
