@@ -42,3 +42,11 @@ def open_output(path: str) -> TextIO:
         raise UserError(f"cannot write {path}: {exc.strerror}") from None
     give_to_user(path)
     return f
+
+
+def quiet_close(f) -> None:
+    """Close a file whose writes failed (a full disk): its buffer is dropped, the descriptor closed, nothing raised."""
+    try:
+        f.close()       # flushes first: that fails again, but the descriptor is closed all the same
+    except OSError:
+        pass

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,26 +62,73 @@ def interval_due(now: float, next_tick: float | None, end: float | None) -> bool
     return next_tick is not None and now >= next_tick and (end is None or next_tick < end - 1e-3)
 
 
+# The exit status of a run that lost an output (a write to -o or --csv failed), unless its own is non-zero
+LOST_OUTPUT_EXIT = 1
+
+
 class Sinks:
-    """Sinks in order; each window goes to all of them; close() chains the exit status through each."""
+    """Sinks in order; each window goes to all of them; close() chains the exit status through each.
+
+    An output that cannot be written (ENOSPC, EIO: an OSError from its
+    on_dump) is closed and dropped with one line on stderr, and the run goes
+    on with the others; the exit status is LOST_OUTPUT_EXIT at the end (a
+    non-zero status of the run's own wins).  A sink names itself for that
+    line by `what` (e.g. "-o run.jsonl") and lets go of its file by
+    `abandon()`.  A closed stdout (BrokenPipeError, `iotrace | head`) still
+    ends the run, as a reader that went away always has.
+    """
 
     def __init__(self, sinks: list[Sink]):
         self.sinks = [s for s in sinks if s is not None]
+        self.lost: list[str] = []        # the outputs that failed, by `what`
+        self.broken_pipe = False         # stdout's reader went away while closing
 
     def on_dump(self, window: Any) -> None:
-        for s in self.sinks:
-            s.on_dump(window)
+        final = getattr(window, "kind", None) == "final"
+        for s in list(self.sinks):
+            try:
+                s.on_dump(window)
+            except BrokenPipeError:
+                raise
+            except OSError as exc:
+                self._lose(s, exc, "it misses the final report" if final else
+                           "that output is closed, the trace goes on")
+
+    def _lose(self, s: Sink, exc: BaseException, then: str) -> None:
+        what = getattr(s, "what", None) or type(s).__name__
+        if s in self.sinks:
+            self.sinks.remove(s)
+        self.lost.append(what)
+        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        print(f"iotrace: {what}: write failed: {why}; {then} (exit {LOST_OUTPUT_EXIT} at the end)",
+              file=sys.stderr, flush=True)
+        abandon = getattr(s, "abandon", None)
+        if abandon:
+            try:
+                abandon()
+            except Exception:  # noqa: BLE001, S110 - its file is closed either way; the line above said it
+                pass
 
     def close(self, status: int) -> int:
-        """Every sink closes, even when one fails; the first failure is raised after the rest closed."""
-        error: BaseException | None = None
-        for s in self.sinks:
+        """Every sink closes, even when one fails, and this never raises: a sink that fails to close is
+        one line on stderr; a closed stdout is silent (broken_pipe).  Non-zero if an output was lost."""
+        interrupt: BaseException | None = None
+        for s in list(self.sinks):
             try:
                 status = s.close(status)
-            except BaseException as exc:  # noqa: BLE001 - the others' data must still be written
-                error = error or exc
-        if error:
-            raise error
+            except BrokenPipeError:
+                self.broken_pipe = True
+            except OSError as exc:
+                self._lose(s, exc, "that output is incomplete")
+            except Exception as exc:  # noqa: BLE001 - the others' data must still be written
+                self._lose(s, exc, "that output may be incomplete")
+            except BaseException as exc:  # noqa: BLE001 - Ctrl-C while closing: close the rest first
+                interrupt = interrupt or exc
+        self.sinks = []
+        if interrupt:
+            raise interrupt
+        if (self.lost or self.broken_pipe) and not status:
+            status = LOST_OUTPUT_EXIT
         return status
 
 
