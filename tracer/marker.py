@@ -71,6 +71,7 @@ ENV_CONTROL = "IOTRACE_CONTROL"
 ENV_RUN_DIR = "IOTRACE_RUN_DIR"
 DEFAULT_RUN_DIR = "/run/iotrace"
 SOCKET_SUFFIX = ".sock"
+STALE = "stale (its tracer is gone)"      # probe_socket: nothing listens on the socket any more
 
 
 class MarkerWarning(RuntimeWarning):
@@ -206,7 +207,7 @@ def probe_socket(path: str) -> str | None:
         except FileNotFoundError:
             return "no such socket"
         except ConnectionRefusedError:
-            return "stale (its tracer is gone)"
+            return STALE
         except PermissionError:
             return "not writable by you"
         except OSError as exc:

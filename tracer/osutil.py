@@ -205,3 +205,11 @@ def check_output(path: str) -> None:
         _as_user(op)
     except OSError as exc:
         raise UserError(_why(path, exc)) from None
+
+
+def quiet_close(f) -> None:
+    """Close a file whose writes failed (a full disk): its buffer is dropped, the descriptor closed, nothing raised."""
+    try:
+        f.close()       # flushes first: that fails again, but the descriptor is closed all the same
+    except OSError:
+        pass

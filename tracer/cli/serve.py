@@ -14,6 +14,7 @@ from tracer.cli.common import add_attach_option, alert_check, device_names, make
 from tracer.errors import UserError
 from tracer.options import Parser, positive
 from tracer.runtime.loop import Live, Schedule, Sinks
+from tracer.runtime.teardown import run_steps
 from tracer.sinks.prometheus import (
     ATTACHED,
     BOUNDS_S,
@@ -113,12 +114,8 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
         out.write(f"iotrace serve: {e.drains} intervals folded, {len(e.owners)} labelled owners, "
                   f"{e.folded} folded into \"{OTHER}\"\n")
     finally:
-        if sig:
-            sig.restore()
-        status = outputs.close(status)
-        if probe:
-            probe.close()
-        if tasks:
-            tasks.close()
+        status = outputs.close(status)      # never raises
+        run_steps(("detaching the BPF programs", probe.close if probe else None),
+                  ("detaching the per-process tracer", tasks.close if tasks else None),
+                  ("restoring the signal handlers", sig.restore if sig else None))
     return status
-

@@ -26,6 +26,7 @@ from tracer.cli.common import (
 from tracer.errors import UserError
 from tracer.options import Parser, positive
 from tracer.runtime.loop import Live, Schedule, Sinks
+from tracer.runtime.teardown import run_steps
 
 EPILOG = """\
 examples:
@@ -95,14 +96,15 @@ def run(argv: list[str], out: TextIO) -> int:
             screen = outputs.sinks[0]
             live = Live(DumpWindows(probe, containers=False), outputs, Schedule(interval, count=ns.count), sig,
                         inputs={sys.stdin.fileno(): screen.on_key}, final=ns.count is not None)
-            live.run()
-            outputs.close(0)
+            try:
+                live.run()
+            finally:
+                outputs.close(0)        # never raises
             return screen.lines if live.reason == "deadline" else None
 
         last = curses.wrapper(view)
         if last:    # the terminal is back as it was: leave the last screen in it, as biotop does
             out.write("\n".join(last) + "\n")
     finally:
-        sig.restore()
-        probe.close()
+        run_steps(("detaching the BPF programs", probe.close), ("restoring the signal handlers", sig.restore))
     return 0

@@ -34,6 +34,7 @@ from tracer.cli.common import (
 from tracer.errors import UserError
 from tracer.options import Parser, positive
 from tracer.runtime.loop import Live, Schedule, Sinks
+from tracer.runtime.teardown import run_steps
 from tracer.text import safe
 
 EPILOG = """\
@@ -237,19 +238,19 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         closed = True
         return outputs.close(status)
     finally:
-        if sig:
-            sig.restore()
-        if not closed:      # an error, or Ctrl-C while starting: what was collected is still written
-            outputs.close(status)
-        if release is not None and child:
-            os.close(release)       # unblocks the held child: it exits 125
-            os.waitpid(child, 0)
-        if probe:
-            probe.close()
-        if tasks:
-            tasks.close()
-        if control:
-            control.close()
+        # every step runs whatever the others do (tracer.runtime.teardown); signals stay ours until the end
+        end_child = None
+        if child:
+            def end_child():
+                if release is not None:
+                    os.close(release)       # unblocks the held child: it exits 125
+                childmod.end(child)         # a no-op once the loop reaped it; else SIGTERM, then SIGKILL
+        run_steps(("writing the outputs", None if closed else lambda: outputs.close(status)),
+                  ("ending the traced command", end_child),
+                  ("detaching the BPF programs", probe.close if probe else None),
+                  ("detaching the per-process tracer", tasks.close if tasks else None),
+                  ("removing the control socket", control.close if control else None),
+                  ("restoring the signal handlers", sig.restore if sig else None))
 
 
 def _announce(args: TraceArgs, child: int | None, probe, control, control_error: str | None,
@@ -333,6 +334,6 @@ def run_diskstats(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     try:
         Live(windows, outputs, Schedule(args.interval, args.duration, args.count), sig, pidfds=pidfds).run()
     finally:
+        status = outputs.close(status)      # never raises
         sig.restore()
-        status = outputs.close(status)
     return status

@@ -164,8 +164,17 @@ def coverage(raw, series: list[Series]) -> dict | None:
     out = {}
     for name in names:
         end, start = raw.diskstats_end.get(name), raw.diskstats_start.get(name)
-        if end is None:
+        if not same_disk(start, end):
             continue
-        kernel = end.completions - (start.completions if start else 0)
-        out[name] = {"recorded": recorded.get(name, 0), "diskstats": kernel}
+        out[name] = {"recorded": recorded.get(name, 0), "diskstats": end.completions - start.completions}
     return {"filtered": raw.filtered, "devices": out}
+
+
+def same_disk(start, end) -> bool:
+    """Both /proc/diskstats samples of a window show one disk: it neither appeared nor went away between them
+    (a loop device detached and removed, a disk unplugged, one attached anew under the name: its counters
+    went back).  A disk that changed is left out of the window's coverage: what it completed in the window
+    cannot be told from what it completed before, and comparing would call the difference lost."""
+    if start is None or end is None:
+        return False
+    return all(getattr(end, f) >= getattr(start, f) for f in ("reads", "writes", "discards"))

@@ -1,13 +1,37 @@
-"""The traced command: forked, held before exec until the tracer's filter has its pid, then released."""
+"""The traced command: forked, held before exec until the tracer's filter has its pid, then released.
+
+It never outlives the tracer untraced: it gets SIGTERM when the tracer dies
+(PR_SET_PDEATHSIG, even on SIGKILL), and every way the tracer ends reaps it
+(end(): SIGTERM, then SIGKILL after a grace).
+"""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
+import time
 
 from tracer.errors import UserError
 from tracer.osutil import invoking_user
+
+PR_SET_PDEATHSIG = 1
+# the signal the command gets when the tracer dies: the one iotrace itself sends to end it
+DEATH_SIGNAL = signal.SIGTERM
+# seconds a command has after SIGTERM before SIGKILL, once iotrace is ending it without waiting
+KILL_GRACE_S = 2.0
+
+
+def _prctl():
+    """libc's prctl, looked up before fork (the child must not import or load anything); None without one."""
+    try:
+        f = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    f.restype = ctypes.c_int
+    return f
 
 
 def spawn_held(command: list[str], env: dict[str, str] | None = None, stdout_to_stderr: bool = False
@@ -23,6 +47,8 @@ def spawn_held(command: list[str], env: dict[str, str] | None = None, stdout_to_
     if shutil.which(command[0]) is None:
         raise UserError(f"command not found: {command[0]}")
     user = invoking_user()
+    prctl = _prctl()
+    tracer = os.getpid()
     r, w = os.pipe()
     pid = os.fork()
     if pid:
@@ -44,6 +70,12 @@ def spawn_held(command: list[str], env: dict[str, str] | None = None, stdout_to_
         os.environ.update(env or {})
         if stdout_to_stderr:
             os.dup2(2, 1)
+        # after setuid: a change of credentials clears the parent-death signal (man 2 prctl); a set-user-ID
+        # or file-capability COMMAND clears it again at exec, and nothing here can help that
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, DEATH_SIGNAL, 0, 0, 0)
+        if os.getppid() != tracer:
+            os._exit(125)   # the tracer died before the signal was set: nobody would trace us
         os.execvp(command[0], command)
     except BaseException as exc:  # noqa: BLE001 - must never return into the tracer's code
         try:
@@ -61,6 +93,30 @@ def release(fd: int) -> None:
     except BrokenPipeError:
         pass
     os.close(fd)
+
+
+def end(pid: int, sig: int = signal.SIGTERM, grace: float = KILL_GRACE_S) -> int | None:
+    """End our child `pid` and reap it: `sig`, then SIGKILL if it is still there after `grace` seconds.
+
+    Its exit status (exit_status), or None if it was reaped already (then it is
+    not signalled: the pid may be another process's by now).
+    """
+    try:
+        done, st = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if done:
+        return exit_status(st)
+    # not reaped: the pid is still our child's, a zombie at worst
+    os.kill(pid, sig)
+    until = time.monotonic() + grace
+    while time.monotonic() < until:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return exit_status(st)
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    return exit_status(os.waitpid(pid, 0)[1])
 
 
 def exit_status(status: int) -> int:

@@ -78,6 +78,29 @@ def _usable_run_dir(directory: str) -> bool:
             and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and os.access(directory, os.W_OK | os.X_OK))
 
 
+def remove_stale(directory: str, owner: pwd.struct_passwd | None = None) -> list[str]:
+    """Remove the sockets of tracers that died without removing them (SIGKILL, a crash); returns their paths.
+
+    Only in the run directory iotrace uses, only PID.sock entries that are
+    sockets themselves (lstat: a symlink is left alone), owned by root, by
+    us or by `owner` (a sudo tracer gives its socket to the sudo user), and
+    only when nothing listens on them any more: connecting is refused.
+    """
+    removed = []
+    uids = {0, os.geteuid()} | ({owner.pw_uid} if owner else set())
+    for _pid, path, why in marker.scan(directory):
+        if why != marker.STALE:
+            continue
+        try:
+            st = os.lstat(path)
+            if stat.S_ISSOCK(st.st_mode) and st.st_uid in uids:
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            continue        # gone meanwhile, or not ours to remove
+    return removed
+
+
 class ControlSocket:
     """The tracer's end: bound, non-blocking, removed by close()."""
 
@@ -93,7 +116,9 @@ class ControlSocket:
         """Bind PID.sock in the run directory (or a private temp dir), writable by root and `owner` only."""
         directory = directory or marker.run_dir()
         private = None
-        if not _usable_run_dir(directory):
+        if _usable_run_dir(directory):
+            remove_stale(directory, owner)
+        else:
             private = directory = tempfile.mkdtemp(prefix="iotrace-")
             if owner:
                 os.chmod(directory, 0o711)   # the owner may reach the socket, not list the dir

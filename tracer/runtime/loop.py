@@ -2,8 +2,9 @@
 
 It owns time and events: interval ticks (a tick that falls behind is
 skipped, never burst), the deadline (-d, or `count` reports), signals
-(SIGUSR1: a report now; SIGINT/SIGTERM: end, or let the traced command end
-first), markers from the control socket, the traced command and --pid
+(SIGUSR1: a report now; SIGINT/SIGTERM: end, or with a traced command,
+forward the signal to it and end when it exits; a second signal ends the
+command: SIGTERM, then SIGKILL after child.KILL_GRACE_S), markers from the control socket, the traced command and --pid
 targets exiting, and extra inputs (top's keys).  On each event it closes a
 window through `windows` and hands the result to `sinks`.
 
@@ -17,12 +18,13 @@ from __future__ import annotations
 import os
 import select
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tracer.runtime.child import exit_status
+from tracer.runtime.child import KILL_GRACE_S, exit_status
 
 
 class Windows(Protocol):
@@ -61,26 +63,73 @@ def interval_due(now: float, next_tick: float | None, end: float | None) -> bool
     return next_tick is not None and now >= next_tick and (end is None or next_tick < end - 1e-3)
 
 
+# The exit status of a run that lost an output (a write to -o or --csv failed), unless its own is non-zero
+LOST_OUTPUT_EXIT = 1
+
+
 class Sinks:
-    """Sinks in order; each window goes to all of them; close() chains the exit status through each."""
+    """Sinks in order; each window goes to all of them; close() chains the exit status through each.
+
+    An output that cannot be written (ENOSPC, EIO: an OSError from its
+    on_dump) is closed and dropped with one line on stderr, and the run goes
+    on with the others; the exit status is LOST_OUTPUT_EXIT at the end (a
+    non-zero status of the run's own wins).  A sink names itself for that
+    line by `what` (e.g. "-o run.jsonl") and lets go of its file by
+    `abandon()`.  A closed stdout (BrokenPipeError, `iotrace | head`) still
+    ends the run, as a reader that went away always has.
+    """
 
     def __init__(self, sinks: list[Sink]):
         self.sinks = [s for s in sinks if s is not None]
+        self.lost: list[str] = []        # the outputs that failed, by `what`
+        self.broken_pipe = False         # stdout's reader went away while closing
 
     def on_dump(self, window: Any) -> None:
-        for s in self.sinks:
-            s.on_dump(window)
+        final = getattr(window, "kind", None) == "final"
+        for s in list(self.sinks):
+            try:
+                s.on_dump(window)
+            except BrokenPipeError:
+                raise
+            except OSError as exc:
+                self._lose(s, exc, "it misses the final report" if final else
+                           "that output is closed, the trace goes on")
+
+    def _lose(self, s: Sink, exc: BaseException, then: str) -> None:
+        what = getattr(s, "what", None) or type(s).__name__
+        if s in self.sinks:
+            self.sinks.remove(s)
+        self.lost.append(what)
+        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        print(f"iotrace: {what}: write failed: {why}; {then} (exit {LOST_OUTPUT_EXIT} at the end)",
+              file=sys.stderr, flush=True)
+        abandon = getattr(s, "abandon", None)
+        if abandon:
+            try:
+                abandon()
+            except Exception:  # noqa: BLE001, S110 - its file is closed either way; the line above said it
+                pass
 
     def close(self, status: int) -> int:
-        """Every sink closes, even when one fails; the first failure is raised after the rest closed."""
-        error: BaseException | None = None
-        for s in self.sinks:
+        """Every sink closes, even when one fails, and this never raises: a sink that fails to close is
+        one line on stderr; a closed stdout is silent (broken_pipe).  Non-zero if an output was lost."""
+        interrupt: BaseException | None = None
+        for s in list(self.sinks):
             try:
                 status = s.close(status)
-            except BaseException as exc:  # noqa: BLE001 - the others' data must still be written
-                error = error or exc
-        if error:
-            raise error
+            except BrokenPipeError:
+                self.broken_pipe = True
+            except OSError as exc:
+                self._lose(s, exc, "that output is incomplete")
+            except Exception as exc:  # noqa: BLE001 - the others' data must still be written
+                self._lose(s, exc, "that output may be incomplete")
+            except BaseException as exc:  # noqa: BLE001 - Ctrl-C while closing: close the rest first
+                interrupt = interrupt or exc
+        self.sinks = []
+        if interrupt:
+            raise interrupt
+        if (self.lost or self.broken_pipe) and not status:
+            status = LOST_OUTPUT_EXIT
         return status
 
 
@@ -129,11 +178,14 @@ class Live:
         end = sched.deadline(start)
         next_tick = start + sched.interval if sched.interval else None
         alive = set(self.pidfds)
-        stopping = False
+        stopping = ""           # why the command was asked to end: "signal" or "deadline"; "" while it runs
+        kill_at: float | None = None    # a second signal: SIGKILL then, if the command is still there
         while True:
             now = time.monotonic()
-            wake = [t for t in (next_tick, end) if t is not None]
+            wake = [t for t in (next_tick, end, kill_at) if t is not None]
             timeout = max(0.0, min(wake) - now) if wake else None
+            if stopping:        # the command's pidfd wakes us when it exits; this is only a backstop
+                timeout = STOP_POLL_S if timeout is None else min(timeout, STOP_POLL_S)
             listen = [sig.r, *alive, *self.inputs] + ([self.control.fileno()] if self.control else [])
             ready, _, _ = select.select(listen, [], [], 0 if sig.pending else timeout)
             alive -= set(ready)
@@ -145,27 +197,60 @@ class Live:
             if child is not None:
                 done, st = os.waitpid(child, os.WNOHANG)
                 if done:
-                    return self._end("command", exit_status(st))
+                    return self._end("deadline" if stopping == "deadline" else
+                                     "signal" if kill_at is not None else "command", exit_status(st))
             for s in sig.take():
                 if s == signal.SIGUSR1:   # a report now, as an interval
                     self.emit("interval")
                     continue
-                if child is None or stopping:
+                if child is None:
                     return self._end("signal")
-                # the command decides when we end: let it finish, a second signal ends us
-                stopping = True
-                if s == signal.SIGTERM:
+                if not stopping:
+                    # the command decides when we end: it gets our signal, and we wait for it
+                    stopping = "signal"
+                    if not _terminal_sent(s, child):
+                        os.kill(child, s)
+                elif kill_at is None:
+                    # asked again: the command is ended (SIGTERM, SIGKILL after a grace), not left running
                     os.kill(child, signal.SIGTERM)
+                    kill_at = time.monotonic() + KILL_GRACE_S
+                else:
+                    os.kill(child, signal.SIGKILL)
             if self.pidfds and child is None and not alive:
                 return self._end("pids")       # every --pid target has exited
             now = time.monotonic()
+            if kill_at is not None and now >= kill_at:
+                os.kill(child, signal.SIGKILL)
+                kill_at = float("inf")      # killed: only its exit is awaited now
             if interval_due(now, next_tick, end):
                 self.emit("interval")
                 next_tick += sched.interval
                 while next_tick <= now:  # fell behind (suspended?): skip, do not burst
                     next_tick += sched.interval
             if end is not None and now >= end:
-                if child is not None:
+                if child is None:
+                    return self._end("deadline")
+                # the command gets SIGTERM and we wait for it (a signal then ends it for good)
+                if not stopping:
                     os.kill(child, signal.SIGTERM)
-                    return self._end("deadline", exit_status(os.waitpid(child, 0)[1]))
-                return self._end("deadline")
+                    stopping = "deadline"
+                end = next_tick = None
+
+
+# how often a loop waiting for the command to exit looks, should its pidfd not be listened to
+STOP_POLL_S = 0.25
+
+
+def _terminal_sent(sig: int, child: int) -> bool:
+    """SIGINT that the terminal sent the command as well (Ctrl-C goes to its whole foreground process group):
+    not forwarded, or the command would see two.  A SIGINT from kill(1) then reaches us only; SIGTERM never
+    comes from a terminal."""
+    if sig != signal.SIGINT:
+        return False
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgid(child)
+        except OSError:
+            continue
+    return False

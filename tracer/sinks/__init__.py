@@ -58,6 +58,9 @@ def from_args(ns, ctx: Context) -> list:
             sinks += made if isinstance(made, list) else [made] if made is not None else []
     except BaseException:
         for s in sinks:
-            s.close(0)
+            try:
+                s.close(0)
+            except Exception:  # noqa: BLE001, S110 - the error being raised is the one to say
+                pass
         raise
     return sinks

@@ -6,7 +6,7 @@ import csv
 from datetime import datetime
 
 from tracer.model.diskstats import IOSTAT_COLUMNS, DiskRow, IostatRow
-from tracer.osutil import open_output
+from tracer.osutil import open_output, quiet_close
 from tracer.text import safe
 
 CSV_COLUMNS = ("time", "kind", "label", "seconds", "device", "op", *IOSTAT_COLUMNS,
@@ -67,6 +67,9 @@ class CsvLog:
     def close(self) -> None:
         self.file.close()
 
+    def abandon(self) -> None:
+        quiet_close(self.file)
+
 
 def add_arguments(p, mode: str) -> None:
     if mode == "top":
@@ -83,6 +86,7 @@ class CsvSink:
     def __init__(self, path: str, devices: list[str] | None):
         self.log = CsvLog(path)
         self.devices = devices
+        self.what = f"--csv {path}"     # names the output in a write error's line (tracer.runtime.loop.Sinks)
 
     def on_dump(self, window) -> None:
         if window.disks is not None:        # a --diskstats window: its own rows
@@ -95,6 +99,10 @@ class CsvSink:
     def close(self, status: int) -> int:
         self.log.close()
         return status
+
+    def abandon(self) -> None:
+        """A write failed: let go of the file without writing more."""
+        self.log.abandon()
 
 
 def from_args(ns, ctx) -> CsvSink | None:

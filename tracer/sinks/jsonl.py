@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TextIO
 
 from tracer.codec import jsonl
-from tracer.osutil import open_output
+from tracer.osutil import open_output, quiet_close
 
 
 def add_arguments(p, mode: str) -> None:
@@ -21,11 +21,13 @@ def add_arguments(p, mode: str) -> None:
 
 
 class JsonlSink:
-    """Each window as a JSON line on `stream`; `own`: close the stream at the end."""
+    """Each window as a JSON line on `stream`; `own`: close the stream at the end.  `what` names the output
+    in a write error's line (the loop's Sinks drops an output whose write fails, and calls abandon())."""
 
-    def __init__(self, stream: TextIO, own: bool):
+    def __init__(self, stream: TextIO, own: bool, what: str = "-j (stdout)"):
         self.stream = stream
         self.own = own
+        self.what = what
 
     def on_dump(self, window) -> None:
         jsonl.write(self.stream, window)     # a BPF dump, or a --diskstats window: each kind as registered
@@ -36,11 +38,16 @@ class JsonlSink:
             self.stream.close()
         return status
 
+    def abandon(self) -> None:
+        """A write failed: let go of the file without writing more (what is still buffered is lost)."""
+        if self.own:
+            quiet_close(self.stream)
+
 
 def from_args(ns, ctx) -> list[JsonlSink]:
     out = []
     if getattr(ns, "output", None):
-        out.append(JsonlSink(open_output(ns.output), own=True))
+        out.append(JsonlSink(open_output(ns.output), own=True, what=f"-o {ns.output}"))
     if getattr(ns, "json", False):
         out.append(JsonlSink(ctx.out, own=False))
     return out

@@ -21,6 +21,8 @@ class TableSink:
     of them); --diskstats windows take the whole run from `whole()`.
     """
 
+    what = "stdout (the table)"     # names this output in a write error's line (tracer.runtime.loop.Sinks)
+
     def __init__(self, out: TextIO, hist: bool = False, whole=None):
         self.out = out
         self.hist = hist
