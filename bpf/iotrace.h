@@ -194,6 +194,34 @@ KMEMBER(TASK_TI_STATUS, task_struct, thread_info.status, 4)	/* tasks.bpf.c sysca
 #endif
 
 /*
+ * The events the block-layer programs attach to: the one list that
+ * tracer/sources/probe.py derives what it attaches, checks and reports from
+ * (read by tracer/contract.py, never compiled).  One line an event:
+ *   EVENT(tracepoint, category, short name, paths, when, fields)
+ * short name: its skipped events (the program's recursion misses) are
+ *   reported as "skipped_<short name>"; paths: the attach paths with a
+ *   program on it (raw_tp.bpf.c's RAW_TRACEPOINT_PROBE, tracepoint.bpf.c's
+ *   TRACEPOINT_PROBE); when: always, start (the first of these the kernel has
+ *   is the request start: IOTRACE_START_EVENT) or bio (only when a bio-based
+ *   disk is traced: IOTRACE_BIO_LEVEL); fields: what the perf-event program
+ *   reads of the tracepoint's format (checked at start; "-" for none).  A
+ *   raw tracepoint's arguments are its KRAWTP line above.
+ */
+#ifdef IOTRACE_EVENT_TABLE
+EVENT(block_io_start, block, start, raw_tp tracepoint, start, dev sector bytes rwbs)
+EVENT(block_rq_insert, block, start, raw_tp tracepoint, start, dev sector bytes rwbs)
+EVENT(block_rq_issue, block, issue, raw_tp tracepoint, always, dev sector bytes rwbs)
+EVENT(block_rq_complete, block, complete, raw_tp tracepoint, always, dev sector nr_sector rwbs)
+EVENT(block_rq_merge, block, merge, raw_tp tracepoint, always, dev sector bytes)
+EVENT(block_bio_frontmerge, block, frontmerge, tracepoint, always, dev sector nr_sector)
+EVENT(block_rq_requeue, block, requeue, raw_tp tracepoint, always, dev)
+EVENT(sched_process_fork, sched, fork, raw_tp tracepoint, always, -)
+EVENT(sched_process_exit, sched, exit, raw_tp tracepoint, always, -)
+EVENT(block_bio_queue, block, bio_queue, raw_tp tracepoint, bio, dev sector nr_sector rwbs)
+EVENT(block_bio_complete, block, bio_complete, raw_tp tracepoint, bio, dev sector nr_sector rwbs)
+#endif
+
+/*
  * One request between its start and its completion.  The in-flight table
  * is an array of these, in groups of IOTRACE_INFLIGHT_PROBES chosen by a
  * hash of the request's key (its address on raw tracepoints, its (dev,

@@ -19,6 +19,9 @@ from pathlib import Path
 _DEFINE = re.compile(r"^\s*#define\s+(IOTRACE_\w+)\s+(.+?)\s*(?:/\*.*)?$", re.M)
 _ENUM = re.compile(r"enum\s+(iotrace_\w+)\s*\{(.*?)\};", re.S)
 _MEMBER = re.compile(r"^\s*(IOTRACE_\w+)\s*=\s*(\d+)\s*,", re.M)
+_EVENT_TABLE = re.compile(r"^#ifdef IOTRACE_EVENT_TABLE\b(.*?)^#endif", re.M | re.S)
+_EVENT_ENTRY = re.compile(r"^EVENT\(([^)]*)\)\s*(?:/\*.*\*/)?\s*$")
+EVENT_WHEN = ("always", "start", "bio")
 _KERNEL_TABLE = re.compile(r"^#ifdef IOTRACE_KERNEL_TABLE\b(.*?)^#endif", re.M | re.S)
 _KERNEL_ENTRY = re.compile(r"^(KMEMBER|KENUM|KHEAD|KRAWTP|KBIT)\((.*?)\)\s*(?:/\*.*\*/)?\s*$")
 # "/* tasks.bpf.c syscalls */" or "/* tasks.bpf.c syscalls x86_64: what it is */": group 1 the architecture
@@ -78,6 +81,8 @@ class Contract:
     # the entries marked "tasks.bpf.c syscalls": the per-process programs' raw sys_enter/sys_exit
     # variant only, by architecture ("" for every one; else platform.machine(), e.g. "x86_64")
     kernel_syscalls: dict[str, KernelReads] = field(default_factory=dict)
+    # IOTRACE_EVENT_TABLE: the block-layer programs' events, in the table's order
+    events: tuple[Event, ...] = ()
 
     def const(self, name: str) -> int:
         return self.defines["IOTRACE_" + name]
@@ -164,6 +169,34 @@ def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, Kernel
     return block, tasks, syscalls
 
 
+@dataclass(frozen=True)
+class Event:
+    """One line of IOTRACE_EVENT_TABLE: a tracepoint the block-layer programs attach to."""
+
+    name: str                   # block_rq_issue
+    category: str               # its tracefs category: block, sched
+    short: str                  # its skips are reported as "skipped_<short>"
+    paths: tuple[str, ...]      # the attach paths with a program on it: raw_tp, tracepoint
+    when: str                   # EVENT_WHEN: always, start (the first one present starts requests), bio
+    fields: tuple[str, ...]     # the tracepoint format fields the perf-event program reads
+
+
+def _parse_events(text: str) -> tuple[Event, ...]:
+    table = _EVENT_TABLE.search(text)
+    out = []
+    for line in (table.group(1).splitlines() if table else ()):
+        if not line.strip():
+            continue
+        m = _EVENT_ENTRY.match(line.strip())
+        args = [a.strip() for a in m.group(1).split(",")] if m else []
+        if len(args) != 6 or args[4] not in EVENT_WHEN:
+            raise ValueError(f"iotrace.h: bad line in IOTRACE_EVENT_TABLE: {line.strip()!r}")
+        name, category, short, paths, when, fields = args
+        out.append(Event(name, category, short, tuple(paths.split()), when,
+                         () if fields == "-" else tuple(fields.split())))
+    return tuple(out)
+
+
 def parse(text: str) -> Contract:
     defines: dict[str, int] = {}
     for name, expr in _DEFINE.findall(text):
@@ -176,7 +209,7 @@ def parse(text: str) -> Contract:
         count = [v for m, v in members.items() if m.endswith("_COUNT")]
         if not count or sorted(v for m, v in members.items() if not m.endswith("_COUNT")) != list(range(count[0])):
             raise ValueError(f"enum {name} in iotrace.h must number its members 0..N-1 and end with *_COUNT = N")
-    return Contract(defines, enums, *_parse_kernel(text))
+    return Contract(defines, enums, *_parse_kernel(text), _parse_events(text))
 
 
 @lru_cache(maxsize=1)

@@ -7,6 +7,7 @@ run from outside the checkout, the installed command finds and compiles them.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,14 +44,27 @@ def check_installed(bin_dir: Path, cwd: Path) -> None:
     assert dump["kind"] == "final" and "series" in dump
 
 
+def tracked_tree(dest: Path) -> Path:
+    """The checkout's tracked files, copied: a build in the checkout itself would leave build/ there, whose
+    stale files a later build packages again."""
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
+    for name in filter(None, names.decode().split("\0")):
+        src = ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
 def test_pip_install_dot_and_the_wheel_work_outside_the_checkout(tmp_path):
     assert sys.platform == "linux"
+    src = tracked_tree(tmp_path / "src")
     plain = fresh_venv(tmp_path / "plain")
-    pip(plain, str(ROOT))
+    pip(plain, str(src))
     check_installed(plain, tmp_path)
 
     dist = tmp_path / "dist"
-    r = subprocess.run([str(plain / "pip"), "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT)],
+    r = subprocess.run([str(plain / "pip"), "wheel", "-q", "--no-deps", "-w", str(dist), str(src)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     [wheel] = dist.glob("iotrace-*.whl")

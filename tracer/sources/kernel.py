@@ -21,8 +21,9 @@ from tracer.sources.btf import Btf, BtfError
 BTF_PATH = "/sys/kernel/btf/vmlinux"
 # A head is read into the program's stack in one go: keep it small
 MAX_HEAD_BYTES = 96
-# The start of a request on kernels before block_io_start (6.5), if its arguments fit
-START_EVENTS = ("block_io_start", "block_rq_insert")
+# The request start: the first of these the kernel has (iotrace.h's EVENT table, when "start":
+# block_io_start from 6.5 on, else block_rq_insert), if its arguments fit
+START_EVENTS = tuple(e.name for e in contract.load().events if e.when == "start")
 
 
 class LayoutError(Exception):

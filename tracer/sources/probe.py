@@ -13,6 +13,7 @@ import ctypes as ct
 import errno
 import os
 import platform
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,34 +28,26 @@ from tracer.sources import devices, kernel
 # (BPF programs do not sleep); this margin is generous.
 GENERATION_GRACE_S = 0.005
 
-# The start tracepoint: block_io_start fires in the submitter's context
-# (Linux 6.5+); block_rq_insert is the closest older equivalent.
+# The events, their attach paths and the fields they read: iotrace.h's IOTRACE_EVENT_TABLE, and
+# what is derived from it.  The start is the first "start" event the kernel has (block_io_start
+# fires in the submitter's context, Linux 6.5+; block_rq_insert is the closest older equivalent).
+EVENTS = contract.load().events
 START_EVENTS = kernel.START_EVENTS
-REQUIRED_FIELDS = {
-    "block_rq_issue": ("dev", "sector", "bytes", "rwbs"),
-    "block_rq_complete": ("dev", "sector", "nr_sector", "rwbs"),
-    "block_bio_frontmerge": ("dev", "sector", "nr_sector"),
-    "block_rq_merge": ("dev", "sector", "bytes"),
-    "block_rq_requeue": ("dev",),
-}
-START_FIELDS = ("dev", "sector", "bytes", "rwbs")
-BIO_FIELDS = {
-    "block_bio_queue": ("dev", "sector", "nr_sector", "rwbs"),
-    "block_bio_complete": ("dev", "sector", "nr_sector", "rwbs"),
-}
+START_FIELDS = next(e.fields for e in EVENTS if e.when == "start")
+# the perf-event programs' tracepoint fields, checked at start: every request's events, the bio ones
+REQUIRED_FIELDS = {e.name: e.fields for e in EVENTS if e.when == "always" and "tracepoint" in e.paths and e.fields}
+BIO_FIELDS = {e.name: e.fields for e in EVENTS if e.when == "bio" and "tracepoint" in e.paths}
 TRACEFS_DIRS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
-# How the programs attach (bpf/iotrace.bpf.c): raw tracepoints keyed by the request, reading
-# kernel structs at BTF offsets, or perf-event tracepoints keyed by (dev, sector) where no BTF is
+# How the programs attach, one source file each over the shared bpf/core.bpf.h (SOURCES): raw tracepoints
+# keyed by the request, reading kernel structs at BTF offsets, or perf-event tracepoints keyed by
+# (dev, sector) where no BTF is
 ATTACH_MODES = ("raw_tp", "tracepoint")
+SOURCES = {"raw_tp": "raw_tp.bpf.c", "tracepoint": "tracepoint.bpf.c"}
 # Each program by the short name its skipped events are reported under: "skipped_<name>"
-PROGRAMS = {"block_rq_issue": "issue", "block_rq_complete": "complete", "block_rq_merge": "merge",
-            "block_bio_frontmerge": "frontmerge", "block_rq_requeue": "requeue", "sched_process_fork": "fork",
-            "sched_process_exit": "exit", "block_bio_queue": "bio_queue", "block_bio_complete": "bio_complete",
-            **{ev: "start" for ev in START_EVENTS}}
+PROGRAMS = {e.name: e.short for e in EVENTS}
 # Raw tracepoints of the raw_tp path, beside the start event (bio ones only for bio-based disks)
-RAW_EVENTS = ("block_rq_issue", "block_rq_complete", "block_rq_merge", "block_rq_requeue",
-              "sched_process_fork", "sched_process_exit")
-RAW_BIO_EVENTS = ("block_bio_queue", "block_bio_complete")
+RAW_EVENTS = tuple(e.name for e in EVENTS if e.when == "always" and "raw_tp" in e.paths)
+RAW_BIO_EVENTS = tuple(e.name for e in EVENTS if e.when == "bio" and "raw_tp" in e.paths)
 # Drop reasons found by user space rather than counted by the BPF programs (see Probe.drain): every
 # program's events the kernel skipped, and (tracepoint path) completions found lost in the in-flight table
 USER_DROPS = (*dict.fromkeys(f"skipped_{name}" for name in PROGRAMS.values()), "lost_completion")
@@ -228,6 +221,25 @@ def choose_attach(mode: str, bio: bool) -> tuple[str, kernel.Layout | None, str]
         if mode == "raw_tp":
             raise UserError(f"--attach raw_tp: this kernel's BTF lacks what iotrace reads: {exc}") from None
         return "tracepoint", None, str(exc)
+
+
+SHARED_INCLUDE = re.compile(r'^#include "(\w+\.bpf\.h)"$', re.M)
+
+
+def bpf_source(src_dir: Path, name: str) -> str:
+    """The text bcc compiles for bpf/`name`: its `#include "x.bpf.h"` lines replaced by those files.
+
+    bcc rewrites map calls (`table.lookup(&k)`) in the main text only: in an
+    included header they would compile to indirect calls the verifier
+    refuses.  So the shared core is pasted in, with #line directives that
+    keep compiler messages naming the right file and line.
+    """
+    def paste(m: re.Match) -> str:
+        line = text.count("\n", 0, m.start()) + 2
+        return f'#line 1 "{m.group(1)}"\n{(src_dir / m.group(1)).read_text()}\n#line {line} "{name}"'
+
+    text = (src_dir / name).read_text()
+    return SHARED_INCLUDE.sub(paste, text)
 
 
 def kernel_headers() -> Path:
@@ -414,7 +426,6 @@ class Probe:
         kernel_headers()
         self.contract = contract.load()
         src_dir = contract.bpf_dir()
-        text = (src_dir / "iotrace.bpf.c").read_text()
         cflags = [f"-I{src_dir}"]
         self.bio_devs = bio_level_devices(opts.devs)
         if self.bio_devs:
@@ -423,7 +434,7 @@ class Probe:
         self.attach, layout, self.attach_note = choose_attach(opts.attach, bool(self.bio_devs))
         if layout is not None:
             self.start_event = layout.start_event
-            cflags += ["-DIOTRACE_RAW_TP", *layout.cflags()]
+            cflags += layout.cflags()
             if layout.group_dead:
                 cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
         else:
@@ -433,7 +444,9 @@ class Probe:
             self.start_event = choose_start_event()
             if "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()):
                 cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
-        text = text.replace("IOTRACE_START_CATEGORY", "block").replace("IOTRACE_START_EVENT", self.start_event)
+        text = bpf_source(src_dir, SOURCES[self.attach])
+        start = next(e for e in EVENTS if e.name == self.start_event)
+        text = text.replace("IOTRACE_START_CATEGORY", start.category).replace("IOTRACE_START_EVENT", self.start_event)
         possible = bcc.utils.get_possible_cpus()
         self.ncpu = len(possible)       # values per key of a per-CPU map
         cflags.append(f"-DIOTRACE_CPUS={max(possible) + 1}")

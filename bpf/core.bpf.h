@@ -1,0 +1,538 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * core.bpf.h - what both attach paths share: the maps, the in-flight slot
+ * table, the histograms, a request's accounting (record), the filters and
+ * fork following.  Included once, by raw_tp.bpf.c or tracepoint.bpf.c: the
+ * loader (tracer/sources/probe.py) compiles the one file its attach path
+ * needs, so the other path's programs do not exist in the object at all.
+ *
+ * A request's life:
+ *   block_io_start    submitter's context: claim an in-flight slot, note
+ *                     tgid, tid, comm, cgroup and the op
+ *   block_rq_issue    handed to the driver: note the time
+ *   block_rq_complete account queue / device / total latency into this
+ *                     CPU's histograms of the current generation, and
+ *                     free the slot
+ *
+ * Each path file defines slot_hash() (how a slot's key is hashed: the
+ * request's address, or its dev and sector) and its programs, thin
+ * wrappers over the handlers here and its own request matching.
+ *
+ * Every program's skipped events (recursion misses) are reported by
+ * tracer/sources/probe.py; everything else that goes wrong is counted here in the
+ * reasons map.  User space flips the generation, waits out programs still
+ * running on the old one, then drains it: intervals are exact and nothing
+ * races a delete.  Keys, values and codes live in iotrace.h.
+ *
+ * The loader defines IOTRACE_BIO_LEVEL when a bio-based disk is to be
+ * traced, and IOTRACE_HAVE_GROUP_DEAD where sched_process_exit says whether
+ * a thread group died.
+ */
+#ifndef IOTRACE_CORE_BPF_H
+#define IOTRACE_CORE_BPF_H
+
+#include "iotrace.h"
+
+/* [0] -> struct iotrace_config, written by user space */
+BPF_ARRAY(config, struct iotrace_config, 1);
+/* slot index -> u64 tag: odd fingerprint of the slot's (dev, sector), 0 when free */
+BPF_ARRAY(tags, u64, IOTRACE_INFLIGHT_SLOTS);
+/* slot index -> struct iotrace_slot: requests between start and completion */
+BPF_ARRAY(inflight, struct iotrace_slot, IOTRACE_INFLIGHT_SLOTS);
+/* group -> u32: requests whose home is this group that sit in their second group */
+BPF_ARRAY(spills, u32, IOTRACE_INFLIGHT_GROUPS);
+/* (gen * IOTRACE_CPUS + cpu) * IOTRACE_HIST_CELLS + cell -> struct iotrace_hist_cell: the fast
+ * path, each generation and CPU in its own part of one plain array (see struct iotrace_hist_cell);
+ * one map, not one per generation, so the programs carry one copy of the probe loop */
+BPF_ARRAY(cells, struct iotrace_hist_cell, 2 * IOTRACE_CPUS * IOTRACE_HIST_CELLS);
+/* struct iotrace_hist_key -> u64 count, per CPU, generation 0 / 1: keys with no cell */
+BPF_PERCPU_HASH(hist0, struct iotrace_hist_key, u64, IOTRACE_HIST_ENTRIES);
+BPF_PERCPU_HASH(hist1, struct iotrace_hist_key, u64, IOTRACE_HIST_ENTRIES);
+/* struct iotrace_series_key -> struct iotrace_series_val, per CPU, generation 0 / 1 */
+BPF_PERCPU_HASH(series0, struct iotrace_series_key, struct iotrace_series_val, IOTRACE_SERIES_ENTRIES);
+BPF_PERCPU_HASH(series1, struct iotrace_series_key, struct iotrace_series_val, IOTRACE_SERIES_ENTRIES);
+/* enum iotrace_reason -> u64 events, per CPU, never reset */
+BPF_PERCPU_ARRAY(reasons, u64, IOTRACE_REASON_COUNT);
+/* cpu * IOTRACE_WHO_SLOTS + tid % IOTRACE_WHO_SLOTS -> struct iotrace_who: a thread's comm and cgroup */
+BPF_ARRAY(who, struct iotrace_who, IOTRACE_CPUS * IOTRACE_WHO_SLOTS);
+/* tgid (or forked tid) -> 1: the processes traced when filter_pids is set */
+BPF_HASH(pids, u32, u8, IOTRACE_PID_ENTRIES);
+/* dev_t -> 1: the devices traced when filter_devs is set */
+BPF_HASH(devs, u32, u8, IOTRACE_DEV_ENTRIES);
+#ifdef IOTRACE_BIO_LEVEL
+/* dev_t -> 1: bio-based disks, traced per bio (see the end of this file) */
+BPF_HASH(bio_devs, u32, u8, IOTRACE_DEV_ENTRIES);
+#endif
+
+static __always_inline void count_reason(u32 reason)
+{
+	u64 *n = reasons.lookup(&reason);
+
+	/* another program may interrupt this one on the same CPU */
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
+static __always_inline struct iotrace_config *get_config(void)
+{
+	u32 zero = 0;
+
+	return config.lookup(&zero);
+}
+
+/* A completion with no slot: why, as far as can be told. */
+static __always_inline void count_unmatched(bool flush_tail)
+{
+	struct iotrace_config *cfg = get_config();
+
+	if (!cfg || !cfg->enabled)
+		return;
+	if (flush_tail)
+		count_reason(IOTRACE_NOTE_FLUSH_TAIL);
+	else if (cfg->filter_pids || cfg->filter_devs || cfg->filter_cgroup)
+		count_reason(IOTRACE_NOTE_UNTRACKED);
+	else
+		count_reason(IOTRACE_DROP_NO_START);
+}
+
+/* ---- the in-flight table ------------------------------------------------ */
+
+/*
+ * A request's slot is found through its tag, 0 when free: the request's
+ * own address on the raw-tracepoint path, a 64-bit odd fingerprint of
+ * (dev, sector) on the tracepoint path.  Its probe window is the 8 tags of
+ * one aligned group, a single cache line, so a lookup reads one line of
+ * tags and then only the slot that matches, not 8 slots; and the second
+ * group's line only when its home group has spilled there.
+ */
+struct slot_ref {
+	struct iotrace_slot *s;
+	u64 *tag;
+	u32 idx;
+};
+
+/* (dev, sector) on the tracepoint path; (0, address) on the raw one */
+static __always_inline u64 key_hash(u32 dev, u64 sector)
+{
+	u64 x = (sector * IOTRACE_HASH_MUL) ^ dev;
+
+	x ^= x >> 29;
+	x *= IOTRACE_HASH_MUL;
+	return x ^ (x >> 32);
+}
+
+/* First slot of the home group of a key's hash. */
+static __always_inline u32 group_of(u64 h)
+{
+	return (u32)(h >> 32) & (IOTRACE_INFLIGHT_SLOTS - 1) & ~(IOTRACE_INFLIGHT_PROBES - 1);
+}
+
+/* First slot of the second group: other bits of the hash, never the home group (unless only one) */
+static __always_inline u32 second_group_of(u64 h)
+{
+	u32 g = (u32)h & (IOTRACE_INFLIGHT_SLOTS - 1) & ~(IOTRACE_INFLIGHT_PROBES - 1);
+
+	if (g == group_of(h))
+		g = (g + IOTRACE_INFLIGHT_PROBES) & (IOTRACE_INFLIGHT_SLOTS - 1);
+	return g;
+}
+
+static __always_inline u32 *spill_count(u32 home)
+{
+	u32 g = home / IOTRACE_INFLIGHT_PROBES;
+
+	return spills.lookup(&g);
+}
+
+static __always_inline bool ref_at(u32 idx, struct slot_ref *r)
+{
+	r->tag = tags.lookup(&idx);
+	r->s = inflight.lookup(&idx);
+	r->idx = idx;
+	return r->tag && r->s;
+}
+
+static __always_inline u64 slot_hash(const struct slot_ref *r);
+
+/* While its tag is ours: a slot outside its key's home group is a spill of that group. */
+static __always_inline void unspill(struct slot_ref *r)
+{
+	u32 home = group_of(slot_hash(r)), *sp;
+
+	if ((r->idx & ~(IOTRACE_INFLIGHT_PROBES - 1)) == home)
+		return;
+	sp = spill_count(home);
+	if (sp)
+		__sync_fetch_and_add(sp, -1);	/* BPF has no atomic sub */
+}
+
+static __always_inline void slot_release(struct slot_ref *r)
+{
+	unspill(r);
+	/* a full barrier: the slot's fields are dead once its tag is 0 */
+	__sync_lock_test_and_set(r->tag, 0);
+}
+
+/* Claim a free slot of the group starting at `base` for `tag`. */
+static __always_inline bool claim_free(u32 base, u64 tag, struct slot_ref *r)
+{
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
+		if (!ref_at(base + i, r))
+			return false;
+		/* two CPUs may race for the same slot: one wins */
+		if (*r->tag == 0 && __sync_val_compare_and_swap(r->tag, 0, tag) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Claim a slot of the group at `base` busy for over IOTRACE_STALE_NS: its
+ * completion was skipped by the kernel (user space has counted it lost) or
+ * will never come.
+ */
+static __always_inline bool claim_stale(u32 base, u64 tag, u64 now, struct slot_ref *r)
+{
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
+		u64 old;
+
+		if (!ref_at(base + i, r))
+			return false;
+		old = *r->tag;
+		/* a start_ns after `now` is a slot another CPU is filling in right now: not stale */
+		if (old && r->s->start_ns < now && now - r->s->start_ns > IOTRACE_STALE_NS &&
+		    __sync_val_compare_and_swap(r->tag, old, tag) == old) {
+			unspill(r);	/* the old request's key is still in the slot */
+			count_reason(IOTRACE_NOTE_RECLAIMED);
+			return true;
+		}
+	}
+	return false;
+}
+
+/* Claim a slot of the second group, counting the spill first: a lookup that finds it looks there. */
+static __always_inline bool claim_spill(u32 home, u32 other, u64 tag, u64 now, bool stale,
+					struct slot_ref *r)
+{
+	u32 *sp = spill_count(home);
+
+	if (other == home || !sp)
+		return false;
+	__sync_fetch_and_add(sp, 1);
+	if (stale ? claim_stale(other, tag, now, r) : claim_free(other, tag, r))
+		return true;
+	__sync_fetch_and_add(sp, -1);	/* BPF has no atomic sub */
+	return false;
+}
+
+/*
+ * Take a free slot for `tag` in the home group of hash `h`, else in its
+ * second group, else a stale one in either.  Returns false when none is
+ * left.  The caller fills in the key's fields.
+ */
+static __always_inline bool slot_claim(u64 h, u64 tag, u64 now, struct slot_ref *r)
+{
+	u32 home = group_of(h), other = second_group_of(h);
+
+	if (!claim_free(home, tag, r) && !claim_spill(home, other, tag, now, false, r) &&
+	    !claim_stale(home, tag, now, r) && !claim_spill(home, other, tag, now, true, r))
+		return false;
+	/* times before the key, so a CPU that sees the new key sees them too (in store
+	 * order, as on x86; elsewhere the window is a few instructions wide) */
+	r->s->start_ns = now;
+	r->s->issue_ns = 0;
+	return true;
+}
+
+/* ---- histograms --------------------------------------------------------- */
+
+static __always_inline u32 log2_u64(u64 v)
+{
+	u32 r = 0, shift;
+
+	shift = (v > 0xFFFFFFFFULL) << 5; v >>= shift; r |= shift;
+	shift = (v > 0xFFFF) << 4; v >>= shift; r |= shift;
+	shift = (v > 0xFF) << 3; v >>= shift; r |= shift;
+	shift = (v > 0xF) << 2; v >>= shift; r |= shift;
+	shift = (v > 0x3) << 1; v >>= shift; r |= shift;
+	return r | (v >> 1);
+}
+
+/* The bucket scheme of iotrace.h, which is HdrHistogram's counts index. */
+static __always_inline u16 bucket_of(u64 ns)
+{
+	const u64 top = (1ULL << (IOTRACE_HIST_MAX_MSB + 1)) - 1;
+	u32 msb;
+
+	if (ns < (1ULL << IOTRACE_HIST_SUB_BITS))
+		return ns;
+	if (ns > top) {
+		count_reason(IOTRACE_DROP_CLAMPED);
+		ns = top;
+	}
+	msb = log2_u64(ns);
+	return ((msb - IOTRACE_HIST_SUB_BITS + 1) << IOTRACE_HIST_SUB_BITS) |
+	       ((ns >> (msb - IOTRACE_HIST_SUB_BITS)) & ((1U << IOTRACE_HIST_SUB_BITS) - 1));
+}
+
+/*
+ * A histogram's buckets take cells in runs of IOTRACE_HIST_CELL_RUN, one
+ * cache line of cells: a run is placed by a hash of (pid, dev, op, phase,
+ * bucket / run), and a bucket sits at its offset in the run.  A series'
+ * latencies cluster in a few neighbouring buckets, so its updates keep
+ * hitting the same lines, while the runs of different series and phases
+ * spread over the whole table.  (Measured: a hash of the whole key
+ * scattered neighbours and cost ~140 ns more per completion; one base per
+ * series and phase with all its buckets side by side let the three
+ * phases' ranges, ~3000 cells each, overlap in most runs, and up to 20% of
+ * the samples of a single fio job then spilled into the hash map.)
+ */
+static __always_inline u32 cell_run(const struct iotrace_hist_key *k)
+{
+	u64 series = ((u64)k->pid << 32) | k->dev;
+	u64 where = ((u64)k->op << 8 | k->phase) << 16 | (k->bucket / IOTRACE_HIST_CELL_RUN);
+	u64 x = (series ^ (where * IOTRACE_HASH_MUL)) * IOTRACE_HASH_MUL;
+
+	return (u32)(x >> 32);
+}
+
+/* The 12-byte keys compared as a u64 and a u32: (pid, dev), then (bucket, op, phase). */
+static __always_inline bool same_key(const struct iotrace_hist_key *a, const struct iotrace_hist_key *b)
+{
+	return *(const u64 *)a == *(const u64 *)b && *((const u32 *)a + 2) == *((const u32 *)b + 2);
+}
+
+/* Count one sample in its cell; false if no cell could take it. */
+static __always_inline bool cell_add(u32 gen, u32 cpu, const struct iotrace_hist_key *k)
+{
+	u32 run = cell_run(k), off = k->bucket % IOTRACE_HIST_CELL_RUN;
+
+	if (cpu >= IOTRACE_CPUS)
+		return false;
+	/* the probe window: the same offset in the next runs of this CPU's part */
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_HIST_CELL_PROBES; i++) {
+		u32 idx = (gen * IOTRACE_CPUS + cpu) * IOTRACE_HIST_CELLS +
+			  (((run + i) * IOTRACE_HIST_CELL_RUN + off) & (IOTRACE_HIST_CELLS - 1));
+		struct iotrace_hist_cell *c = cells.lookup(&idx);
+
+		if (!c)
+			return false;
+		if (c->count == 0) {
+			c->key = *k;
+			c->count = 1;
+			return true;
+		}
+		/* a saturated cell spills into the hash map; user space adds both */
+		if (same_key(&c->key, k) && c->count != 0xFFFFFFFF) {
+			c->count++;
+			return true;
+		}
+	}
+	return false;
+}
+
+static __always_inline void hist_add(u32 gen, u32 cpu, struct iotrace_hist_key *k)
+{
+	u64 one = 1, *n;
+
+	if (cell_add(gen, cpu, k))
+		return;
+	count_reason(IOTRACE_NOTE_HIST_OVERFLOW);
+	n = gen ? hist1.lookup(k) : hist0.lookup(k);
+	if (n) {
+		/* per-CPU value, and programs do not nest on a CPU */
+		(*n)++;
+		return;
+	}
+	if ((gen ? hist1.insert(k, &one) : hist0.insert(k, &one)) == 0)
+		return;
+	/* lost the race to create it, or the map is full */
+	n = gen ? hist1.lookup(k) : hist0.lookup(k);
+	if (n)
+		(*n)++;
+	else
+		count_reason(IOTRACE_DROP_HIST_FULL);
+}
+
+static __always_inline struct iotrace_series_val *series_get(u32 gen, struct iotrace_series_key *k)
+{
+	struct iotrace_series_val zero = {}, *v;
+
+	v = gen ? series1.lookup(k) : series0.lookup(k);
+	if (v)
+		return v;
+	if (gen)
+		series1.insert(k, &zero);
+	else
+		series0.insert(k, &zero);
+	return gen ? series1.lookup(k) : series0.lookup(k);
+}
+
+static __always_inline void phase_add(u32 gen, u32 cpu, struct iotrace_series_val *v,
+				      struct iotrace_hist_key *hk, u32 phase, u64 ns)
+{
+	if (phase >= IOTRACE_PHASE_COUNT)
+		return;
+	v->sum_ns[phase] += ns;
+	v->phase_count[phase]++;
+	if (v->min_ns[phase] == 0 || ns < v->min_ns[phase])
+		v->min_ns[phase] = ns ? ns : 1;
+	if (ns > v->max_ns[phase])
+		v->max_ns[phase] = ns;
+	hk->phase = phase;
+	hk->bucket = bucket_of(ns);
+	hist_add(gen, cpu, hk);
+}
+
+/* b - a, or 0 (counted) when two CPUs' clocks put b before a */
+static __always_inline u64 elapsed(u64 a, u64 b)
+{
+	if (b >= a)
+		return b - a;
+	count_reason(IOTRACE_NOTE_CLOCK_SKEW);
+	return 0;
+}
+
+/* Account a finished request; the caller releases the slot. */
+static __always_inline void record(struct iotrace_slot *s, u64 now)
+{
+	struct iotrace_config *cfg = get_config();
+	struct iotrace_series_key sk = {};
+	struct iotrace_hist_key hk = {};
+	struct iotrace_series_val *v;
+	u32 gen, cpu = bpf_get_smp_processor_id();
+
+	if (!cfg)
+		return;
+	gen = cfg->gen;
+	sk.pid = cfg->per_thread ? s->tid : s->tgid;
+	sk.dev = s->dev;
+	sk.op = s->op;
+	v = series_get(gen, &sk);
+	if (!v) {
+		count_reason(IOTRACE_DROP_SERIES_FULL);
+		return;
+	}
+	/* the latest name wins: a process's first I/O may predate its exec */
+	__builtin_memcpy(v->comm, s->comm, sizeof(v->comm));
+	v->count++;
+	v->bytes += s->done;
+	v->cgroup = s->cgroup;
+	v->tgid = s->tgid;
+
+	hk.pid = sk.pid;
+	hk.dev = sk.dev;
+	hk.op = sk.op;
+	/* a request the flush machinery finished was never issued itself */
+	if (s->issue_ns) {
+		phase_add(gen, cpu, v, &hk, IOTRACE_PHASE_QUEUE, elapsed(s->start_ns, s->issue_ns));
+		phase_add(gen, cpu, v, &hk, IOTRACE_PHASE_DEVICE, elapsed(s->issue_ns, now));
+	}
+	phase_add(gen, cpu, v, &hk, IOTRACE_PHASE_TOTAL, elapsed(s->start_ns, now));
+}
+
+/* ---- request start, shared by both paths -------------------------------- */
+
+/*
+ * Whether the current task's I/O is traced (process tgid).  Programs
+ * attach before the filters are written, and wait for them.
+ */
+static __always_inline bool task_wanted(u32 tgid)
+{
+	struct iotrace_config *cfg = get_config();
+
+	if (!cfg || !cfg->enabled)
+		return false;
+	if (cfg->filter_pids && !pids.lookup(&tgid))
+		return false;
+	/* in the cgroup or below it: then its ancestor at the cgroup's depth is the cgroup */
+	if (cfg->filter_cgroup &&
+	    bpf_get_current_ancestor_cgroup_id(cfg->cgroup_level) != cfg->filter_cgroup)
+		return false;
+	return true;
+}
+
+/* Whether I/O on `dev` is traced. */
+static __always_inline bool dev_wanted(u32 dev)
+{
+	struct iotrace_config *cfg = get_config();
+
+	return cfg && (!cfg->filter_devs || devs.lookup(&dev));
+}
+
+/* The current thread's comm and cgroup, from this CPU's cache (struct iotrace_who). */
+static __always_inline struct iotrace_who *who_is(u32 tid, u64 now)
+{
+	u32 cpu = bpf_get_smp_processor_id(), idx = cpu * IOTRACE_WHO_SLOTS + tid % IOTRACE_WHO_SLOTS;
+	struct iotrace_who *w;
+
+	if (cpu >= IOTRACE_CPUS)
+		return 0;
+	w = who.lookup(&idx);
+	if (!w)
+		return 0;
+	if (w->tid != tid || now - w->ns > IOTRACE_COMM_REUSE_NS) {
+		w->cgroup = bpf_get_current_cgroup_id();
+		bpf_get_current_comm(w->comm, sizeof(w->comm));
+		w->tid = tid;
+		w->ns = now;
+	}
+	return w;
+}
+
+/* Note who started the request (pid_tgid `id`) in its freshly claimed slot. */
+static __always_inline void slot_fill(struct iotrace_slot *s, u64 now, u64 id, u32 dev, u32 op, u32 bytes)
+{
+	struct iotrace_who *w = who_is((u32)id, now);
+
+	s->dev = dev;
+	s->op = op;
+	s->tgid = id >> 32;
+	s->tid = (u32)id;
+	if (w) {
+		s->cgroup = w->cgroup;
+		__builtin_memcpy(s->comm, w->comm, sizeof(s->comm));
+	} else {
+		s->cgroup = bpf_get_current_cgroup_id();
+		bpf_get_current_comm(s->comm, sizeof(s->comm));
+	}
+	s->remaining = bytes;
+	s->done = 0;
+}
+
+/* Follow forks of traced processes (the filter's children). */
+static __always_inline void on_fork(u32 child)
+{
+	struct iotrace_config *cfg = get_config();
+	/* the forking thread's process, not its thread id */
+	u32 parent = bpf_get_current_pid_tgid() >> 32;
+	u8 one = 1;
+
+	if (!cfg || !cfg->filter_pids || !cfg->follow_children)
+		return;
+	if (!pids.lookup(&parent))
+		return;
+	if (pids.update(&child, &one))
+		count_reason(IOTRACE_DROP_PID_FULL);
+}
+
+/* Keeps the filter bounded, and a reused pid from being traced. */
+static __always_inline void on_exit(bool group_dead)
+{
+	struct iotrace_config *cfg = get_config();
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tid = (u32)id, tgid = id >> 32;
+
+	if (!cfg || !cfg->filter_pids || !cfg->follow_children)
+		return;
+	/* a thread's own entry (from its clone) goes; the process's only with its last thread */
+	if (tid != tgid)
+		pids.delete(&tid);
+	if (group_dead)
+		pids.delete(&tgid);
+}
+
+#endif /* IOTRACE_CORE_BPF_H */

@@ -1,0 +1,407 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * raw_tp.bpf.c - iotrace's programs on raw tracepoints, for kernels with BTF.
+ *
+ * A request is its struct request *: no matching, nothing to re-key on
+ * merges or partial completions.  Kernel structs are read at offsets taken
+ * from the running kernel's BTF (IOTRACE_K_*).  Each program has its own
+ * recursion guard.  The shared core (slots, histograms, accounting, filters)
+ * is core.bpf.h; the loader (tracer/sources/probe.py) compiles this file or
+ * tracepoint.bpf.c, never both, and substitutes IOTRACE_START_EVENT
+ * (block_io_start, or block_rq_insert on kernels before 6.5).
+ */
+#include "core.bpf.h"
+
+/*
+ * ---- raw tracepoints: a request is its struct request * -----------------
+ *
+ * The programs get the tracepoint's own arguments (ctx->args[]) and read
+ * the kernel structs behind them at the offsets, and compare with the enum
+ * values, that tracer/sources/kernel.py took from the running kernel's BTF and
+ * passed as IOTRACE_K_* (the list is IOTRACE_KERNEL_TABLE in iotrace.h): bcc
+ * applies no CO-RE relocation, and its header tree may be another
+ * kernel's.  A raw tracepoint program has a recursion guard of its own,
+ * so no other BPF program running on the CPU makes the kernel skip it.
+ */
+
+/* Copy a kernel object's bytes; a failed read is counted and leaves zeroes. */
+static __always_inline int kread(void *dst, u32 size, u64 addr)
+{
+	int err = bpf_probe_read_kernel(dst, size, (const void *)addr);
+
+	if (err)
+		count_reason(IOTRACE_DROP_KERNEL_READ);
+	return err;
+}
+
+/* The start of a struct request up to the last member the completion reads: one read, not four. */
+struct rq_head {
+	u64 w[(IOTRACE_K_RQ_HEAD_LEN + 7) / 8];
+};
+#define HEAD_FIELD(h, type, off) (*(type *)((u8 *)(h)->w + (off)))
+
+/* cpu * IOTRACE_QDEV_SLOTS + hash of the queue -> struct iotrace_qdev: a queue's disk, read lately */
+BPF_ARRAY(qdevs, struct iotrace_qdev, IOTRACE_CPUS * IOTRACE_QDEV_SLOTS);
+
+/*
+ * The whole disk's dev_t, as the block tracepoints give it: rq->q->disk's
+ * major and first minor; 0, counted, where it cannot be read.
+ */
+static __always_inline u32 read_queue_dev(u64 q)
+{
+	u64 disk = 0;
+	u32 mm[2] = {};		/* gendisk.major, gendisk.first_minor: side by side */
+
+	if (q && kread(&disk, sizeof(disk), q + IOTRACE_K_Q_DISK))
+		return 0;	/* counted */
+	if (!disk) {
+		count_reason(IOTRACE_DROP_KERNEL_READ);
+		return 0;
+	}
+	if (kread(mm, sizeof(mm), disk + IOTRACE_K_DISK_MAJOR))
+		return 0;
+	return (mm[0] << 20) | mm[1];	/* the kernel's MKDEV */
+}
+
+/* read_queue_dev() through this CPU's cache of queues (struct iotrace_qdev says why that is safe) */
+static __always_inline u32 queue_dev(u64 q, u64 part, u64 now)
+{
+	u32 cpu = bpf_get_smp_processor_id(), idx;
+	struct iotrace_qdev *c;
+
+	idx = cpu * IOTRACE_QDEV_SLOTS + (u32)(key_hash(0, q) >> 32) % IOTRACE_QDEV_SLOTS;
+	c = cpu < IOTRACE_CPUS ? qdevs.lookup(&idx) : 0;
+	if (!c)
+		return read_queue_dev(q);
+	if (c->q != q || c->part != part || now - c->ns > IOTRACE_QDEV_TTL_NS) {
+		u32 dev = read_queue_dev(q);
+
+		if (!dev)
+			return 0;	/* not kept: the next request reads again */
+		c->dev = dev;
+		c->q = q;
+		c->part = part;
+		c->ns = now;
+	}
+	return c->dev;
+}
+
+/*
+ * enum iotrace_op from cmd_flags / bi_opf and the request's bytes, as rwbs
+ * at its start would name it.  An empty preflush write is a flush; by its
+ * completion the flush machinery has cleared REQ_PREFLUSH from cmd_flags,
+ * but a write with no data is nothing else.
+ */
+static __always_inline u32 opf_op(u32 opf, u32 bytes)
+{
+	u32 op = opf & ((1U << IOTRACE_K_REQ_OP_BITS) - 1);
+
+	if (op == IOTRACE_K_REQ_OP_FLUSH ||
+	    (bytes == 0 && (op == IOTRACE_K_REQ_OP_WRITE || (opf & (1U << IOTRACE_K_REQ_PREFLUSH)))))
+		return IOTRACE_OP_FLUSH;
+	if (op == IOTRACE_K_REQ_OP_READ)
+		return IOTRACE_OP_READ;
+	if (op == IOTRACE_K_REQ_OP_WRITE)
+		return IOTRACE_OP_WRITE;
+	if (op == IOTRACE_K_REQ_OP_DISCARD || op == IOTRACE_K_REQ_OP_SECURE_ERASE)
+		return IOTRACE_OP_DISCARD;
+	return IOTRACE_OP_OTHER;
+}
+
+static __always_inline bool scan_for(u32 base, u64 addr, struct slot_ref *r)
+{
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
+		if (!ref_at(base + i, r))
+			return false;
+		if (*r->tag == addr)
+			return true;
+	}
+	return false;
+}
+
+/* The slot of the request (or bio) at `addr`. */
+static __always_inline bool addr_find(u64 addr, struct slot_ref *r)
+{
+	u64 h = key_hash(0, addr);
+	u32 home = group_of(h), other = second_group_of(h), *sp;
+
+	if (scan_for(home, addr, r))
+		return true;
+	sp = spill_count(home);
+	return other != home && sp && *sp && scan_for(other, addr, r);
+}
+
+/* The slot's key, from its copy in the slot: right even while a stale claim swaps the tag. */
+static __always_inline u64 slot_hash(const struct slot_ref *r)
+{
+	return key_hash(0, r->s->sector);
+}
+
+/*
+ * A slot for a starting request.  Its address may still hold a slot: the
+ * request object's previous life ended without a completion this program
+ * saw.  Measured here: now and then (~1 in 10^4 requests of a loop device
+ * over a file on another loop device) the kernel completes a request with
+ * no block_rq_complete program run and no recursion miss counted, on both
+ * attach paths; the request object is then reused within microseconds.
+ * So the new life takes the slot over and the lost one is counted.  One pass over the home group finds either that
+ * or the first free slot; the rest of slot_claim() only when the group is full.
+ */
+static __always_inline bool addr_claim(u64 addr, u64 now, struct slot_ref *r)
+{
+	u64 h = key_hash(0, addr);
+	u32 home = group_of(h), free = IOTRACE_INFLIGHT_SLOTS, *sp;
+
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
+		if (!ref_at(home + i, r))
+			return false;
+		if (*r->tag == addr)
+			goto reclaim;
+		if (*r->tag == 0 && free == IOTRACE_INFLIGHT_SLOTS)
+			free = home + i;
+	}
+	sp = spill_count(home);
+	if (sp && *sp && scan_for(second_group_of(h), addr, r))
+		goto reclaim;
+	/* two CPUs may race for the same free slot: one wins, the other looks further */
+	if (free < IOTRACE_INFLIGHT_SLOTS && ref_at(free, r) && __sync_val_compare_and_swap(r->tag, 0, addr) == 0) {
+		r->s->start_ns = now;
+		r->s->issue_ns = 0;
+		r->s->sector = addr;	/* the key's copy, for slot_hash() */
+		return true;
+	}
+	if (!slot_claim(h, addr, now, r))
+		return false;
+	r->s->sector = addr;
+	return true;
+reclaim:
+	count_reason(IOTRACE_DROP_LOST_COMPLETION);
+	r->s->start_ns = now;
+	r->s->issue_ns = 0;
+	return true;
+}
+
+#ifdef IOTRACE_BIO_LEVEL
+/* cpu -> u32: 1 while a completion program of this path accounts a request on that CPU */
+BPF_ARRAY(busy, u32, IOTRACE_CPUS);
+
+/*
+ * record(), unless another completion program is accounting on this CPU
+ * right now.  A raw tracepoint program guards only against itself, so
+ * with bio-level tracing a bio completion may interrupt a request
+ * completion's accounting (or the reverse), and the per-CPU cells and
+ * series values are updated without atomics.  Counted as dropped.
+ */
+static __always_inline void record_once(struct iotrace_slot *s, u64 now)
+{
+	u32 cpu = bpf_get_smp_processor_id();
+	u32 *b = busy.lookup(&cpu);
+
+	if (b && *b) {
+		count_reason(IOTRACE_DROP_NESTED);
+		return;
+	}
+	if (b)
+		*b = 1;
+	record(s, now);
+	if (b)
+		*b = 0;
+}
+#else
+/* only block_rq_complete accounts, and the kernel never runs it nested on a CPU */
+#define record_once record
+#endif
+
+RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
+{
+	/* first: every lookup below would otherwise show up as latency */
+	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0], id = bpf_get_current_pid_tgid();
+	struct slot_ref r;
+
+	struct iotrace_config *cfg;
+	struct rq_head h;
+
+	/*
+	 * Who, here, in the submitter's context; what and where (op, size,
+	 * disk) at the completion, in the one read of the request it needs
+	 * anyway.  Only with --dev is the disk read here too (then cached), so
+	 * that other disks' requests take no slot.
+	 */
+	if (!task_wanted(id >> 32))
+		return 0;
+	cfg = get_config();
+	if (cfg && cfg->filter_devs &&
+	    (kread(&h, sizeof(h), rq) ||
+	     !dev_wanted(queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now))))
+		return 0;
+	if (!addr_claim(rq, now, &r)) {
+		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
+		return 0;
+	}
+	slot_fill(r.s, now, id, 0, 0, 0);
+	return 0;
+}
+
+RAW_TRACEPOINT_PROBE(block_rq_issue)
+{
+	u64 now = bpf_ktime_get_ns();
+	struct slot_ref r;
+
+	/* a requeued request is issued again: its device time starts anew */
+	if (addr_find(ctx->args[0], &r))
+		r.s->issue_ns = now;
+	return 0;
+}
+
+/*
+ * A completion with no slot: the flush machinery's own request, or
+ * count_unmatched's reasons.  A preflush/FUA data write completes twice:
+ * its data (accounted, slot freed), then, once the flush sequence is done,
+ * again with no bytes: that tail is no lost start.
+ */
+static __always_inline void rq_unmatched(u64 rq, u32 nr_bytes)
+{
+	u32 opf = 0;
+
+	kread(&opf, sizeof(opf), rq + IOTRACE_K_RQ_CMD_FLAGS);
+	if ((opf & ((1U << IOTRACE_K_REQ_OP_BITS) - 1)) == IOTRACE_K_REQ_OP_FLUSH)
+		count_reason(IOTRACE_NOTE_INTERNAL_FLUSH);
+	else
+		count_unmatched(nr_bytes == 0);
+}
+
+/*
+ * block_rq_complete(rq, error, nr_bytes): the last one for a request
+ * brings its bytes left (__data_len, before this completion) to 0.
+ */
+RAW_TRACEPOINT_PROBE(block_rq_complete)
+{
+	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0];
+	u32 nr_bytes = ctx->args[2], dev;
+	struct iotrace_slot *s;
+	struct rq_head h;
+	struct slot_ref r;
+
+	if (!addr_find(rq, &r)) {
+		rq_unmatched(rq, nr_bytes);
+		return 0;
+	}
+	s = r.s;
+	if (kread(&h, sizeof(h), rq)) {
+		slot_release(&r);	/* counted: neither its disk nor whether it is done can be told */
+		return 0;
+	}
+	s->done += nr_bytes;
+	if (nr_bytes < HEAD_FIELD(&h, u32, IOTRACE_K_RQ_DATA_LEN)) {
+		count_reason(IOTRACE_NOTE_PARTIAL);
+		return 0;
+	}
+	dev = queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now);
+	if (!dev) {
+		slot_release(&r);	/* counted: no disk to account it to */
+		return 0;
+	}
+	if (!dev_wanted(dev)) {
+		count_reason(IOTRACE_NOTE_UNTRACKED);
+		slot_release(&r);
+		return 0;
+	}
+	s->dev = dev;
+	/* flushes are never merged: no bytes in all is no bytes at the start */
+	s->op = opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_RQ_CMD_FLAGS), s->done);
+	record_once(s, now);
+	slot_release(&r);
+	return 0;
+}
+
+RAW_TRACEPOINT_PROBE(block_rq_merge)
+{
+	struct slot_ref r;
+
+	/* this request was folded into another and will never complete */
+	if (!addr_find(ctx->args[0], &r))
+		return 0;
+	count_reason(IOTRACE_NOTE_MERGED);
+	slot_release(&r);
+	return 0;
+}
+
+RAW_TRACEPOINT_PROBE(block_rq_requeue)
+{
+	count_reason(IOTRACE_NOTE_REQUEUE);
+	return 0;
+}
+
+/* sched_process_fork(parent, child) */
+RAW_TRACEPOINT_PROBE(sched_process_fork)
+{
+	u32 child = 0;
+
+	if (kread(&child, sizeof(child), ctx->args[1] + IOTRACE_K_TASK_PID) == 0)
+		on_fork(child);
+	return 0;
+}
+
+/* sched_process_exit(task[, group_dead]) */
+RAW_TRACEPOINT_PROBE(sched_process_exit)
+{
+#ifdef IOTRACE_HAVE_GROUP_DEAD
+	on_exit(ctx->args[1] & 1);
+#else
+	on_exit(false);
+#endif
+	return 0;
+}
+
+#ifdef IOTRACE_BIO_LEVEL
+/* The start of a struct bio up to its last member read: one read. */
+struct bio_head {
+	u64 w[(IOTRACE_K_BIO_HEAD_LEN + 7) / 8];
+};
+
+/*
+ * Bio-based disks (zram, device-mapper, md) have no requests: their bios
+ * are timed from block_bio_queue to block_bio_complete, keyed by the bio's
+ * address, total phase only.  Attached only when such a disk is traced;
+ * every other disk's bios return after the bio_devs lookup.
+ */
+RAW_TRACEPOINT_PROBE(block_bio_queue)
+{
+	u64 now = bpf_ktime_get_ns(), bio = ctx->args[0], bdev, id;
+	struct bio_head h;
+	struct slot_ref r;
+	u32 dev = 0, bytes;
+
+	if (kread(&h, sizeof(h), bio))
+		return 0;
+	bdev = HEAD_FIELD(&h, u64, IOTRACE_K_BIO_BDEV);
+	if (!bdev || kread(&dev, sizeof(dev), bdev + IOTRACE_K_BDEV_DEV))
+		return 0;
+	id = bpf_get_current_pid_tgid();
+	if (!bio_devs.lookup(&dev) || !dev_wanted(dev) || !task_wanted(id >> 32))
+		return 0;
+	if (!addr_claim(bio, now, &r)) {
+		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
+		return 0;
+	}
+	bytes = HEAD_FIELD(&h, u32, IOTRACE_K_BIO_SIZE);
+	slot_fill(r.s, now, id, dev, opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_BIO_OPF), bytes), bytes);
+	return 0;
+}
+
+/* block_bio_complete(q, bio); every disk's bios come here, so a miss is silent */
+RAW_TRACEPOINT_PROBE(block_bio_complete)
+{
+	u64 now = bpf_ktime_get_ns();
+	struct slot_ref r;
+
+	if (!addr_find(ctx->args[1], &r))
+		return 0;
+	r.s->done = r.s->remaining;
+	record_once(r.s, now);
+	slot_release(&r);
+	return 0;
+}
+#endif /* IOTRACE_BIO_LEVEL */

@@ -1,0 +1,70 @@
+"""iotrace.h's IOTRACE_EVENT_TABLE is the one list of the block-layer programs' events: each attach path's
+source has a program for exactly the events the table gives it, and Python derives the rest."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tracer import contract
+from tracer.sources import probe
+
+RAW = re.compile(r"^RAW_TRACEPOINT_PROBE\((\w+)\)", re.M)
+PERF = re.compile(r"^TRACEPOINT_PROBE\((\w+), (\w+)\)", re.M)
+START = {"IOTRACE_START_EVENT": "start", "IOTRACE_START_CATEGORY": "start"}
+
+
+def programs_in(path: str) -> tuple[set[str], set[tuple[str, str]]]:
+    """(events with a program, (category, event) pairs) of one path's source; the start placeholder as 'start'."""
+    text = (contract.bpf_dir() / probe.SOURCES[path]).read_text()
+    if path == "raw_tp":
+        names = {START.get(n, n) for n in RAW.findall(text)}
+        return names, set()
+    pairs = {(START.get(c, c), START.get(n, n)) for c, n in PERF.findall(text)}
+    return {n for _, n in pairs}, pairs
+
+
+def table_events(path: str) -> set[str]:
+    return {"start" if e.when == "start" else e.name for e in probe.EVENTS if path in e.paths}
+
+
+@pytest.mark.parametrize("path", probe.ATTACH_MODES)
+def test_each_path_has_a_program_for_exactly_its_table_events(path):
+    names, pairs = programs_in(path)
+    assert names == table_events(path)
+    for category, name in pairs:       # the perf-event programs name the table's category
+        if category != "start":
+            assert next(e.category for e in probe.EVENTS if e.name == name) == category
+
+
+def test_every_event_reports_its_skips_under_a_short_name():
+    assert set(probe.PROGRAMS) == {e.name for e in probe.EVENTS}
+    assert {f"skipped_{e.short}" for e in probe.EVENTS} <= set(probe.USER_DROPS)
+
+
+def test_derived_lists():
+    assert probe.START_EVENTS == ("block_io_start", "block_rq_insert")      # the newer one is preferred
+    assert "block_rq_issue" in probe.RAW_EVENTS and "block_bio_queue" not in probe.RAW_EVENTS
+    assert probe.RAW_BIO_EVENTS == ("block_bio_queue", "block_bio_complete")
+    assert "block_bio_frontmerge" in probe.REQUIRED_FIELDS and "block_bio_frontmerge" not in probe.RAW_EVENTS
+    # every raw event has its argument types for the BTF check
+    raw = contract.load().kernel.raw_tps
+    assert all(e.name in raw for e in probe.EVENTS if "raw_tp" in e.paths)
+
+
+@pytest.mark.parametrize("line", [
+    "EVENT(block_rq_issue, block, issue, raw_tp, sometimes, dev)",      # an unknown "when"
+    "EVENT(block_rq_issue, block, issue, raw_tp)",                      # too few columns
+    "EVENTS(block_rq_issue, block, issue, raw_tp, always, dev)",
+])
+def test_a_bad_table_line_is_named(line):
+    text = f"#ifdef IOTRACE_EVENT_TABLE\n{line}\n#endif\n"
+    with pytest.raises(ValueError, match="IOTRACE_EVENT_TABLE"):
+        contract.parse(text)
+
+
+def test_a_table_line_parses():
+    [e] = contract.parse("#ifdef IOTRACE_EVENT_TABLE\nEVENT(x_y, block, xy, raw_tp tracepoint, bio, -)\n#endif\n"
+                         ).events
+    assert e == contract.Event("x_y", "block", "xy", ("raw_tp", "tracepoint"), "bio", ())
