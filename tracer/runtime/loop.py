@@ -15,6 +15,7 @@ sources drained and turned into one dump or diskstats window) and a `Sinks`
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import signal
@@ -56,6 +57,19 @@ class Schedule:
         if self.count and self.interval:
             ends.append(start + self.interval * self.count)
         return min(ends, default=None)
+
+
+def next_tick_after(tick: float, now: float, interval: float) -> float:
+    """The first tick of the grid tick + k*interval (k >= 1) that is after `now`: ticks that fell behind
+    (a suspended machine, a slow sink) are skipped, never burst.  Computed, not counted up to: however
+    far behind, and however small the interval, it takes one step; and it is always after `now`."""
+    if not (math.isfinite(interval) and interval > 0):
+        raise ValueError(f"interval {interval!r} is not a positive number of seconds")
+    k = max(1, math.floor((now - tick) / interval) + 1)
+    nxt = tick + k * interval
+    if nxt <= now:      # rounding, or an interval too small to move a clock this large
+        nxt = now + interval
+    return nxt if nxt > now else math.nextafter(now, math.inf)
 
 
 def interval_due(now: float, next_tick: float | None, end: float | None) -> bool:
@@ -224,9 +238,7 @@ class Live:
                 kill_at = float("inf")      # killed: only its exit is awaited now
             if interval_due(now, next_tick, end):
                 self.emit("interval")
-                next_tick += sched.interval
-                while next_tick <= now:  # fell behind (suspended?): skip, do not burst
-                    next_tick += sched.interval
+                next_tick = next_tick_after(next_tick, now, sched.interval)
             if end is not None and now >= end:
                 if child is None:
                     return self._end("deadline")
