@@ -369,8 +369,8 @@ def read(path: str, follow: Callable[[float], bool] | None = None) -> Iterator[D
     """
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below; bytes, so bad encodings fail per line
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    except (OSError, ValueError) as exc:     # ValueError: a NUL in the path
+        raise UserError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     with f:
         n, line = 0, b""
         while True:

@@ -219,8 +219,8 @@ def read(path: str) -> BenchResult:
     try:
         with open(path, "rb") as f:
             text = f.read()
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    except (OSError, ValueError) as exc:     # ValueError: a NUL in the path
+        raise UserError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         obj = json.loads(text)
     except ValueError:
