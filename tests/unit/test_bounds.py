@@ -224,3 +224,21 @@ def test_compare_of_a_result_with_a_bad_number_is_one_line(tmp_path, capsys, val
     bad.write_text(text)
     err = one_line_rc2(["compare", str(good), str(bad)], capsys)
     assert "not an iotrace bench result" in err
+
+
+def test_the_loop_never_sleeps_longer_than_select_can_take():
+    import os
+    import select
+
+    from tracer.runtime.loop import MAX_WAIT_S, Schedule, wait_until
+
+    end = Schedule(interval=366 * 86400.0, count=10**9).deadline(0.0)      # `iotrace 31622400 1000000000`
+    assert wait_until(0.0, None, end) == MAX_WAIT_S
+    assert wait_until(5.0, 7.0, end) == 2.0 and wait_until(5.0, 4.0) == 0.0 and wait_until(5.0) is None
+    r, w = os.pipe()
+    try:
+        os.write(w, b"x")
+        assert select.select([r], [], [], MAX_WAIT_S)[0] == [r]      # no OverflowError
+    finally:
+        os.close(r)
+        os.close(w)

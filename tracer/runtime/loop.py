@@ -72,6 +72,16 @@ def next_tick_after(tick: float, now: float, interval: float) -> float:
     return nxt if nxt > now else math.nextafter(now, math.inf)
 
 
+MAX_WAIT_S = 3600.0     # the longest select: a deadline years away (-i a year, count 1e9) must not overflow it
+
+
+def wait_until(now: float, *times: float | None) -> float | None:
+    """How long the loop may sleep before the first of `times` (None: no time is due, sleep until an event);
+    never more than MAX_WAIT_S, which select can always take: the loop wakes, finds nothing due, sleeps on."""
+    wake = [t for t in times if t is not None]
+    return min(max(0.0, min(wake) - now), MAX_WAIT_S) if wake else None
+
+
 def interval_due(now: float, next_tick: float | None, end: float | None) -> bool:
     """An interval report is due: its tick has come, and it is not (within a ms) the end, which the final covers."""
     return next_tick is not None and now >= next_tick and (end is None or next_tick < end - 1e-3)
@@ -196,8 +206,7 @@ class Live:
         kill_at: float | None = None    # a second signal: SIGKILL then, if the command is still there
         while True:
             now = time.monotonic()
-            wake = [t for t in (next_tick, end, kill_at) if t is not None]
-            timeout = max(0.0, min(wake) - now) if wake else None
+            timeout = wait_until(now, next_tick, end, kill_at)
             if stopping:        # the command's pidfd wakes us when it exits; this is only a backstop
                 timeout = STOP_POLL_S if timeout is None else min(timeout, STOP_POLL_S)
             listen = [sig.r, *alive, *self.inputs] + ([self.control.fileno()] if self.control else [])
