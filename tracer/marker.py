@@ -399,8 +399,9 @@ class _Window:
     def loop(self) -> dict | None:
         if not self.steps:
             return None
-        return {"data_wait_s": self.data_wait_s, "steps": self.steps,
-                "wall_s": max(0.0, time.perf_counter() - self.opened)}
+        # held within what check_loop takes, so that a window open for more than a year still sends its marker
+        return {"data_wait_s": min(self.data_wait_s, MAX_LOOP_SECONDS), "steps": min(self.steps, MAX_STEPS),
+                "wall_s": min(max(0.0, time.perf_counter() - self.opened), MAX_LOOP_SECONDS)}
 
 
 _windows: tuple[int, list[_Window]] = (0, [])    # (pid, stack): a forked child starts with none open

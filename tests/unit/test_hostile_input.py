@@ -188,3 +188,12 @@ def test_the_good_lines_still_read_and_merge(tmp_path):
     path.write_text("".join(json.dumps(good_line(k)) + "\n" for k in ("interval", "final", "marker")))
     dumps = list(jsonl.read(str(path)))
     assert len(dumps) == 3 and merge_dumps(dumps).series
+
+
+def test_a_window_beyond_the_bounds_still_sends_a_valid_loop(monkeypatch):
+    w = marker._Window("long")
+    w.steps, w.data_wait_s = 2**60, 1e12
+    monkeypatch.setattr(w, "opened", w.opened - 1e12)
+    loop = w.loop()
+    assert marker.check_loop(loop) is None
+    marker.decode_message(marker.encode("long", None, loop))
