@@ -109,7 +109,7 @@ class ControlSocket:
         self.path = path
         self.private_dir = private_dir
         self.bad = 0            # malformed datagrams, ignored
-        self.bad_fields = 0     # markers taken without a bad optional field (enclosing, loop)
+        self.bad_fields = 0     # markers taken with a bad optional field (enclosing, loop) left out
         self.complaints = 0     # lines said on stderr about either
         self.received = 0
 
