@@ -135,44 +135,66 @@ def encode(label: str, enclosing: str | None = None, loop: dict | None = None) -
         extras.pop(0)
 
 
+MAX_STEPS = 2**53              # a loop's steps: exact as a float, and far beyond any training run
+MAX_LOOP_SECONDS = 366 * 86400.0    # a window's wall time or data wait: at most a year
+
+
 def check_loop(loop: object) -> str | None:
-    """Why `loop` is not a {"data_wait_s", "steps", "wall_s"} of finite non-negative numbers, or None."""
+    """Why `loop` is not a {"data_wait_s", "steps", "wall_s"} of numbers in range, or None.
+
+    steps: a whole number 0..MAX_STEPS; the seconds: finite, 0..MAX_LOOP_SECONDS.  Whatever a datagram or a
+    file holds (a 900-digit int, NaN, a string), the answer is a reason or None, never an exception.
+    """
     if not isinstance(loop, dict):
         return "loop is not an object"
     for key in LOOP_KEYS:
         v = loop.get(key)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0 or v == float("inf"):
-            return f"loop.{key} is not a finite number >= 0"
-    if not isinstance(loop["steps"], int) and not float(loop["steps"]).is_integer():
+        most = MAX_STEPS if key == "steps" else MAX_LOOP_SECONDS
+        # int compared with float is exact in Python, whatever the int's size; NaN fails every comparison
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= most:
+            return f"loop.{key} is not a number from 0 to {most:g}"
+    steps = loop["steps"]
+    if not isinstance(steps, int) and not float(steps).is_integer():
         return "loop.steps is not a whole number"
     return None
 
 
 def decode_message(data: bytes) -> dict:
-    """One datagram as {"label", "enclosing", "loop"} (the optional ones None when absent or bad);
-    ValueError saying what is wrong with a datagram that is no marker at all."""
+    """One datagram as {"label", "enclosing", "loop", "ignored"} (the optional ones None when absent or
+    bad, "ignored" saying which bad ones were left out and why); ValueError saying what is wrong with a
+    datagram that is no marker at all.  Nothing else is raised, whatever `data` holds."""
     import json
 
+    if not isinstance(data, bytes | bytearray):
+        raise ValueError("not bytes")
     if len(data) > MAX_DATAGRAM:
         raise ValueError(f"longer than {MAX_DATAGRAM} bytes")
     try:
-        msg = json.loads(data.decode())
-    except (UnicodeDecodeError, ValueError):
+        msg = json.loads(bytes(data).decode())
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise ValueError("not UTF-8 JSON") from None
     if not isinstance(msg, dict):
         raise ValueError("not a JSON object")
-    if msg.get("v") != WIRE_VERSION:
-        raise ValueError(f"unsupported version {msg.get('v')!r} (this tracer speaks {WIRE_VERSION})")
+    version = msg.get("v")
+    if type(version) is not int or version != WIRE_VERSION:     # not true, not 1.0
+        raise ValueError(f"unsupported version {str(version)[:20]!r} (this tracer speaks {WIRE_VERSION})")
     label = msg.get("label")
     why = check_label(label)
     if why:
         raise ValueError(why)
+    ignored = []        # the optional fields left out, and why: the marker itself still counts
     enclosing = msg.get("enclosing")
+    if enclosing is not None and (why := check_label(enclosing)):
+        ignored.append(f"enclosing: {why}")
+        enclosing = None
     loop = msg.get("loop")
-    return {"label": label,
-            "enclosing": enclosing if enclosing is not None and not check_label(enclosing) else None,
-            "loop": {"data_wait_s": float(loop["data_wait_s"]), "steps": int(loop["steps"]),
-                     "wall_s": float(loop["wall_s"])} if loop is not None and not check_loop(loop) else None}
+    if loop is not None and (why := check_loop(loop)):
+        ignored.append(why)
+        loop = None
+    return {"label": label, "enclosing": enclosing,
+            "loop": None if loop is None else {"data_wait_s": float(loop["data_wait_s"]), "steps": int(loop["steps"]),
+                                               "wall_s": float(loop["wall_s"])},
+            "ignored": ignored}
 
 
 def decode(data: bytes) -> str:
@@ -377,8 +399,9 @@ class _Window:
     def loop(self) -> dict | None:
         if not self.steps:
             return None
-        return {"data_wait_s": self.data_wait_s, "steps": self.steps,
-                "wall_s": max(0.0, time.perf_counter() - self.opened)}
+        # held within what check_loop takes, so that a window open for more than a year still sends its marker
+        return {"data_wait_s": min(self.data_wait_s, MAX_LOOP_SECONDS), "steps": min(self.steps, MAX_STEPS),
+                "wall_s": min(max(0.0, time.perf_counter() - self.opened), MAX_LOOP_SECONDS)}
 
 
 _windows: tuple[int, list[_Window]] = (0, [])    # (pid, stack): a forked child starts with none open

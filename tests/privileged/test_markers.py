@@ -205,3 +205,39 @@ def test_nested_epochs_and_checkpoints_with_the_real_tracer(make_loop, tmp_path)
     for name in ("before epoch 1", None):
         rest = _bytes_by_op(windows.get(name, {"series": []}), loop.name)
         assert sum(rest.values()) <= 0.02 * mib, (name, rest)
+
+
+EVIL_SCRIPT = """\
+import json, os, socket, sys, time
+path = os.environ["IOTRACE_CONTROL"]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+huge = "9" * 900
+# the datagram that killed the tracer (OverflowError in merge_loops), and other bad ones
+s.sendto(('{"v":1,"label":"evil","loop":{"data_wait_s":1,"steps":' + huge + ',"wall_s":1}}').encode(), path)
+s.sendto(b'{"v":1,"label":"nan","loop":{"data_wait_s":NaN,"steps":1,"wall_s":Infinity}}', path)
+s.sendto(b"[" * 1000, path)
+s.sendto(b"\\xff" * 100, path)
+s.sendto(json.dumps({"v": 1, "label": "good", "loop": {"data_wait_s": 0.5, "steps": 2, "wall_s": 1.0}}).encode(), path)
+time.sleep(1)
+"""
+
+
+@bpf
+def test_a_hostile_datagram_does_not_end_the_trace(tmp_path):
+    """Issue 19 item 3, end to end: the traced command sends a datagram with a 900-digit step count (and
+    other bad ones) to its tracer; the tracer goes on, writes its final dump, exits 0, and the file reads."""
+    script = tmp_path / "evil.py"
+    script.write_text(EVIL_SCRIPT)
+    out = tmp_path / "out.jsonl"
+    r = run_iotrace(["-d", "20", "-o", str(out), "--", PYTHON, str(script)], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "ignored a bad control message" in r.stderr and "left out" in r.stderr, r.stderr
+    dumps = read_dumps(out)
+    assert [d["kind"] for d in dumps][-1] == "final"
+    markers = {d["label"]: d for d in dumps if d["kind"] == "marker"}
+    assert set(markers) == {"evil", "nan", "good"}, markers.keys()
+    assert "loop" not in markers["evil"] and "loop" not in markers["nan"]
+    assert markers["good"]["loop"] == {"data_wait_s": 0.5, "steps": 2, "wall_s": 1.0}
+    rep = run_iotrace(["report", str(out), "--by", "label"], timeout=60)
+    assert rep.returncode == 0 and "Traceback" not in rep.stderr, rep.stderr

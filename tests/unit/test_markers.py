@@ -360,20 +360,23 @@ def test_wire_carries_enclosing_and_loop_compatibly():
     loop = {"data_wait_s": 1.5, "steps": 40, "wall_s": 12.25}
     data = marker.encode("epoch 2 / checkpoint", "epoch 2", loop)
     assert marker.decode(data) == "epoch 2 / checkpoint"          # what a label-only reader takes
-    assert marker.decode_message(data) == {"label": "epoch 2 / checkpoint", "enclosing": "epoch 2", "loop": loop}
-    assert marker.decode_message(marker.encode("x")) == {"label": "x", "enclosing": None, "loop": None}
+    assert marker.decode_message(data) == {"label": "epoch 2 / checkpoint", "enclosing": "epoch 2", "loop": loop,
+                                           "ignored": []}
+    assert marker.decode_message(marker.encode("x")) == {"label": "x", "enclosing": None, "loop": None, "ignored": []}
     # a bad optional field is left out, the marker still counts
     for bad in ({"data_wait_s": -1, "steps": 1, "wall_s": 1}, {"steps": 1}, [1, 2],
                 {"data_wait_s": 1e400, "steps": 1, "wall_s": 1}, {"data_wait_s": 1, "steps": 1.5, "wall_s": 1}):
         raw = json.dumps({"v": 1, "label": "e", "enclosing": "\x1b[2J", "loop": bad}).encode()
-        assert marker.decode_message(raw) == {"label": "e", "enclosing": None, "loop": None}, bad
+        msg = marker.decode_message(raw)
+        assert {k: msg[k] for k in ("label", "enclosing", "loop")} == {"label": "e", "enclosing": None, "loop": None}
+        assert len(msg["ignored"]) == 2, msg     # both said why, for the tracer's one line
     with pytest.raises(ValueError):
         marker.encode("e", loop={"steps": 1})
     # long labels: the datagram stays within MAX_DATAGRAM, the enclosing label goes first
     long = "✓" * marker.MAX_LABEL
     data = marker.encode(long, long, loop)
     assert len(data) <= marker.MAX_DATAGRAM
-    assert marker.decode_message(data) == {"label": long, "enclosing": None, "loop": loop}
+    assert marker.decode_message(data) == {"label": long, "enclosing": None, "loop": loop, "ignored": []}
 
 
 def test_the_tracer_end_reads_enclosing_and_loop(tracer_end):

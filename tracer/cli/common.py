@@ -16,7 +16,7 @@ import sys
 
 from tracer import sinks as sinkreg
 from tracer.errors import UserError
-from tracer.options import Parser, at_least, positive
+from tracer.options import MAX_COUNT, Parser, at_least, interval_seconds, positive
 
 # subcommand -> the module that runs it (trace mode, `iotrace [options]`, is tracer.cli.trace)
 COMMANDS = {
@@ -30,8 +30,8 @@ COMMANDS = {
     "top": "tracer.cli.top",
 }
 
-__all__ = ["COMMANDS", "Parser", "at_least", "positive", "add_attach_option", "interval_count", "take_interval",
-           "duration", "offer_diskstats", "output_options", "make_sinks", "device_names"]
+__all__ = ["COMMANDS", "Parser", "at_least", "interval_seconds", "positive", "add_attach_option", "interval_count",
+           "take_interval", "duration", "offer_diskstats", "output_options", "make_sinks", "device_names"]
 
 
 def duration(text: str) -> float:
@@ -51,17 +51,18 @@ def duration(text: str) -> float:
 def interval_word(text: str) -> float:
     """The first positional: an interval, or a mistyped subcommand."""
     try:
-        return positive(text)
-    except argparse.ArgumentTypeError:
+        float(text)
+    except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is neither an interval in seconds nor a command "
                                          f"({', '.join(COMMANDS)})") from None
+    return interval_seconds(text)
 
 
 def interval_count(p: argparse.ArgumentParser) -> None:
     """The [interval [count]] positionals of iostat, biolatency and biotop, beside -i."""
     p.add_argument("interval_pos", nargs="?", type=interval_word, metavar="interval",
                    help="as -i: a report every this many seconds")
-    p.add_argument("count", nargs="?", type=at_least(1),
+    p.add_argument("count", nargs="?", type=at_least(1, MAX_COUNT),
                    help="stop after this many reports, the final one included (as iostat)")
 
 
@@ -102,9 +103,14 @@ def device_names(specs: list[str]) -> list[str] | None:
     return [name_of(resolve(d)) for d in specs] or None
 
 
-def alert_check(ns, bpf: bool = True):
-    """The pipeline's --alert stage for these options, or None; bad rules fail here, before tracing."""
+def alert_check(ns, bpf: bool = True, devices: list[str] | None = None):
+    """The pipeline's --alert stage for these options, or None; bad rules fail here, before tracing.
+
+    `devices`: the disks the run watches (--dev), None for every disk.  A rule scoped to a disk that is not
+    one of them (or not a disk at all) could never fire, so it is refused.
+    """
     from tracer.pipeline import alerts as alertmod
+    from tracer.sources.devices import whole_disks
 
     alerts = getattr(ns, "alerts", [])
     if getattr(ns, "fail_on_alert", False) and not alerts:
@@ -116,6 +122,15 @@ def alert_check(ns, bpf: bool = True):
             if r.needs_bpf:
                 raise UserError(f"--alert {r.text!r}: latency percentiles need BPF; with --diskstats alerts can "
                                 f"use {', '.join(alertmod.DISK_METRICS)}")
+    scoped = [r for r in rules if r.device is not None]
+    disks = sorted(whole_disks()) if scoped else []
+    for r in scoped:
+        if r.device not in disks:
+            raise UserError(f"--alert {r.text!r}: no disk {r.device!r}, so it could never fire; "
+                            f"disks: {', '.join(disks) or 'none'}")
+        if devices is not None and r.device not in devices:
+            raise UserError(f"--alert {r.text!r}: {r.device} is not traced (--dev {' --dev '.join(devices)}), "
+                            f"so it could never fire: add --dev {r.device}")
     return alertmod.AlertCheck(rules) if rules else None
 
 

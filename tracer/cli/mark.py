@@ -9,7 +9,7 @@ from typing import TextIO
 
 from tracer import marker
 from tracer.errors import UserError
-from tracer.options import Parser
+from tracer.options import Parser, wait_seconds
 from tracer.text import safe
 
 
@@ -65,7 +65,7 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
                        "Keras: tracer.integrations.keras.IOTraceCallback; PyTorch: tracer.integrations.torch")
     p.add_argument("label", metavar="LABEL", help=f"the dump's label (printable, up to {marker.MAX_LABEL} characters)")
     p.add_argument("--control", metavar="PATH", help="the tracer's control socket (printed when it starts)")
-    p.add_argument("--wait", type=float, default=2.0, metavar="SECONDS",
+    p.add_argument("--wait", type=wait_seconds, default=2.0, metavar="SECONDS",
                    help="wait this long for the tracer to confirm the dump is closed, so that I/O started "
                         "afterwards falls in the next dump (default 2; 0: do not wait)")
     ns = p.parse_args(argv)

@@ -12,7 +12,7 @@ from typing import TextIO
 from tracer import sinks as sinkreg
 from tracer.cli.common import add_attach_option, alert_check, device_names, make_sinks, output_options
 from tracer.errors import UserError
-from tracer.options import Parser, positive
+from tracer.options import Parser, interval_seconds
 from tracer.runtime.loop import Live, Schedule, Sinks
 from tracer.runtime.teardown import run_steps
 from tracer.sinks.prometheus import (
@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
                description="Export block I/O latency to Prometheus: histograms per device, op and latency "
                            "phase, labelled with process name and container, plus I/O, byte and "
                            "dropped-event counters.")
-    p.add_argument("-i", "--interval", type=positive, default=5.0, metavar="SECONDS",
+    p.add_argument("-i", "--interval", type=interval_seconds, default=5.0, metavar="SECONDS",
                    help="drain the kernel's histograms into the metrics this often (default 5)")
     add_attach_option(p)
     p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
@@ -85,7 +85,7 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
     devs = [devices.resolve(d) for d in ns.devs]
     cgroup_id, cgroup_level = resolve_cgroup(ns.cgroup) if ns.cgroup else (0, 0)
     names = device_names(ns.devs)
-    alerts = alert_check(ns)
+    alerts = alert_check(ns, devices=names)
     # the HTTP server listens here, before loading BPF (seconds of compiling): a port in use fails at once
     outputs = Sinks(make_sinks(ns, sinkreg.Context("serve", out, names, alerts)))
     prom = next(s for s in outputs.sinks if isinstance(s, PrometheusSink))

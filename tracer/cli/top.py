@@ -24,7 +24,7 @@ from tracer.cli.common import (
     take_interval,
 )
 from tracer.errors import UserError
-from tracer.options import Parser, positive
+from tracer.options import Parser, interval_seconds, pid
 from tracer.runtime.loop import Live, Schedule, Sinks
 from tracer.runtime.teardown import run_steps
 
@@ -46,11 +46,11 @@ def parser() -> argparse.ArgumentParser:
                description="A live view of block I/O per process, device and op, with latency percentiles, "
                            "refreshed every interval (like biotop).  Needs root, as tracing does.")
     interval_count(p)
-    p.add_argument("-i", "--interval", type=positive, metavar="SECONDS",
+    p.add_argument("-i", "--interval", type=interval_seconds, metavar="SECONDS",
                    help="refresh every SECONDS (default 1)")
     p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
                    help="only this disk (loop0, /dev/nvme0n1, 7:0); repeatable")
-    p.add_argument("-p", "--pid", type=int, action="append", default=[], metavar="PID", dest="pids", help=PID_HELP)
+    p.add_argument("-p", "--pid", type=pid, action="append", default=[], metavar="PID", dest="pids", help=PID_HELP)
     p.add_argument("--no-children", action="store_true", help="with --pid: that process alone, no descendant")
     add_attach_option(p)
     output_options(p, "top")        # --sort

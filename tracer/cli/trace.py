@@ -32,7 +32,7 @@ from tracer.cli.common import (
     take_interval,
 )
 from tracer.errors import UserError
-from tracer.options import Parser, positive
+from tracer.options import Parser, interval_seconds, pid
 from tracer.runtime.loop import Live, Schedule, Sinks
 from tracer.runtime.teardown import run_steps
 from tracer.text import safe
@@ -115,7 +115,7 @@ def trace_parser() -> argparse.ArgumentParser:
                 description="Block I/O latency per process and device, from in-kernel BPF histograms: "
                             "p50/p90/p99/p99.9 of each process's reads, writes, flushes and discards.")
     interval_count(p)
-    p.add_argument("-p", "--pid", type=int, action="append", default=[], metavar="PID", dest="pids",
+    p.add_argument("-p", "--pid", type=pid, action="append", default=[], metavar="PID", dest="pids",
                    help=PID_HELP + ". The run ends when every PID has exited; a trainer already running finds "
                         "the tracer with its next marker")
     p.add_argument("--no-children", action="store_true",
@@ -127,7 +127,7 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("--cgroup", metavar="PATH",
                    help="trace only I/O submitted from this cgroup v2 or below it (a container, a systemd "
                         "unit): a path under the cgroup2 mount, or relative to it, e.g. /system.slice/x.scope")
-    p.add_argument("-i", "--interval", type=positive, metavar="SECONDS",
+    p.add_argument("-i", "--interval", type=interval_seconds, metavar="SECONDS",
                    help="print (and dump) a report every SECONDS, histograms reset each time")
     p.add_argument("-d", "--duration", type=duration, metavar="SECONDS",
                    help="stop after SECONDS (the disk is --dev, not -d as in biolatency)")
@@ -187,7 +187,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     cgroup_id, cgroup_level = cgroups.resolve_cgroup(args.cgroup) if args.cgroup else (0, 0)
     pidfds = childmod.check_pids(args.pids)
     names = device_names(args.devs)
-    alerts = alert_check(args)
+    alerts = alert_check(args, devices=names)
     outputs = Sinks(make_sinks(args, sinkreg.Context("trace", out, names, alerts)))
     # a traced COMMAND is told the socket's path before it runs (it is held until the probe is ready);
     # otherwise the socket is bound once the probe is attached: a marker sent while the programs still
@@ -317,7 +317,7 @@ def run_diskstats(args: TraceArgs, out: TextIO = sys.stdout) -> int:
 
     _check_diskstats_args(args)
     names = device_names(args.devs)
-    alerts = alert_check(args, bpf=False)
+    alerts = alert_check(args, bpf=False, devices=names)
     pidfds = check_pids(args.pids)
     windows = DiskWindows(DiskSampler(names), ProcSampler(args.pids, children=not args.no_children),
                           every_device=names is not None, alerts=alerts)

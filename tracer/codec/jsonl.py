@@ -64,8 +64,9 @@ from datetime import datetime
 
 from tracer.codec import hdr
 from tracer.errors import UserError
+from tracer.marker import check_loop
 from tracer.model.diskstats import IOSTAT_COLUMNS, DiskRow, Diskstats, ProcBytes
-from tracer.model.dump import Dump, PhaseStats, Series, duration_of, summarize
+from tracer.model.dump import TASK_SUMS, Dump, PhaseStats, Series, duration_of, summarize
 from tracer.model.histogram import Histogram
 
 SCHEMA = 1
@@ -138,25 +139,127 @@ def _encode_dump(d: Dump) -> dict:
 
 
 def _phase_from_json(summary: dict, text: str | None) -> PhaseStats:
-    hist = hdr.decode(text) if text else Histogram.empty()
+    hist = hdr.decode(_str(text, "hdr")) if text else Histogram.empty()
     n = hist.total
-    return PhaseStats(hist, float(summary.get("mean", 0.0)) * 1e3 * n,
-                      round(float(summary.get("min", 0.0)) * 1e3), round(float(summary.get("max", 0.0)) * 1e3))
+    return PhaseStats(hist, _num(summary.get("mean", 0.0), "latency_us mean") * 1e3 * n,
+                      round(_num(summary.get("min", 0.0), "latency_us min") * 1e3),
+                      round(_num(summary.get("max", 0.0), "latency_us max") * 1e3))
+
+
+def _decode_series(s) -> Series:
+    s = _obj(s, "a series")
+    hdrs = _obj(s.get("hdr", {}), "hdr")
+    latency = _obj(s["latency_us"], "latency_us")
+    phases = {_str(name, "a phase"): _phase_from_json(_obj(summary, f"latency_us.{name}"), hdrs.get(name))
+              for name, summary in latency.items()}
+    return Series(_int(s["pid"], "pid"), _str(s["comm"], "comm"), _str(s["device"], "device"),
+                  _str(s["devno"], "devno"), _str(s["op"], "op"), _int(s["count"], "count"),
+                  _int(s["bytes"], "bytes"), phases, _int(s.get("tgid", 0), "tgid"),
+                  _int(s.get("cgroup_id", 0), "cgroup_id"), _str(s.get("container") or "", "container"))
 
 
 def _decode_dump(obj: dict) -> Dump:
-    series = []
-    for s in obj["series"]:
-        hdr = s.get("hdr", {})
-        phases = {name: _phase_from_json(summary, hdr.get(name)) for name, summary in s["latency_us"].items()}
-        series.append(Series(int(s["pid"]), s["comm"], s["device"], s["devno"], s["op"], int(s["count"]),
-                             int(s["bytes"]), phases, int(s.get("tgid", 0)), int(s.get("cgroup_id", 0)),
-                             str(s.get("container") or "")))
+    series = [_decode_series(s) for s in _list(obj["series"], "series")]
     known = {"schema", "kind", "label", "start", "end", "duration_s", "host", "kernel", "dropped", "events", "series"}
-    return Dump(kind=obj["kind"], label=obj.get("label"), start=datetime.fromisoformat(obj["start"]),
-                end=datetime.fromisoformat(obj["end"]), host=obj.get("host", ""), kernel=obj.get("kernel", ""),
-                series=series, dropped=dict(obj.get("dropped", {})), events=dict(obj.get("events", {})),
-                extra={k: v for k, v in obj.items() if k not in known})
+    extra = {k: v for k, v in obj.items() if k not in known}
+    _check_extra(extra)
+    if "duration_s" in obj:
+        _num(obj["duration_s"], "duration_s")
+    return Dump(kind=obj["kind"], label=_label(obj.get("label")), start=_time(obj["start"], "start"),
+                end=_time(obj["end"], "end"), host=_str(obj.get("host", ""), "host"),
+                kernel=_str(obj.get("kernel", ""), "kernel"), series=series,
+                dropped=_counts(obj.get("dropped", {}), "dropped"), events=_counts(obj.get("events", {}), "events"),
+                extra=extra)
+
+
+# ---- what a line's values may be ---------------------------------------------
+#
+# A saved file may have been cut, hand-edited or written by anything: every value is checked here, so that
+# a bad one is that line's error (ValueError, which read() names with the file and line), never an exception
+# in the report that merges or renders it later.
+
+MAX_INT = 2**63 - 1     # counts, bytes, pids, ids: what the kernel's u64/s64 can hold
+MAX_NUMBER = 1e18       # seconds, microseconds, kB: finite, and far beyond any run
+
+
+def _what(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _int(v, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_INT:
+        raise ValueError(f"{name} is {_what(v)}, not a whole number from 0 to 2**63-1")
+    return v
+
+
+def _num(v, name: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= MAX_NUMBER:   # also NaN, inf
+        raise ValueError(f"{name} is {_what(v)}, not a finite number >= 0")
+    return float(v)
+
+
+def _str(v, name: str) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"{name} is {_what(v)}, not a string")
+    return v
+
+
+def _obj(v, name: str) -> dict:
+    if not isinstance(v, dict):
+        raise ValueError(f"{name} is {_what(v)}, not an object")
+    return v
+
+
+def _list(v, name: str) -> list:
+    if not isinstance(v, list):
+        raise ValueError(f"{name} is {_what(v)}, not a list")
+    return v
+
+
+def _label(v) -> str | None:
+    return None if v is None else _str(v, "label")
+
+
+def _counts(v, name: str) -> dict[str, int]:
+    return {_str(k, name): _int(n, f"{name}.{k}") for k, n in _obj(v, name).items()}
+
+
+def _time(v, name: str) -> datetime:
+    t = datetime.fromisoformat(_str(v, name))
+    return t if t.tzinfo else t.astimezone()     # a file's times compare with each other's
+
+
+def _check_extra(extra: dict) -> None:
+    """The sections later features add to a dump, as the merges and views read them."""
+    if extra.get("loop") is not None:
+        why = check_loop(extra["loop"])
+        if why:
+            raise ValueError(why)
+    if extra.get("enclosing") is not None:
+        _str(extra["enclosing"], "enclosing")
+    if "sender_pid" in extra:
+        _int(extra["sender_pid"], "sender_pid")
+    if "attach" in extra:
+        _str(extra["attach"], "attach")
+    for name in _list(extra.get("bio_devices", []), "bio_devices"):
+        _str(name, "bio_devices")
+    if "coverage" in extra:
+        cov = _obj(extra["coverage"], "coverage")
+        for dev, c in _obj(cov.get("devices", {}), "coverage.devices").items():
+            c = _obj(c, f"coverage.devices.{dev}")
+            for k in ("recorded", "diskstats"):
+                _int(c.get(k, 0), f"coverage.devices.{dev}.{k}")
+    for row in _list(extra.get("tasks", []), "tasks"):
+        row = _obj(row, "a tasks row")
+        _int(row.get("pid"), "tasks pid")
+        if "ppid" in row:
+            _int(row["ppid"], "tasks ppid")
+        for k in TASK_SUMS:
+            if k in row:
+                (_num if k.endswith("_s") else _int)(row[k], f"tasks {k}")
+        if "comm" in row:
+            _str(row["comm"], "tasks comm")
 
 
 for _name in ("interval", "final", "marker"):
@@ -192,22 +295,31 @@ _DISK_COUNTS = {"reads": "reads", "writes": "writes", "read_kB": "read_kb", "wri
 
 
 def _decode_diskstats(obj: dict) -> Dump:
-    def number(attr: str, v) -> float | int:
-        return float(v) if attr.endswith("kb") else int(v)
+    def number(attr: str, v, name: str) -> float | int:
+        return _num(v, name) if attr.endswith("kb") else _int(v, name)
 
-    devices = [DiskRow(str(r["device"]), **{attr: number(attr, r.get(key, 0)) for key, attr in _DISK_COUNTS.items()},
-                       **{attr: float(r.get(col, 0.0)) for col, attr in IOSTAT_COLUMNS.items()})
-               for r in obj["devices"]]
-    processes = [ProcBytes(int(p["pid"]), str(p.get("comm", "")), int(p.get("read_bytes", 0)),
-                           int(p.get("write_bytes", 0))) for p in obj.get("processes", [])]
+    devices = []
+    for r in _list(obj["devices"], "devices"):
+        r = _obj(r, "a device row")
+        devices.append(DiskRow(_str(r["device"], "device"),
+                               **{attr: number(attr, r.get(key, 0), key) for key, attr in _DISK_COUNTS.items()},
+                               **{attr: _num(r.get(col, 0.0), col) for col, attr in IOSTAT_COLUMNS.items()}))
+    processes = []
+    for p in _list(obj.get("processes", []), "processes"):
+        p = _obj(p, "a process row")
+        processes.append(ProcBytes(_int(p["pid"], "pid"), _str(p.get("comm", ""), "comm"),
+                                   _int(p.get("read_bytes", 0), "read_bytes"),
+                                   _int(p.get("write_bytes", 0), "write_bytes")))
     known = {"schema", "kind", "window", "label", "start", "end", "duration_s", "host", "kernel", "percentiles",
              "source", "devices", "processes", "unreadable_processes"}
     extra = {k: v for k, v in obj.items() if k not in known}
-    extra["duration_s"] = float(obj["duration_s"])     # the window as sampled, not end - start
-    return Dump(kind=str(obj.get("window", "interval")), label=obj.get("label"),
-                start=datetime.fromisoformat(obj["start"]), end=datetime.fromisoformat(obj["end"]),
-                host=obj.get("host", ""), kernel=obj.get("kernel", ""), series=[], extra=extra,
-                disks=Diskstats(devices, processes, int(obj.get("unreadable_processes", 0))))
+    _check_extra(extra)
+    extra["duration_s"] = _num(obj["duration_s"], "duration_s")     # the window as sampled, not end - start
+    return Dump(kind=_str(obj.get("window", "interval"), "window"), label=_label(obj.get("label")),
+                start=_time(obj["start"], "start"), end=_time(obj["end"], "end"),
+                host=_str(obj.get("host", ""), "host"), kernel=_str(obj.get("kernel", ""), "kernel"),
+                series=[], extra=extra,
+                disks=Diskstats(devices, processes, _int(obj.get("unreadable_processes", 0), "unreadable_processes")))
 
 
 register(DISKSTATS, _decode_diskstats, _encode_diskstats)
@@ -227,8 +339,13 @@ FOLLOW_POLL_S = 0.25
 def _parse(path: str, n: int, line: bytes) -> Dump:
     try:
         return from_json(json.loads(line.decode()))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path}:{n}: not an iotrace dump ({exc})") from None
+    except KeyError as exc:
+        raise UserError(f"{path}:{n}: not an iotrace dump (no {exc})") from None
+    except (ValueError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+        # ValueError: a bad value (checked above); the others: a shape no check foresaw, or JSON nested
+        # too deep to parse: still this line's error, not a traceback
+        why = str(exc) or type(exc).__name__
+        raise UserError(f"{path}:{n}: not an iotrace dump ({why[:200]})") from None
 
 
 def _cut(line: bytes) -> bool:
@@ -252,8 +369,8 @@ def read(path: str, follow: Callable[[float], bool] | None = None) -> Iterator[D
     """
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below; bytes, so bad encodings fail per line
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    except (OSError, ValueError) as exc:     # ValueError: a NUL in the path
+        raise UserError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     with f:
         n, line = 0, b""
         while True:

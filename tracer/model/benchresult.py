@@ -161,15 +161,36 @@ def from_json(obj) -> BenchResult:
         raise ValueError(f"result schema {obj.get('schema')!r}, this iotrace reads schema {SCHEMA}")
     workloads = []
     for w in obj["workloads"]:
-        reps = [Rep(ops={op: OpRun(int(o["count"]), float(o["mb"]), None if o.get("iops") is None else float(o["iops"]),
-                                   {ph: dict(st) for ph, st in o["latency_us"].items()})
+        reps = [Rep(ops={str(op): OpRun(_count(o["count"]), _number(o["mb"]),
+                                        None if o.get("iops") is None else _number(o["iops"]),
+                                        {str(ph): {str(k): _number(v) for k, v in st.items()}
+                                         for ph, st in o["latency_us"].items()})
                          for op, o in rep["ops"].items()},
-                    dropped={k: int(v) for k, v in rep.get("dropped", {}).items()})
+                    dropped={str(k): _count(v) for k, v in rep.get("dropped", {}).items()})
                 for rep in w["reps"]]
         workloads.append(WorkloadResult(str(w["name"]), [str(a) for a in w.get("fio", [])], reps))
     suite = obj["suite"]
     return BenchResult(str(suite["name"]), str(suite["version"]), workloads, dict(obj.get("env", {})),
-                       int(obj.get("repeat", 0)))
+                       _count(obj.get("repeat", 0)))
+
+
+MAX_NUMBER = 2.0**53     # counts, bytes, microseconds: anything larger is no measurement
+
+
+def _number(v) -> float:
+    """A finite number >= 0 of the file; ValueError for anything else (NaN, Infinity, 1e400, a string)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError(f"{v!r:.40} is not a number")
+    if not 0 <= v <= MAX_NUMBER:     # also NaN
+        raise ValueError(f"{v!r:.40} is not a number from 0 to 2**53")
+    return float(v)
+
+
+def _count(v) -> int:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ValueError(f"{v!r:.40} is not a whole number")
+    _number(v)
+    return v
 
 
 def write(path: str, r: BenchResult) -> None:
@@ -198,8 +219,8 @@ def read(path: str) -> BenchResult:
     try:
         with open(path, "rb") as f:
             text = f.read()
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    except (OSError, ValueError) as exc:     # ValueError: a NUL in the path
+        raise UserError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         obj = json.loads(text)
     except ValueError:

@@ -15,6 +15,7 @@ functions of Dump data and tracer.model.diskstats rows: no root, no I/O.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -131,6 +132,19 @@ def _value(text: str, right: str, unit: str) -> float:
     if not m:
         raise _bad(text, f"{right.strip()!r} is not a number")
     number, given = float(m.group(1)), m.group(2)
+    value = _scaled(text, number, given, unit)
+    if not math.isfinite(value) or value > MAX_THRESHOLD[unit]:
+        # 1e400ms is inf, and a line above an hour of latency (or a queue of a billion) is never crossed
+        raise _bad(text, f"{right.strip()!r} is beyond any value it could be compared with "
+                         f"(at most {_fmt(MAX_THRESHOLD[unit], unit)})")
+    return value
+
+
+MAX_THRESHOLD = {"us": 3600e6, "ms": 3600e3, "%": 100.0, "": 1e9}    # an hour of latency; a queue of 1e9
+
+
+def _scaled(text: str, number: float, given: str, unit: str) -> float:
+    """`number` with the unit the user gave, in the rule's unit."""
     if unit == "us":
         if not given:
             raise _bad(text, "give the latency a unit (ns, us, ms, s)")

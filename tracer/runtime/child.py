@@ -133,4 +133,9 @@ def check_pids(pids: list[int]) -> list[int]:
             fds.append(os.pidfd_open(pid))
         except ProcessLookupError:
             raise UserError(f"--pid {pid}: no such process") from None
+        except OverflowError:
+            raise UserError(f"--pid {pid}: not a process id") from None
+        except OSError as exc:      # EINVAL: a thread that leads no process, or not a pid at all
+            raise UserError(f"--pid {pid}: cannot watch it ({exc.strerror or exc}); give a process id, "
+                            f"not a thread id") from None
     return fds

@@ -109,6 +109,8 @@ class ControlSocket:
         self.path = path
         self.private_dir = private_dir
         self.bad = 0            # malformed datagrams, ignored
+        self.bad_fields = 0     # markers taken with a bad optional field (enclosing, loop) left out
+        self.complaints = 0     # lines said on stderr about either
         self.received = 0
 
     @classmethod
@@ -164,16 +166,26 @@ class ControlSocket:
                 break
             try:
                 msg = marker.decode_message(data)
-                out.append(Marker(msg["label"], addr or None, msg["enclosing"], msg["loop"], _sender_pid(ancillary)))
-                self.received += 1
             except ValueError as exc:
                 self._complain(f"ignored a bad control message ({exc})")
+                continue
+            except Exception as exc:  # noqa: BLE001 - a datagram, whatever it holds, never ends the trace
+                self._complain(f"ignored a control message that could not be read ({type(exc).__name__})")
+                continue
+            out.append(Marker(msg["label"], addr or None, msg["enclosing"], msg["loop"], _sender_pid(ancillary)))
+            self.received += 1
+            if msg["ignored"]:
+                self.bad_fields += 1
+                self._complain(f"marker {msg['label']!r}: left out {'; '.join(msg['ignored'])}", count=False)
         return out
 
-    def _complain(self, message: str) -> None:
-        self.bad += 1
-        if self.bad <= BAD_MESSAGES_SHOWN:
-            more = "; further bad messages are ignored silently" if self.bad == BAD_MESSAGES_SHOWN else ""
+    def _complain(self, message: str, count: bool = True) -> None:
+        """One line on stderr for the first BAD_MESSAGES_SHOWN problems; `count`: a datagram ignored."""
+        self.bad += count
+        self.complaints += 1
+        if self.complaints <= BAD_MESSAGES_SHOWN:
+            last = self.complaints == BAD_MESSAGES_SHOWN
+            more = "; further bad messages are ignored silently" if last else ""
             print(f"iotrace: {safe(message)}{more}", file=sys.stderr, flush=True)   # a sender's bytes
 
     def ack(self, m: Marker) -> None:

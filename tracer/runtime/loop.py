@@ -15,6 +15,7 @@ sources drained and turned into one dump or diskstats window) and a `Sinks`
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import signal
@@ -56,6 +57,29 @@ class Schedule:
         if self.count and self.interval:
             ends.append(start + self.interval * self.count)
         return min(ends, default=None)
+
+
+def next_tick_after(tick: float, now: float, interval: float) -> float:
+    """The first tick of the grid tick + k*interval (k >= 1) that is after `now`: ticks that fell behind
+    (a suspended machine, a slow sink) are skipped, never burst.  Computed, not counted up to: however
+    far behind, and however small the interval, it takes one step; and it is always after `now`."""
+    if not (math.isfinite(interval) and interval > 0):
+        raise ValueError(f"interval {interval!r} is not a positive number of seconds")
+    k = max(1, math.floor((now - tick) / interval) + 1)
+    nxt = tick + k * interval
+    if nxt <= now:      # rounding, or an interval too small to move a clock this large
+        nxt = now + interval
+    return nxt if nxt > now else math.nextafter(now, math.inf)
+
+
+MAX_WAIT_S = 3600.0     # the longest select: a deadline years away (-i a year, count 1e9) must not overflow it
+
+
+def wait_until(now: float, *times: float | None) -> float | None:
+    """How long the loop may sleep before the first of `times` (None: no time is due, sleep until an event);
+    never more than MAX_WAIT_S, which select can always take: the loop wakes, finds nothing due, sleeps on."""
+    wake = [t for t in times if t is not None]
+    return min(max(0.0, min(wake) - now), MAX_WAIT_S) if wake else None
 
 
 def interval_due(now: float, next_tick: float | None, end: float | None) -> bool:
@@ -182,8 +206,7 @@ class Live:
         kill_at: float | None = None    # a second signal: SIGKILL then, if the command is still there
         while True:
             now = time.monotonic()
-            wake = [t for t in (next_tick, end, kill_at) if t is not None]
-            timeout = max(0.0, min(wake) - now) if wake else None
+            timeout = wait_until(now, next_tick, end, kill_at)
             if stopping:        # the command's pidfd wakes us when it exits; this is only a backstop
                 timeout = STOP_POLL_S if timeout is None else min(timeout, STOP_POLL_S)
             listen = [sig.r, *alive, *self.inputs] + ([self.control.fileno()] if self.control else [])
@@ -224,9 +247,7 @@ class Live:
                 kill_at = float("inf")      # killed: only its exit is awaited now
             if interval_due(now, next_tick, end):
                 self.emit("interval")
-                next_tick += sched.interval
-                while next_tick <= now:  # fell behind (suspended?): skip, do not burst
-                    next_tick += sched.interval
+                next_tick = next_tick_after(next_tick, now, sched.interval)
             if end is not None and now >= end:
                 if child is None:
                     return self._end("deadline")

@@ -142,6 +142,12 @@ def compare(base: BenchResult, new: BenchResult, limits: dict[str, float], phase
     if not names:
         raise UserError(f"no workload in common: base has {', '.join(w.name for w in base.workloads) or 'none'}, "
                         f"new has {', '.join(w.name for w in new.workloads) or 'none'}")
+    for side, res in (("base", base), ("new", new)):
+        empty = [n for n in names if not res.workload(n).reps]
+        if res.repeat < 1 or empty:
+            what = f"workload {', '.join(empty)} has" if empty else f"repeat is {res.repeat}:"
+            raise UserError(f"the {side} result has no repetition to compare ({what} no run): "
+                            f"run 'iotrace bench --repeat N' with N of 1 or more")
     for side, res, other in (("base", base, new), ("new", new, base)):
         only = [w.name for w in res.workloads if not other.workload(w.name)]
         if only:
@@ -165,6 +171,14 @@ def compare(base: BenchResult, new: BenchResult, limits: dict[str, float], phase
             b, n = bw.spread(op, IOPS), nw.spread(op, IOPS)
             if IOPS in limits and b and n:
                 rows.append(Row(name, op, "-", IOPS, b, n, limits[IOPS], True))
+    if not any(r.gated for r in rows):
+        # a gate that compared nothing must not pass: the results have no op, phase or metric in common
+        def seen(res: BenchResult) -> str:
+            return "; ".join(f"{w.name}: {', '.join(w.ops()) or 'no op'}" for w in res.workloads if w.name in names)
+
+        raise UserError(f"nothing to compare: no op of a workload in common has the gated phase "
+                        f"({', '.join(sorted(phases))}) and metric ({', '.join(limits) or 'none'}) on both sides "
+                        f"(base: {seen(base)}; new: {seen(new)})")
     return Comparison(rows, notes)
 
 
