@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,22 @@ from conftest import (
 from tracer.model.dump import merge_coverage
 
 TREELOAD = str(ROOT / "tests" / "treeload.py")
+
+
+@contextmanager
+def group_reaped(p: subprocess.Popen) -> Iterator[None]:
+    """A workload started in a session of its own: whatever the test does, its whole tree is killed
+    at the end (reaped() would kill only the root and leave its children waiting forever)."""
+    try:
+        yield
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def workload(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([PYTHON, TREELOAD, *args], cwd=ROOT / "tests", start_new_session=True, **kw)
 
 
 def reads_by_tgid(dumps: list[dict], device: str) -> dict[int, int]:
@@ -63,8 +82,8 @@ def test_attached_at_the_root_of_a_three_level_tree_counts_every_process_exactly
     ctrl = tmp_path / "ctrl"
     ctrl.mkdir()
     blocks = 64
-    tree = subprocess.Popen([PYTHON, TREELOAD, "tree", loop.path, str(ctrl), str(blocks)], cwd=ROOT / "tests")
-    with reaped(tree):
+    tree = workload("tree", loop.path, str(ctrl), str(blocks))
+    with group_reaped(tree):
         up = json.loads(wait_file(ctrl / "ready"))
         out = tmp_path / "out.jsonl"
         tracer, line = start_tracer(["-p", str(up["root"]), "--dev", loop.name, "-o", str(out)])
@@ -91,8 +110,8 @@ def test_attached_to_a_tight_fork_loop_counts_every_child_forked_after_the_attac
     ctrl = tmp_path / "ctrl"
     ctrl.mkdir()
     blocks = 2
-    forker = subprocess.Popen([PYTHON, TREELOAD, "forker", loop.path, str(ctrl), str(blocks)], cwd=ROOT / "tests")
-    with reaped(forker):
+    forker = workload("forker", loop.path, str(ctrl), str(blocks))
+    with group_reaped(forker):
         parent = int(wait_file(ctrl / "ready"))
         time.sleep(0.3)         # children come and go already
         out = tmp_path / "out.jsonl"
@@ -119,8 +138,9 @@ def test_attached_to_a_tight_fork_loop_counts_every_child_forked_after_the_attac
 def test_p_on_a_running_fio_shows_its_job(loop, tmp_path):
     fio = subprocess.Popen(["fio", "--name=job", f"--filename={loop.path}", "--rw=randread", "--bs=4k",
                             "--direct=1", "--ioengine=psync", "--time_based", "--runtime=30", "--rate_iops=2000",
-                            "--output=/dev/null"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with reaped(fio):
+                            "--output=/dev/null"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    with group_reaped(fio):     # its job process too
         job = None
         deadline = time.monotonic() + 20
         while job is None and time.monotonic() < deadline:   # fio's job runs in a child it forks
@@ -142,8 +162,8 @@ def test_p_on_a_running_fio_shows_its_job(loop, tmp_path):
 def test_no_children_traces_the_named_process_alone(loop, tmp_path):
     ctrl = tmp_path / "ctrl"
     ctrl.mkdir()
-    tree = subprocess.Popen([PYTHON, TREELOAD, "tree", loop.path, str(ctrl), "16"], cwd=ROOT / "tests")
-    with reaped(tree):
+    tree = workload("tree", loop.path, str(ctrl), "16")
+    with group_reaped(tree):
         up = json.loads(wait_file(ctrl / "ready"))
         out = tmp_path / "out.jsonl"
         tracer, line = start_tracer(["-p", str(up["root"]), "--no-children", "--dev", loop.name, "-o", str(out)])
@@ -188,8 +208,8 @@ def test_attached_to_a_running_pytorch_trainer_sees_its_workers_and_its_next_mar
     with open(log, "w") as err:
         trainer = subprocess.Popen([str(python), str(TORCH_ATTACH), str(data), str(ctrl), "--step-s", "0.1",
                                     "--epochs", "1000"],
-                                   env=env, stderr=err, stdout=err)
-    with reaped(trainer):
+                                   env=env, stderr=err, stdout=err, start_new_session=True)
+    with group_reaped(trainer):     # its DataLoader workers too
         up = json.loads(wait_file(ctrl / "ready", timeout=120))
         time.sleep(0.5)     # mid-epoch 1: the workers are prefetching
         out = tmp_path / "out.jsonl"
