@@ -97,6 +97,8 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
         from tracer.sources.tasks import open_tracer
 
         probe = Probe(ProbeOptions(devs=devs, cgroup_id=cgroup_id, cgroup_level=cgroup_level, attach=ns.attach))
+        if probe.start_note:
+            print(f"iotrace serve: {probe.start_note}", file=sys.stderr)
         if ns.tasks:
             tasks, why = open_tracer([], True)      # every process: serve has no pid filter
             if tasks is None:

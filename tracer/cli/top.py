@@ -79,7 +79,11 @@ def run(argv: list[str], out: TextIO) -> int:
         probe = Probe(ProbeOptions(devs=devs, attach=ns.attach, pids=ns.pids, follow_children=not ns.no_children))
     except UserError as exc:
         raise offer_diskstats(exc) from None
+    if probe.start_note:    # said before curses takes the screen; and in the header, which stays
+        print(f"iotrace top: {probe.start_note}", file=sys.stderr)
     where = ", ".join(ns.devs) or "every device"
+    if probe.start_blind:
+        where += f"; most requests unseen on {', '.join(probe.start_blind)} (see the line above)"
     if ns.pids:
         from tracer.sources.proctree import describe
 

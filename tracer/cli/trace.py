@@ -265,6 +265,8 @@ def _announce(args: TraceArgs, child: int | None, probe, control, control_error:
     if probe.attach_note:
         print(f"iotrace: attached to perf-event tracepoints, not raw ones: {safe(probe.attach_note)}",
               file=sys.stderr)
+    if probe.start_note:
+        print(f"iotrace: {probe.start_note}", file=sys.stderr)
     print(safe(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "
                f"(control socket {control.path})" if control else
                f"iotrace: warning: no control socket, markers are off ({control_error})"), file=sys.stderr)

@@ -242,6 +242,11 @@ def _check_extra(extra: dict) -> None:
         _int(extra["sender_pid"], "sender_pid")
     if "attach" in extra:
         _str(extra["attach"], "attach")
+    if "start_event" in extra:
+        start = _obj(extra["start_event"], "start_event")
+        _str(start.get("event", ""), "start_event.event")
+        for name in _list(start.get("blind", []), "start_event.blind"):
+            _str(name, "start_event.blind")
     for name in _list(extra.get("bio_devices", []), "bio_devices"):
         _str(name, "bio_devices")
     if "coverage" in extra:

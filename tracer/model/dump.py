@@ -201,6 +201,11 @@ def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None
     attach = sorted({d.extra["attach"] for d in dumps if "attach" in d.extra})
     if attach:
         merged.extra["attach"] = "+".join(attach)     # one, unless runs of both kinds were merged
+    starts = [d.extra["start_event"] for d in dumps if isinstance(d.extra.get("start_event"), dict)]
+    if starts:
+        blind = sorted({n for s in starts for n in s.get("blind", ())})
+        merged.extra["start_event"] = {"event": "+".join(sorted({s.get("event", "") for s in starts})),
+                                 **({"blind": blind} if blind else {})}
     return merged
 
 

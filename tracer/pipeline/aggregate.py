@@ -90,6 +90,8 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: li
              host=socket.gethostname(), kernel=platform.release(), series=series,
              dropped=dropped, events=events)
     d.extra["attach"] = raw.attach
+    if raw.start_event:
+        d.extra["start_event"] = {"event": raw.start_event, **({"blind": list(raw.start_blind)} if raw.start_blind else {})}
     cov = coverage(raw, series)
     if cov is not None:
         d.extra["coverage"] = cov

@@ -70,6 +70,16 @@ def bio_based(name: str) -> bool:
     return (SYS_BLOCK / name).is_dir() and not (SYS_BLOCK / name / "mq").exists()
 
 
+def scheduler(name: str, sys_block: str = "/sys/block") -> str | None:
+    """The I/O scheduler a disk uses now ("none", "mq-deadline", ...: the bracketed one), or None."""
+    try:
+        text = open(f"{sys_block}/{name}/queue/scheduler").read()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else (text.strip() or None)
+
+
 def size_sectors(name: str) -> int:
     try:
         return int((SYS_BLOCK / name / "size").read_text())

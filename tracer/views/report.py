@@ -83,6 +83,15 @@ def _bio_line(d: Dump, out: TextIO) -> None:
                   f"(total only, no Q:/D: split)\n")
 
 
+def _start_line(d: Dump, out: TextIO) -> None:
+    start = d.extra.get("start_event")
+    blind = start.get("blind") if isinstance(start, dict) else None
+    if blind:
+        out.write(f"WARNING: requests started on block:{safe(start.get('event', '?'))}, which fires only for "
+                  f"requests that pass an I/O scheduler: most of {', '.join(map(safe, blind))}'s (scheduler "
+                  f"none) are not in these rows (see README, 'Kernels')\n")
+
+
 def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = None) -> None:
     seconds = duration_of(d)
     head = safe(title or f"{d.kind}{' ' + repr(d.label) if d.label else ''}")
@@ -100,6 +109,7 @@ def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = N
     _bio_line(d, out)
     _tasks_line(d, out)
     _coverage_line(d, out)
+    _start_line(d, out)
     if any(d.dropped.values()):
         out.write(f"WARNING: events not recorded: {lost_text(d.dropped)} (see README, 'Dropped events')\n")
     if hist:
