@@ -91,7 +91,8 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: li
              dropped=dropped, events=events)
     d.extra["attach"] = raw.attach
     if raw.start_event:
-        d.extra["start_event"] = {"event": raw.start_event, **({"blind": list(raw.start_blind)} if raw.start_blind else {})}
+        blind = {"blind": list(raw.start_blind)} if raw.start_blind else {}
+        d.extra["start_event"] = {"event": raw.start_event, **blind}
     cov = coverage(raw, series)
     if cov is not None:
         d.extra["coverage"] = cov
