@@ -167,7 +167,7 @@ def merge_dumps(dumps: Iterable[Dump], kind: str = "final", label: str | None = 
 class _PhaseAcc:
     """PhaseStats.merge over a sequence, with the histograms added up in batches (PENDING at a time)."""
 
-    PENDING = 32
+    PENDING = 4
     __slots__ = ("first", "hists", "max_ns", "merged", "min_ns", "sum_ns")
 
     def __init__(self, st: PhaseStats) -> None:
