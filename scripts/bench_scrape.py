@@ -8,7 +8,7 @@ loop devices over files in /dev/shm are created for the run and torn down
 after it (fio's processes ended first).  A
 bounded fio load runs on them: --procs copies of fio under their own names
 (fioload-00, ...), so that the exporter has many (comm, device, op) series as
-on a busy node, each reading and writing both devices at --iops per job.
+on a busy node, each reading and writing both devices at --iops (20) per job.
 Once the exporter has folded a drain holding every copy, --gets GETs of
 /metrics are spread over --threads threads (all traffic to 127.0.0.1); each
 is timed from the request to the last byte of the body.  Target: p99 at
@@ -154,7 +154,9 @@ def main() -> int:
     p.add_argument("--gets", type=int, default=2000)
     p.add_argument("--threads", type=int, default=8)
     p.add_argument("--procs", type=int, default=16, help="fio processes, each under its own name")
-    p.add_argument("--iops", type=int, default=100, help="per fio job (two jobs per process)")
+    p.add_argument("--iops", type=int, default=20,
+                   help="per fio job (two jobs per process); enough for every series to change at every drain "
+                        "without fio's own processes taking the 2 CPUs of the VM the bench was made on")
     p.add_argument("--interval", type=float, help="serve's --interval (default: its own default)")
     p.add_argument("--json", metavar="FILE")
     ns = p.parse_args()
