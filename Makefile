@@ -36,14 +36,17 @@ demo: setup
 	$(AS_ROOT) $(PY) scripts/demo.py
 
 # Overhead vs no tracer, bpftrace and blktrace (fio on a RAM-backed loop device, interleaved
-# runs), the cost of a 100k-bucket dump, a short soak run and what --tasks costs per context switch
-# and syscall; results also in bench-*.json.
+# runs), the cost of a 100k-bucket dump, a short soak run, what --tasks costs per context switch
+# and syscall, report's time and peak RSS on a 200 MB file, and a scrape of `iotrace serve` under
+# fio load; results also in bench-*.json.
 bench:
 	@bash scripts/setup.sh --bench
 	$(AS_ROOT) $(PY) scripts/bench_overhead.py --json bench-overhead.json
 	$(AS_ROOT) $(PY) scripts/bench_frontend.py --json bench-frontend.json
 	$(AS_ROOT) $(PY) scripts/soak.py --seconds 60 --json bench-soak.json
 	$(AS_ROOT) $(PY) scripts/bench_tasks.py --json bench-tasks.json
+	$(PY) scripts/bench_report.py --json bench-report.json
+	$(AS_ROOT) $(PY) scripts/bench_scrape.py --json bench-scrape.json
 
 # Remove the venv and every cache.
 clean:

@@ -407,3 +407,89 @@ def test_task_counters_follow_the_exporters_labels_and_stay_monotonic():
     # a dump without rows (serve without --tasks) folds nothing
     t.fold(dump_of([]))
     assert sum(by_comm(scrape_all(t), IOW).values()) == pytest.approx(total)
+
+
+# ---- the scrape: the text written directly, and rendered once per change ----
+
+def busy_exporter(top: int = 5) -> serve.Exporter:
+    e = serve.Exporter(top=top)
+    odd = 'we"ird\\name\n'      # a comm needing every escape of the text format
+    for step in range(4):
+        e.fold(dump_of([series(f"job{j}", latencies(30), container="k8s:pod/x" if j % 2 else "",
+                               device=("loop0", "nvme0n1")[j % 2], op=("read", "write")[step % 2], pid=100 + j)
+                        for j in range(8)] + [series(odd, latencies(5))], dropped={"map_full": step}))
+    e.attached = True
+    return e
+
+
+def test_render_text_is_what_prometheus_client_writes():
+    e = busy_exporter()
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    registry.register(e)
+    assert e.render_text() == prometheus_client.generate_latest(registry).decode()
+    # and before anything was folded
+    fresh = serve.Exporter()
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    registry.register(fresh)
+    assert fresh.render_text() == prometheus_client.generate_latest(registry).decode()
+
+
+def test_the_cache_renders_once_per_change_and_serves_every_format():
+    from prometheus_client.exposition import choose_encoder, generate_latest
+    from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
+
+    e = busy_exporter()
+    tasks = serve.taskmetrics.TaskCounters(e)
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    registry.register(e)
+    registry.register(tasks)
+    cache = serve.ScrapeCache(e, registry, tasks)
+    text_enc, ct = choose_encoder("")
+    assert text_enc is generate_latest
+    first = cache.body(ct, text_enc)
+    assert first == prometheus_client.generate_latest(registry)
+    assert cache.body(ct, text_enc) is first and cache.renders == 1         # the same bytes until a change
+    import gzip
+    assert gzip.decompress(cache.body(ct, text_enc, gzipped=True)) == first and cache.renders == 1
+    om_enc, om_ct = choose_encoder("application/openmetrics-text;version=1.0.0")
+    assert om_ct.startswith(OPENMETRICS.split(";")[0])
+    assert cache.body(om_ct, om_enc) == om_enc(registry) and cache.renders == 2
+    e.fold(dump_of([series("job1", latencies(10))]))      # a drain: the next scrape sees it
+    second = cache.body(ct, text_enc)
+    assert second != first and second == prometheus_client.generate_latest(registry) and cache.renders == 3
+    tasks.fold(Dump("interval", datetime(2026, 1, 3, tzinfo=UTC), datetime(2026, 1, 3, 0, 0, 1, tzinfo=UTC), "h", "k",
+                    [], extra={"tasks": [{"pid": 1, "comm": "job1", "io_wait_s": 1.0}]}))
+    assert cache.body(ct, text_enc) == prometheus_client.generate_latest(registry) != second
+    e.attached = False
+    assert b"iotrace_attached 0.0" in cache.body(ct, text_enc)
+
+
+def test_a_served_scrape_is_the_cached_body():
+    """Through the real HTTP server: GET /metrics (plain and gzip) gives the collectors' exposition, rendered
+    when a dump was folded, not per scrape; name[] filters go to prometheus_client's own app."""
+    import gzip
+    from types import SimpleNamespace
+
+    port = free_port()
+    sink = serve.from_args(SimpleNamespace(listen=f"127.0.0.1:{port}", top=5, idle=600.0, tasks=False),
+                           SimpleNamespace(mode="serve"))
+    try:
+        for d in [dump_of([series(f"p{j}", latencies(20), pid=j) for j in range(6)]) for _ in range(3)]:
+            sink.on_dump(d)
+        sink.attached()
+        renders = sink.cache.renders
+        registry = prometheus_client.CollectorRegistry(auto_describe=False)
+        registry.register(sink.exporter)
+        want = prometheus_client.generate_latest(registry)
+        for _ in range(5):
+            code, text = get(port, "/metrics")
+            assert code == 200 and text.encode() == want
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.headers["Content-Encoding"] == "gzip" and gzip.decompress(r.read()) == want
+        assert sink.cache.renders == renders        # rendered after the fold and on attaching, not per scrape
+        # a name[] filter is prometheus_client's own app's to answer (as before the cache)
+        assert get(port, f"/metrics?name[]={serve.DRAINS}")[0] == 200
+        assert get(port, serve.READY_PATH)[0] == 200
+    finally:
+        sink.close(0)

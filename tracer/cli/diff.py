@@ -7,9 +7,8 @@ import json
 from typing import TextIO
 
 from tracer.errors import UserError
-from tracer.model.dump import Dump
 from tracer.options import Parser
-from tracer.views.diff import EPILOG, PHASES, diff_json, load_side, render_diff, split_side
+from tracer.views.diff import EPILOG, PHASES, diff_json, load_sides, render_diff, split_side
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,9 +46,7 @@ def parse_sides(sides: list[str], labels: list[str] | None) -> list[tuple[str, s
 def run(argv: list[str], out: TextIO) -> int:
     ns = parser().parse_args(argv)
     (pa, la), (pb, lb) = parse_sides(ns.sides, ns.labels)
-    cache: dict[str, list[Dump]] = {}
-    a = load_side("A", pa, la, cache)
-    b = load_side("B", pb, lb, cache)
+    a, b = load_sides([("A", pa, la), ("B", pb, lb)])
     if ns.json:
         out.write(json.dumps(diff_json(a, b, phase=ns.phase)) + "\n")
     else:

@@ -35,7 +35,7 @@ def run(argv: list[str], out: TextIO) -> int:
                    help="latency phase: total (default), queue (~Q2D) or device (D2C)")
     ns = p.parse_args(argv)
     require_matplotlib()           # before reading anything: say at once when it is missing
-    dumps = [d for path in ns.files for d in read(path)]
+    dumps = (d for path in ns.files for d in read(path))     # read as drawn: one pass, nothing kept but the rows
     device = ns.device.removeprefix("/dev/") if ns.device else None
     try:
         res = render(dumps, ns.output, device, ns.op, ns.phase, source=", ".join(ns.files))

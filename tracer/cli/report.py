@@ -14,7 +14,7 @@ from tracer.model import dump as dumpmod
 from tracer.options import Parser
 from tracer.runtime.signals import Signals
 from tracer.views.diskstats import render_dump
-from tracer.views.report import render_by_label, windows_by_label
+from tracer.views.report import render_windows, windows_by_label
 
 REPORT_EPILOG = """\
 examples:
@@ -61,22 +61,30 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
         if len(ns.files) > 1 or ns.by == "label":
             raise UserError("--follow takes one file, and renders each dump (no --by label)")
         return _follow(ns.files[0], out, ns.hist, ns.json)
-    dumps = [d for path in ns.files for d in jsonl.read(path)]
-    if not dumps:
-        raise UserError(f"no dumps in {', '.join(ns.files)}")
+    # the files are read as a stream and each dump merged as it comes: memory is bounded by the merged
+    # rows shown, not by the files
+    dumps = (d for path in ns.files for d in jsonl.read(path))
     if ns.by == "label":
+        windows = windows_by_label(dumps)
+        if not windows:
+            raise UserError(f"no dumps in {', '.join(ns.files)}")
         if ns.json:
-            for w in windows_by_label(dumps):
+            for w in windows:
                 jsonl.write(out, w.merged)
             return 0
-        render_by_label(dumps, out, layout=ns.layout, per_pid=ns.per_pid,
-                        title=f"by label, from {', '.join(ns.files)}")
+        render_windows(windows, out, layout=ns.layout, per_pid=ns.per_pid,
+                       title=f"by label, from {', '.join(ns.files)}")
         return 0
-    merged = dumpmod.merge_dumps(dumps)
+    acc = dumpmod.DumpMerger()
+    for d in dumps:
+        acc.add(d)
+    if not acc.count:
+        raise UserError(f"no dumps in {', '.join(ns.files)}")
+    merged = acc.result()
     if ns.json:
         jsonl.write(out, merged)
         return 0
-    render_dump(merged, out, hist=ns.hist, title=f"{len(dumps)} dump(s) from {', '.join(ns.files)}")
+    render_dump(merged, out, hist=ns.hist, title=f"{acc.count} dump(s) from {', '.join(ns.files)}")
     return 0
 
 

@@ -15,6 +15,7 @@ exact (kept by the kernel), the percentiles are read from the histograms
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -130,12 +131,9 @@ class Dump:
 
 def merge_series(series: Iterable[Series], key: Callable[[Series], tuple] | None = None) -> list[Series]:
     """Merge rows with the same key, (pid, device, op) unless given, keeping first-seen order."""
-    key = key or (lambda s: s.key)
-    out: dict[tuple, Series] = {}
-    for s in series:
-        k = key(s)
-        out[k] = out[k].merge(s) if k in out else s
-    return list(out.values())
+    acc = SeriesMerger(key)
+    acc.add(series)
+    return acc.result()
 
 
 def fold_by_comm(series: Iterable[Series]) -> list[Series]:
@@ -156,57 +154,252 @@ def merge_by_device_op(series: Iterable[Series]) -> list[Series]:
             for s in merge_series(series, lambda s: (s.devno, s.op))]
 
 
-def merge_dumps(dumps: list[Dump], kind: str = "final", label: str | None = None) -> Dump:
+def merge_dumps(dumps: Iterable[Dump], kind: str = "final", label: str | None = None) -> Dump:
     """One dump covering all of `dumps` (which should be disjoint windows)."""
-    if not dumps:
-        raise ValueError("nothing to merge")
-    if len({d.disks is None for d in dumps}) > 1:
-        raise UserError("cannot merge BPF dumps with --diskstats windows (those have no latencies): "
-                        "give them in separate commands")
-    dropped: dict[str, int] = {}
-    events: dict[str, int] = {}
+    acc = DumpMerger()
     for d in dumps:
+        acc.add(d)
+    if not acc.count:
+        raise ValueError("nothing to merge")
+    return acc.result(kind, label)
+
+
+class _PhaseAcc:
+    """PhaseStats.merge over a sequence, with the histograms added up in batches (PENDING at a time)."""
+
+    PENDING = 4
+    __slots__ = ("first", "hists", "max_ns", "merged", "min_ns", "sum_ns")
+
+    def __init__(self, st: PhaseStats) -> None:
+        self.first = st                 # the result while at most one of the phases had samples
+        self.hists: list[Histogram] = [st.hist] if st.count else []
+        self.sum_ns, self.min_ns, self.max_ns = st.sum_ns, st.min_ns, st.max_ns
+        self.merged = False
+
+    def add(self, st: PhaseStats) -> None:
+        if not st.count:
+            return
+        if not self.hists:
+            self.first, self.hists = st, [st.hist]
+            self.sum_ns, self.min_ns, self.max_ns = st.sum_ns, st.min_ns, st.max_ns
+            return
+        self.merged = True
+        self.hists.append(st.hist)
+        # the same left fold as PhaseStats.merge, so the float sum comes out bit for bit the same
+        self.sum_ns = self.sum_ns + st.sum_ns
+        self.min_ns, self.max_ns = min(self.min_ns, st.min_ns), max(self.max_ns, st.max_ns)
+        if len(self.hists) >= self.PENDING:
+            self.hists = [Histogram.merge_all(self.hists)]
+
+    def result(self) -> PhaseStats:
+        if not self.merged:
+            return self.first
+        return PhaseStats(Histogram.merge_all(self.hists), self.sum_ns, self.min_ns, self.max_ns)
+
+
+class _SeriesAcc:
+    """Series.merge over a sequence of rows with one key, without building a Series at every step."""
+
+    __slots__ = ("bytes", "cgroup_id", "comm", "container", "count", "device", "first", "n", "phases", "tgid")
+
+    def __init__(self, s: Series) -> None:
+        self.first, self.n = s, 1
+        self.comm, self.device, self.count, self.bytes = s.comm, s.device, s.count, s.bytes
+        self.tgid, self.cgroup_id, self.container = s.tgid, s.cgroup_id, s.container
+        self.phases = {name: _PhaseAcc(st) for name, st in s.phases.items()}
+
+    def add(self, s: Series) -> None:
+        self.n += 1
+        self.comm, self.device = s.comm or self.comm, s.device
+        self.count, self.bytes = self.count + s.count, self.bytes + s.bytes
+        self.tgid, self.cgroup_id = s.tgid or self.tgid, s.cgroup_id or self.cgroup_id
+        self.container = s.container or self.container
+        for name, st in s.phases.items():
+            acc = self.phases.get(name)
+            if acc is None:
+                self.phases[name] = _PhaseAcc(st)
+            else:
+                acc.add(st)
+
+    def result(self) -> Series:
+        if self.n == 1:
+            return self.first
+        f = self.first
+        return Series(f.pid, self.comm, self.device, f.devno, f.op, self.count, self.bytes,
+                      {name: acc.result() for name, acc in self.phases.items()}, self.tgid, self.cgroup_id,
+                      self.container)
+
+
+class SeriesMerger:
+    """merge_series as rows come: rows with the same key merged, first-seen order; holds one row per key."""
+
+    def __init__(self, key: Callable[[Series], tuple] | None = None) -> None:
+        self.key = key or (lambda s: s.key)
+        self.rows: dict[tuple, _SeriesAcc] = {}
+
+    def add(self, series: Iterable[Series]) -> None:
+        for s in series:
+            k = self.key(s)
+            acc = self.rows.get(k)
+            if acc is None:
+                self.rows[k] = _SeriesAcc(s)
+            else:
+                acc.add(s)
+
+    def result(self) -> list[Series]:
+        return [acc.result() for acc in self.rows.values()]
+
+
+class DumpMerger:
+    """merge_dumps one dump at a time: what the merged dump needs is kept, the dumps themselves are not.
+
+    Memory is bounded by the merged dump (one row per series key, the labels
+    seen), not by how many dumps went in; the result is the one merge_dumps
+    gives for the same dumps in the same order, float sums included.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.kind: str | None = None        # the last dump's
+        self.bpf: bool | None = None        # a BPF dump (no disks), as the first one
+        self.start: datetime | None = None
+        self.end: datetime | None = None
+        self.host = self.kernel = ""
+        self.series = SeriesMerger()
+        self.dropped: dict[str, int] = {}
+        self.events: dict[str, int] = {}
+        self.duration_s = 0
+        self.disks = DiskstatsMerger()
+        self.coverage = CoverageMerger()
+        self.bio: set[str] = set()
+        self.labels: set[str | None] = set()
+        self.loop = _LoopMerger()
+        self.enclosing: set = set()
+        self.senders: set[int] = set()
+        self.tasks = TaskMerger()
+        self.attach: set[str] = set()
+        self.start_events: set[str] = set()
+        self.blind: set[str] = set()
+
+    def add(self, d: Dump) -> None:
+        if self.bpf is None:
+            self.bpf = d.disks is None
+        elif self.bpf != (d.disks is None):
+            raise UserError("cannot merge BPF dumps with --diskstats windows (those have no latencies): "
+                            "give them in separate commands")
+        self.count += 1
+        self.kind, self.host, self.kernel = d.kind, d.host, d.kernel
+        self.start = d.start if self.start is None else min(self.start, d.start)
+        self.end = d.end if self.end is None else max(self.end, d.end)
         for k, v in d.dropped.items():
-            dropped[k] = dropped.get(k, 0) + v
+            self.dropped[k] = self.dropped.get(k, 0) + v
         for k, v in d.events.items():
-            events[k] = events.get(k, 0) + v
-    merged = Dump(kind=kind, label=label, start=min(d.start for d in dumps), end=max(d.end for d in dumps),
-                  host=dumps[-1].host, kernel=dumps[-1].kernel,
-                  series=merge_series(s for d in dumps for s in d.series), dropped=dropped, events=events)
-    # the windows' own lengths, not the span: a file may hold several runs
-    merged.extra["duration_s"] = sum(duration_of(d) for d in dumps)
-    if dumps[0].disks is not None:
-        merged.disks = merge_diskstats([(d.disks, duration_of(d)) for d in dumps])
-    cov = merge_coverage([d.extra["coverage"] for d in dumps if "coverage" in d.extra])
-    if cov:
-        merged.extra["coverage"] = cov
-    bio = sorted({name for d in dumps for name in d.extra.get("bio_devices", [])})
-    if bio:
-        merged.extra["bio_devices"] = bio
-    # a window's loop counts the steps of the windows nested in it: theirs are not added again
-    labels = {d.label for d in dumps}
-    loop = merge_loops([d.extra["loop"] for d in dumps if isinstance(d.extra.get("loop"), dict)
-                        and (d.extra.get("enclosing") is None or d.extra["enclosing"] not in labels)])
-    if loop:
-        merged.extra["loop"] = loop
-    enclosing = {d.extra.get("enclosing") for d in dumps if "enclosing" in d.extra}
-    if len(enclosing) == 1:
-        merged.extra["enclosing"] = enclosing.pop()
-    senders = {d.extra["sender_pid"] for d in dumps if isinstance(d.extra.get("sender_pid"), int)}
-    if len(senders) == 1:
-        merged.extra["sender_pid"] = senders.pop()
-    tasks = [d.extra["tasks"] for d in dumps if isinstance(d.extra.get("tasks"), list)]
-    if tasks:
-        merged.extra["tasks"] = merge_tasks(tasks)
-    attach = sorted({d.extra["attach"] for d in dumps if "attach" in d.extra})
-    if attach:
-        merged.extra["attach"] = "+".join(attach)     # one, unless runs of both kinds were merged
-    starts = [d.extra["start_event"] for d in dumps if isinstance(d.extra.get("start_event"), dict)]
-    if starts:
-        blind = sorted({n for s in starts for n in s.get("blind", ())})
-        merged.extra["start_event"] = {"event": "+".join(sorted({s.get("event", "") for s in starts})),
-                                 **({"blind": blind} if blind else {})}
-    return merged
+            self.events[k] = self.events.get(k, 0) + v
+        self.series.add(d.series)
+        seconds = duration_of(d)
+        self.duration_s = self.duration_s + seconds
+        if d.disks is not None:
+            self.disks.add(d.disks, seconds)
+        extra = d.extra
+        if "coverage" in extra:
+            self.coverage.add(extra["coverage"])
+        self.bio.update(extra.get("bio_devices", []))
+        self.labels.add(d.label)
+        if isinstance(extra.get("loop"), dict):
+            self.loop.add(extra.get("enclosing"), extra["loop"], self.labels)
+        if "enclosing" in extra and len(self.enclosing) < 2:
+            self.enclosing.add(extra.get("enclosing"))
+        if isinstance(extra.get("sender_pid"), int) and len(self.senders) < 2:
+            self.senders.add(extra["sender_pid"])
+        if isinstance(extra.get("tasks"), list):
+            self.tasks.add(extra["tasks"])
+        if "attach" in extra:
+            self.attach.add(extra["attach"])
+        if isinstance(extra.get("start_event"), dict):
+            self.start_events.add(extra["start_event"].get("event", ""))
+            self.blind.update(extra["start_event"].get("blind", ()))
+
+    def result(self, kind: str = "final", label: str | None = None) -> Dump:
+        if not self.count:
+            raise ValueError("nothing to merge")
+        assert self.start is not None and self.end is not None
+        merged = Dump(kind=kind, label=label, start=self.start, end=self.end, host=self.host, kernel=self.kernel,
+                      series=self.series.result(), dropped=dict(self.dropped), events=dict(self.events))
+        # the windows' own lengths, not the span: a file may hold several runs
+        merged.extra["duration_s"] = self.duration_s
+        if not self.bpf:
+            merged.disks = self.disks.result()
+        cov = self.coverage.result()
+        if cov:
+            merged.extra["coverage"] = cov
+        if self.bio:
+            merged.extra["bio_devices"] = sorted(self.bio)
+        loop = self.loop.result(self.labels)
+        if loop:
+            merged.extra["loop"] = loop
+        if len(self.enclosing) == 1:
+            merged.extra["enclosing"] = next(iter(self.enclosing))
+        if len(self.senders) == 1:
+            merged.extra["sender_pid"] = next(iter(self.senders))
+        tasks = self.tasks.result()
+        if tasks is not None:
+            merged.extra["tasks"] = tasks
+        if self.attach:
+            merged.extra["attach"] = "+".join(sorted(self.attach))     # one, unless runs of both kinds were merged
+        if self.start_events:
+            merged.extra["start_event"] = {"event": "+".join(sorted(self.start_events)),
+                                           **({"blind": sorted(self.blind)} if self.blind else {})}
+        return merged
+
+
+class _LoopMerger:
+    """merge_loops of the loops merge_dumps keeps, in order.
+
+    A window's loop counts the steps of the windows nested in it, so a loop
+    whose enclosing window is among the merged dumps' labels is not added
+    again; whether it is depends on labels still to come, so such loops wait
+    (in order, keeping the float sums bit for bit merge_loops') until their
+    enclosing label shows up, or the merge ends.
+    """
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] | None = None
+        self.waiting: deque[tuple[str, dict]] = deque()
+
+    def _take(self, loop: dict) -> None:
+        if self.sums is None:
+            self.sums = dict.fromkeys(LOOP_KEYS, 0)
+        for k in LOOP_KEYS:
+            self.sums[k] = self.sums[k] + float(loop.get(k, 0) or 0)
+
+    def add(self, enclosing, loop: dict, labels: set) -> None:
+        if check_loop(loop) is not None:
+            return
+        if enclosing is not None and enclosing in labels:
+            return
+        self.waiting.append((enclosing, loop))
+        while self.waiting:
+            enc = self.waiting[0][0]
+            if enc is not None and enc in labels:
+                self.waiting.popleft()
+            elif enc is None:
+                self._take(self.waiting.popleft()[1])
+            else:
+                break
+
+    def result(self, labels: set) -> dict | None:
+        sums = dict(self.sums) if self.sums is not None else None
+        for enc, loop in self.waiting:
+            if enc is not None and enc in labels:
+                continue
+            if sums is None:
+                sums = dict.fromkeys(LOOP_KEYS, 0)
+            for k in LOOP_KEYS:
+                sums[k] = sums[k] + float(loop.get(k, 0) or 0)
+        if sums is None:
+            return None
+        sums["steps"] = int(sums["steps"])
+        return sums
 
 
 TASK_SUMS = ("io_wait_s", "io_waits", "read_bytes", "reads", "disk_read_bytes", "fsync_s", "fsyncs",
@@ -216,8 +409,20 @@ TASK_SUMS = ("io_wait_s", "io_waits", "read_bytes", "reads", "disk_read_bytes", 
 def merge_tasks(parts: list[list[dict]]) -> list[dict]:
     """Per-process rows of disjoint windows added up by pid (name and parent from the latest; started
     and exited if in any); rows that are not objects with a pid are left out."""
-    out: dict[int, dict] = {}
+    acc = TaskMerger()
     for rows in parts:
+        acc.add(rows)
+    return acc.result() or []
+
+
+class TaskMerger:
+    """merge_tasks one window's rows at a time (one row per pid kept)."""
+
+    def __init__(self) -> None:
+        self.out: dict[int, dict] | None = None
+
+    def add(self, rows: list[dict]) -> None:
+        out = self.out = {} if self.out is None else self.out
         for r in rows:
             if not isinstance(r, dict) or not isinstance(r.get("pid"), int):
                 continue
@@ -231,7 +436,10 @@ def merge_tasks(parts: list[list[dict]]) -> list[dict]:
             acc["ppid"] = r.get("ppid") or acc.get("ppid", 0)
             acc["started"] = bool(acc.get("started") or r.get("started"))
             acc["exited"] = bool(acc.get("exited") or r.get("exited"))
-    return sorted(out.values(), key=lambda r: r["pid"])
+
+    def result(self) -> list[dict] | None:
+        """The rows by pid; None if no window had any (not even an empty list)."""
+        return None if self.out is None else sorted(self.out.values(), key=lambda r: r["pid"])
 
 
 def merge_loops(parts: list[dict]) -> dict | None:
@@ -249,48 +457,96 @@ def merge_diskstats(parts: list[tuple[Diskstats, float]]) -> Diskstats:
     """Diskstats of disjoint windows, each with its length (s), as one window: counts and bytes added up,
     rates and busy shares averaged over the whole time (a device absent from a window was idle in it), awaits
     over the requests."""
-    if len(parts) == 1:
-        return parts[0][0]
-    seconds = sum(s for _, s in parts)
-    rows: dict[str, list[tuple[DiskRow, float]]] = {}
-    for disks, s in parts:
+    acc = DiskstatsMerger()
+    for disks, seconds in parts:
+        acc.add(disks, seconds)
+    return acc.result()
+
+
+_DISK_SUMS = ("reads", "writes", "read_kb", "write_kb", "discards", "flushes")
+_DISK_TIMED = ("r_s", "w_s", "rkb_s", "wkb_s")
+_DISK_PER_REQUEST = (("r_await", "reads"), ("w_await", "writes"))
+
+
+class DiskstatsMerger:
+    """merge_diskstats one window at a time: per device the running sums (in window order, so the floats
+    are merge_diskstats' own), per pid the bytes."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.first: Diskstats | None = None
+        self.seconds = 0
+        self.devices: dict[str, dict[str, float]] = {}
+        self.procs: dict[int, ProcBytes] = {}
+        self.unreadable = 0
+
+    def add(self, disks: Diskstats, seconds: float) -> None:
+        self.n += 1
+        if self.first is None:
+            self.first = disks
+        self.seconds = self.seconds + seconds
         for r in disks.devices:
-            rows.setdefault(r.device, []).append((r, s))
-
-    def timed(rs: list[tuple[DiskRow, float]], attr: str) -> float:
-        return sum(getattr(r, attr) * s for r, s in rs) / seconds if seconds > 0 else 0.0
-
-    def per_request(rs: list[tuple[DiskRow, float]], attr: str, n: str) -> float:
-        total = sum(getattr(r, n) for r, _ in rs)
-        return sum(getattr(r, attr) * getattr(r, n) for r, _ in rs) / total if total else 0.0
-
-    devices = [DiskRow(name, sum(r.reads for r, _ in rs), sum(r.writes for r, _ in rs),
-                       sum(r.read_kb for r, _ in rs), sum(r.write_kb for r, _ in rs),
-                       sum(r.discards for r, _ in rs), sum(r.flushes for r, _ in rs),
-                       timed(rs, "r_s"), timed(rs, "w_s"), timed(rs, "rkb_s"), timed(rs, "wkb_s"),
-                       per_request(rs, "r_await", "reads"), per_request(rs, "w_await", "writes"),
-                       timed(rs, "aqu_sz"), timed(rs, "util"))
-               for name, rs in rows.items()]
-    procs: dict[int, ProcBytes] = {}
-    for disks, _ in parts:
+            acc = self.devices.setdefault(r.device, dict.fromkeys(
+                (*_DISK_SUMS, *_DISK_TIMED, "aqu_sz", "util", "r_await", "w_await"), 0))
+            for attr in _DISK_SUMS:
+                acc[attr] = acc[attr] + getattr(r, attr)
+            for attr in (*_DISK_TIMED, "aqu_sz", "util"):
+                acc[attr] = acc[attr] + getattr(r, attr) * seconds
+            for attr, n in _DISK_PER_REQUEST:
+                acc[attr] = acc[attr] + getattr(r, attr) * getattr(r, n)
         for p in disks.processes:
-            acc = procs.get(p.pid)
-            procs[p.pid] = p if acc is None else ProcBytes(p.pid, p.comm or acc.comm, acc.read_bytes + p.read_bytes,
-                                                           acc.write_bytes + p.write_bytes)
-    return Diskstats(devices, list(procs.values()), max(d.unreadable for d, _ in parts))
+            acc = self.procs.get(p.pid)
+            self.procs[p.pid] = p if acc is None else ProcBytes(p.pid, p.comm or acc.comm,
+                                                                acc.read_bytes + p.read_bytes,
+                                                                acc.write_bytes + p.write_bytes)
+        self.unreadable = disks.unreadable if self.n == 1 else max(self.unreadable, disks.unreadable)
+
+    def result(self) -> Diskstats:
+        if self.n == 1 and self.first is not None:
+            return self.first
+        seconds = self.seconds
+
+        def timed(acc: dict, attr: str) -> float:
+            return acc[attr] / seconds if seconds > 0 else 0.0
+
+        def per_request(acc: dict, attr: str, n: str) -> float:
+            return acc[attr] / acc[n] if acc[n] else 0.0
+
+        devices = [DiskRow(name, *(acc[a] for a in _DISK_SUMS), *(timed(acc, a) for a in _DISK_TIMED),
+                           per_request(acc, "r_await", "reads"), per_request(acc, "w_await", "writes"),
+                           timed(acc, "aqu_sz"), timed(acc, "util"))
+                   for name, acc in self.devices.items()]
+        return Diskstats(devices, list(self.procs.values()), self.unreadable)
 
 
 def merge_coverage(parts: list[dict]) -> dict | None:
     """Coverage of disjoint windows added up, device by device."""
-    if not parts:
-        return None
-    devs: dict[str, dict[str, int]] = {}
+    acc = CoverageMerger()
     for part in parts:
+        acc.add(part)
+    return acc.result()
+
+
+class CoverageMerger:
+    """merge_coverage one window at a time."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.filtered = False
+        self.devs: dict[str, dict[str, int]] = {}
+
+    def add(self, part: dict) -> None:
+        self.n += 1
+        self.filtered = self.filtered or bool(part.get("filtered"))
         for name, c in part.get("devices", {}).items():
-            acc = devs.setdefault(name, {"recorded": 0, "diskstats": 0})
+            acc = self.devs.setdefault(name, {"recorded": 0, "diskstats": 0})
             acc["recorded"] += int(c.get("recorded", 0))
             acc["diskstats"] += int(c.get("diskstats", 0))
-    return {"filtered": any(p.get("filtered") for p in parts), "devices": devs}
+
+    def result(self) -> dict | None:
+        if not self.n:
+            return None
+        return {"filtered": self.filtered, "devices": {k: dict(v) for k, v in self.devs.items()}}
 
 
 def unrecorded(coverage: dict | None, device: str | None = None) -> dict[str, int]:

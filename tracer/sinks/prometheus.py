@@ -43,8 +43,10 @@ An owner that comes back starts new series from zero.
 from __future__ import annotations
 
 import errno
+import functools
 import re
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -174,9 +176,21 @@ class Exporter:
         self.dropped: dict[str, int] = {}
         self.drains = 0
         self.folded = 0
-        self.attached = False   # the BPF programs are loaded and attached: tracing
         self._last_fold: float | None = None
         self._lock = threading.Lock()
+        self.generation = 0     # bumped at every change a scrape can see: the scrape cache's key
+        self._attached = False
+
+    @property
+    def attached(self) -> bool:
+        """The BPF programs are loaded and attached: tracing."""
+        return self._attached
+
+    @attached.setter
+    def attached(self, value: bool) -> None:
+        with self._lock:
+            self._attached = value
+            self.generation += 1
 
     # ---- folding
 
@@ -221,6 +235,7 @@ class Exporter:
             for reason, n in dump.dropped.items():
                 self.dropped[reason] = self.dropped.get(reason, 0) + int(n)
             self.drains += 1
+            self.generation += 1
 
     def _age(self, now: float, duration_s: float) -> None:
         elapsed = now - self._last_fold if self._last_fold is not None else duration_s
@@ -268,33 +283,103 @@ class Exporter:
         from prometheus_client.utils import floatToGoString
 
         les = [floatToGoString(b) for b in BOUNDS_S] + ["+Inf"]
-        lat = HistogramMetricFamily(LATENCY, "Block I/O latency from request start (queue, total) or issue "
-                                    "(device) to completion", labels=LATENCY_LABELS)
-        ios = CounterMetricFamily(IOS, "Block I/O requests completed", labels=IO_LABELS)
-        nbytes = CounterMetricFamily(BYTES, "Bytes of block I/O requests completed", labels=IO_LABELS)
-        dropped = CounterMetricFamily(DROPPED, "Events iotrace could not record, by reason", labels=("reason",))
-        with self._lock:
-            owners = [(comm, ctr, o) for (comm, ctr), o in self.owners.items()] + [(OTHER, "", self.other)]
-            for comm, ctr, o in owners:
-                for (device, op, phase), h in o.latency.items():
-                    cum = np.cumsum(h.buckets).tolist()
-                    lat.add_metric((device, op, phase, comm, ctr), list(zip(les, cum, strict=True)), h.sum_ns / 1e9)
-                for (device, op), (n, b) in o.io.items():
-                    ios.add_metric((device, op, comm, ctr), n)
-                    nbytes.add_metric((device, op, comm, ctr), b)
-            for reason, n in sorted({**dict.fromkeys(drop_reasons(), 0), **self.dropped}.items()):
-                dropped.add_metric((reason,), n)
-            drains, labelled, folded, attached = self.drains, len(self.owners), self.folded, self.attached
+        lat = HistogramMetricFamily(LATENCY, HELP[LATENCY], labels=LATENCY_LABELS)
+        ios = CounterMetricFamily(IOS, HELP[IOS], labels=IO_LABELS)
+        nbytes = CounterMetricFamily(BYTES, HELP[BYTES], labels=IO_LABELS)
+        dropped = CounterMetricFamily(DROPPED, HELP[DROPPED], labels=("reason",))
+        snap = self._snapshot()
+        for (device, op, phase, comm, ctr), cum, sum_s in snap.latency:
+            lat.add_metric((device, op, phase, comm, ctr), list(zip(les, cum, strict=True)), sum_s)
+        for (device, op, comm, ctr), n, b in snap.io:
+            ios.add_metric((device, op, comm, ctr), n)
+            nbytes.add_metric((device, op, comm, ctr), b)
+        for reason, n in snap.dropped:
+            dropped.add_metric((reason,), n)
         yield lat
         yield ios
         yield nbytes
         yield dropped
-        yield CounterMetricFamily(DRAINS, "Intervals drained from the kernel and folded in", value=drains)
-        yield GaugeMetricFamily(LABELLED, "(comm, container) pairs exported with labels of their own "
-                                "(at most --top)", value=labelled)
-        yield CounterMetricFamily(FOLDED, "Owners folded into comm=\"other\" (idle or displaced)", value=folded)
-        yield GaugeMetricFamily(ATTACHED, "1 once iotrace's BPF programs are attached and tracing; 0 while they "
-                                "load (the counters are 0 for want of tracing then, not of I/O)", value=int(attached))
+        yield CounterMetricFamily(DRAINS, HELP[DRAINS], value=snap.drains)
+        yield GaugeMetricFamily(LABELLED, HELP[LABELLED], value=snap.labelled)
+        yield CounterMetricFamily(FOLDED, HELP[FOLDED], value=snap.folded)
+        yield GaugeMetricFamily(ATTACHED, HELP[ATTACHED], value=snap.attached)
+
+    def _snapshot(self) -> _Snapshot:
+        """Everything a scrape shows, copied under the lock (cumulative buckets as lists of ints)."""
+        with self._lock:
+            owners = [(comm, ctr, o) for (comm, ctr), o in self.owners.items()] + [(OTHER, "", self.other)]
+            lat = [((device, op, phase, comm, ctr), cum, h.sum_ns / 1e9)
+                   for comm, ctr, o in owners for (device, op, phase), h in o.latency.items()
+                   for cum in (np.cumsum(h.buckets).tolist(),)]
+            io = [((device, op, comm, ctr), n, b) for comm, ctr, o in owners for (device, op), (n, b) in o.io.items()]
+            dropped = sorted({**dict.fromkeys(drop_reasons(), 0), **self.dropped}.items())
+            return _Snapshot(lat, io, dropped, self.drains, len(self.owners), self.folded, int(self.attached))
+
+    def render_text(self) -> str:
+        """What prometheus_client's generate_latest writes for this collector (text format 0.0.4), byte for
+        byte, but formatted here: the labels of a series once, not once per bucket, so that a scrape of a
+        busy node's thousands of buckets costs milliseconds."""
+        from prometheus_client.utils import floatToGoString
+
+        def num(v) -> str:
+            # floatToGoString's own result for the common case (an int below 10**6), without its call
+            return f"{v}.0" if type(v) is int and 0 <= v < 1_000_000 else floatToGoString(v)
+
+        les = [floatToGoString(b) for b in BOUNDS_S] + ["+Inf"]
+        snap = self._snapshot()
+        out = [_head(LATENCY, "histogram")]
+        for (device, op, phase, comm, ctr), cum, sum_s in snap.latency:
+            first = f'comm="{_esc(comm)}",container="{_esc(ctr)}",device="{_esc(device)}"'
+            last = f'op="{_esc(op)}",phase="{_esc(phase)}"'
+            pre, post = f'{LATENCY}_bucket{{{first},le="', f'",{last}}} '
+            out.extend([f"{pre}{le}{post}{num(c)}\n" for le, c in zip(les, cum, strict=True)])
+            out.append(f"{LATENCY}_count{{{first},{last}}} {num(cum[-1])}\n")
+            out.append(f"{LATENCY}_sum{{{first},{last}}} {num(sum_s)}\n")
+        for name, col in ((IOS, 1), (BYTES, 2)):
+            out.append(_head(name, "counter"))
+            for (device, op, comm, ctr), *values in snap.io:
+                out.append(f'{name}{{comm="{_esc(comm)}",container="{_esc(ctr)}",device="{_esc(device)}",'
+                           f'op="{_esc(op)}"}} {num(values[col - 1])}\n')
+        out.append(_head(DROPPED, "counter"))
+        out.extend(f'{DROPPED}{{reason="{_esc(reason)}"}} {num(n)}\n' for reason, n in snap.dropped)
+        for name, kind, v in ((DRAINS, "counter", snap.drains), (LABELLED, "gauge", snap.labelled),
+                              (FOLDED, "counter", snap.folded), (ATTACHED, "gauge", snap.attached)):
+            out.append(f"{_head(name, kind)}{name} {num(v)}\n")
+        return "".join(out)
+
+
+HELP = {
+    LATENCY: "Block I/O latency from request start (queue, total) or issue (device) to completion",
+    IOS: "Block I/O requests completed",
+    BYTES: "Bytes of block I/O requests completed",
+    DROPPED: "Events iotrace could not record, by reason",
+    DRAINS: "Intervals drained from the kernel and folded in",
+    LABELLED: "(comm, container) pairs exported with labels of their own (at most --top)",
+    FOLDED: "Owners folded into comm=\"other\" (idle or displaced)",
+    ATTACHED: "1 once iotrace's BPF programs are attached and tracing; 0 while they load (the counters are 0 for "
+              "want of tracing then, not of I/O)",
+}
+
+
+@dataclass
+class _Snapshot:
+    latency: list       # ((device, op, phase, comm, container), cumulative buckets, sum in s)
+    io: list            # ((device, op, comm, container), ios, bytes)
+    dropped: list       # (reason, n), every reason
+    drains: int
+    labelled: int
+    folded: int
+    attached: int
+
+
+@functools.lru_cache(maxsize=4096)
+def _esc(value: str) -> str:
+    """A label value as the text format writes it (as prometheus_client escapes it)."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def _head(name: str, kind: str) -> str:
+    return f"# HELP {name} {HELP[name].replace(chr(92), chr(92) * 2)}\n# TYPE {name} {kind}\n"
 
 
 def drop_reasons() -> list[str]:
@@ -309,6 +394,8 @@ def drop_reasons() -> list[str]:
 # ---- the command -----------------------------------------------------------------
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
+LISTEN_BACKLOG = 128
+SWITCH_INTERVAL_S = 0.0005
 
 
 def listen_address(text: str) -> tuple[str, int]:
@@ -341,20 +428,121 @@ def start_server(prom, host: str, port: int, registry):
                errno.EADDRNOTAVAIL: "not an address of this machine",
                errno.EACCES: "permission denied (ports below 1024 need root)"}.get(exc.errno, exc.strerror)
         raise UserError(f"cannot listen on {where}: {why}") from None
+    # socketserver listens with a backlog of 5: a sixth client connecting while the accept thread waits for
+    # the GIL has its SYN dropped and retries a second later (scrapes of 1 s and 3 s under load); listen()
+    # again sets a deeper one
+    server.socket.listen(LISTEN_BACKLOG)
     return server
 
 
-def with_ready(app, exporter: Exporter):
-    """The metrics WSGI app, plus READY_PATH: 200 once the exporter is attached, 503 before."""
+class ScrapeCache:
+    """The /metrics body, rendered once per change of the metrics and served as bytes to every scrape
+    until the next one.
+
+    The metrics change only when a drain is folded in (every --interval) or
+    the programs attach, so scrapes in between all get the same bytes: the
+    sink renders them right after folding (refresh), in the serve loop's
+    thread, and a scrape only copies them out.  Each format a client asks for
+    (text 0.0.4, written by Exporter.render_text; OpenMetrics, by
+    prometheus_client) and its gzip are made at most once per change, under a
+    lock, so that concurrent scrapes after a change wait for one rendering,
+    not do eight.
+    """
+
+    def __init__(self, exporter: Exporter, registry, tasks: taskmetrics.TaskCounters | None = None):
+        self.exporter = exporter
+        self.registry = registry
+        self.tasks = tasks
+        self._lock = threading.Lock()          # guards _bodies
+        self._render = threading.Lock()        # held while rendering
+        self._bodies: dict[tuple[str, bool], tuple[tuple, bytes]] = {}    # (format, gzip) -> (generation, body)
+        self.renders = 0        # bodies rendered (the tests read it)
+
+    def generation(self) -> tuple[int, int]:
+        return self.exporter.generation, self.tasks.generation if self.tasks else 0
+
+    def _text(self) -> bytes:
+        text = self.exporter.render_text()
+        if self.tasks:
+            from prometheus_client import CollectorRegistry, generate_latest
+
+            only = CollectorRegistry(auto_describe=False)
+            only.register(self.tasks)
+            text += generate_latest(only).decode()
+        return text.encode()
+
+    def body(self, content_type: str, encoder, gzipped: bool = False) -> bytes:
+        """The body `encoder` (from prometheus_client's choose_encoder) makes, gzipped or not; the text
+        format (generate_latest) is written by Exporter.render_text instead.
+
+        While a newer body is being rendered, a scrape gets the last one made
+        (one drain older) at once rather than waiting for it.
+        """
+        want = (content_type, gzipped)
+        with self._lock:
+            got = self._bodies.get(want)
+            if got is not None and (got[0] == self.generation() or self._render.locked()):
+                return got[1]
+        with self._render:         # one rendering at a time; the others serve what there is meanwhile
+            key = self.generation()
+            with self._lock:
+                got = self._bodies.get(want)
+                if got is not None and got[0] == key:
+                    return got[1]
+                plain = self._bodies.get((content_type, False))
+            if plain is None or plain[0] != key:
+                plain = (key, self._plain(encoder))
+            body = plain if not gzipped else (key, self._gzip(plain[1]))
+            with self._lock:
+                self._bodies[(content_type, False)] = plain
+                self._bodies[want] = body
+            return body[1]
+
+    def _plain(self, encoder) -> bytes:
+        from prometheus_client.exposition import generate_latest
+
+        self.renders += 1
+        # rendered for the key read before: a drain folded in meanwhile makes the next scrape render anew
+        return self._text() if encoder is generate_latest else encoder(self.registry)
+
+    @staticmethod
+    def _gzip(data: bytes) -> bytes:
+        import gzip
+
+        return gzip.compress(data, compresslevel=1)
+
+    def refresh(self) -> None:
+        """Render the text format now (after a fold), so that the next scrapes find it ready."""
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder("")
+        self.body(content_type, encoder)
+
+
+def metrics_app(app, exporter: Exporter, cache: ScrapeCache | None = None):
+    """The metrics WSGI app: GET of any path but READY_PATH serves `cache`'s bytes (prometheus_client's own
+    app answers what the cache does not: other methods, name[] filters, /favicon.ico); READY_PATH answers
+    200 once the exporter is attached, 503 before."""
     def wsgi(environ, start_response):
-        if environ.get("PATH_INFO") != READY_PATH:
+        path = environ.get("PATH_INFO")
+        if path == READY_PATH:
+            ready = exporter.attached
+            start_response("200 OK" if ready else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [b"ready: tracing\n" if ready else b"not ready: loading the BPF programs\n"]
+        if (cache is None or environ.get("REQUEST_METHOD") != "GET" or path == "/favicon.ico"
+                or "name[]" in environ.get("QUERY_STRING", "")):
             return app(environ, start_response)
-        ready = exporter.attached
-        start_response("200 OK" if ready else "503 Service Unavailable", [("Content-Type", "text/plain")])
-        return [b"ready: tracing\n" if ready else b"not ready: loading the BPF programs\n"]
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+        gzipped = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
+        body = cache.body(content_type, encoder, gzipped)
+        headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+        if gzipped:
+            headers.append(("Content-Encoding", "gzip"))
+        start_response("200 OK", headers)
+        return [body]
     return wsgi
-
-
 
 
 def add_arguments(p, mode: str) -> None:
@@ -374,20 +562,26 @@ class PrometheusSink:
     """Folds each dump into `exporter` (then, with --tasks, its per-process rows into `tasks`, under the
     owners the exporter just ranked), which `server` serves; close() stops the server."""
 
-    def __init__(self, exporter: Exporter, server, where: str, tasks: taskmetrics.TaskCounters | None = None):
+    def __init__(self, exporter: Exporter, server, where: str, tasks: taskmetrics.TaskCounters | None = None,
+                 cache: ScrapeCache | None = None):
         self.exporter = exporter
         self.server = server
         self.where = where
         self.tasks = tasks
+        self.cache = cache
 
     def attached(self) -> None:
         """The BPF programs are attached: /ready answers 200 and iotrace_attached is 1 from now on."""
         self.exporter.attached = True
+        if self.cache:
+            self.cache.refresh()
 
     def on_dump(self, window) -> None:
         self.exporter.fold(window)
         if self.tasks:
             self.tasks.fold(window)
+        if self.cache:
+            self.cache.refresh()    # here, not in the next scrape: scrapes only copy bytes out
 
     def close(self, status: int) -> int:
         self.server.shutdown()
@@ -408,6 +602,12 @@ def from_args(ns, ctx) -> PrometheusSink | None:
     if tasks:
         registry.register(tasks)
     server = start_server(prom, host, port, registry)
-    server.set_app(with_ready(server.get_app(), exporter))
+    # a scrape thread takes the GIL again at each of its socket calls; while the serve loop drains,
+    # Python hands it over only every switch interval (5 ms by default): more often here, where
+    # answering scrapes is the point (max scrape time under load ~100 ms instead of 120-330 ms)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    cache = ScrapeCache(exporter, registry, tasks)
+    server.set_app(metrics_app(server.get_app(), exporter, cache))
     bound = server.server_address[1]
-    return PrometheusSink(exporter, server, f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}", tasks)
+    return PrometheusSink(exporter, server, f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}", tasks,
+                          cache)

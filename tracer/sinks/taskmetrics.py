@@ -62,6 +62,7 @@ class TaskCounters:
         self.owned: dict[tuple[str, str], list[float]] = {}
         self.other = [0.0] * len(FIELDS)
         self.rows = 0
+        self.generation = 0     # bumped at every fold that changed something: the scrape cache's key
         self._lock = threading.Lock()
 
     def fold(self, dump) -> None:
@@ -86,6 +87,7 @@ class TaskCounters:
                 for i, (field, _, _) in enumerate(FIELDS):
                     acc[i] += _amount(r.get(field))
                 self.rows += 1
+            self.generation += 1
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily

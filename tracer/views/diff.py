@@ -67,7 +67,7 @@ class Side:
     tag: str            # "A" or "B"
     path: str
     label: str | None   # None: the whole file
-    dumps: list[Dump]
+    dumps: int          # how many were merged
     merged: Dump
 
     @property
@@ -102,20 +102,35 @@ def split_side(text: str) -> tuple[str, str | None]:
     return text.split(":", 1)[0], None
 
 
-def load_side(tag: str, path: str, label: str | None, cache: dict[str, list[Dump]]) -> Side:
-    if path not in cache:
-        cache[path] = list(jsonl.read(path))
-    dumps = cache[path]
-    if not dumps:
-        raise UserError(f"no dumps in {path}")
-    if label is not None:
-        seen = dict.fromkeys(d.label for d in dumps)
-        labels = [x for x in seen if x is not None] + ([UNLABELLED] if None in seen else [])
-        dumps = [d for d in dumps if window_name(d.label) == label]
-        if not dumps:
-            raise UserError(f"{path} has no dump labelled {label!r}; its labels: {', '.join(map(repr, labels))}")
-    merged = dumpmod.merge_dumps(dumps, kind=dumps[-1].kind, label=label)
-    return Side(tag, path, label, dumps, merged)
+def load_sides(specs: list[tuple[str, str, str | None]]) -> list[Side]:
+    """The Sides of (tag, path, label or None) specs, each file read once, as a stream.
+
+    Each dump is merged into the sides that take it as it is read (and not
+    kept): memory is bounded by the merged rows, not by the files.
+    """
+    accs = [dumpmod.DumpMerger() for _ in specs]
+    for path in dict.fromkeys(path for _, path, _ in specs):
+        mine = [(acc, label) for acc, (_, p, label) in zip(accs, specs, strict=True) if p == path]
+        seen: dict[str | None, None] = {}
+        n = 0
+        for d in jsonl.read(path):
+            n += 1
+            seen.setdefault(d.label)
+            for acc, label in mine:
+                if label is None or window_name(d.label) == label:
+                    acc.add(d)
+        if not n:
+            raise UserError(f"no dumps in {path}")
+        for acc, label in mine:
+            if not acc.count:
+                labels = [x for x in seen if x is not None] + ([UNLABELLED] if None in seen else [])
+                raise UserError(f"{path} has no dump labelled {label!r}; its labels: {', '.join(map(repr, labels))}")
+    return [Side(tag, path, label, acc.count, acc.result(kind=acc.kind or "final", label=label))
+            for acc, (tag, path, label) in zip(accs, specs, strict=True)]
+
+
+def load_side(tag: str, path: str, label: str | None) -> Side:
+    return load_sides([(tag, path, label)])[0]
 
 
 def compare(a: Dump, b: Dump) -> Comparison:
@@ -166,7 +181,7 @@ def render_diff(a: Side, b: Side, out: TextIO, phase: str = "total") -> None:
     out.write(f"\ndiff: {phase} latency, B against A; rows matched on process name, device and op\n")
     for side in (a, b):
         m = side.merged
-        out.write(f"  {side.tag}  {safe(side.spec)}: {len(side.dumps)} dump(s), {dumpmod.duration_of(m):.1f}s, "
+        out.write(f"  {side.tag}  {safe(side.spec)}: {side.dumps} dump(s), {dumpmod.duration_of(m):.1f}s, "
                   f"{m.start:%H:%M:%S} - {m.end:%H:%M:%S}, {len(rows_of(m.series))} row(s)\n")
         if any(m.dropped.values()):
             out.write(f"WARNING: {side.tag}: events not recorded: {lost_text(m.dropped)} "
@@ -203,7 +218,7 @@ def diff_json(a: Side, b: Side, phase: str = "total") -> dict:
     sides = {}
     for side in (a, b):
         m = side.merged
-        sides[side.tag] = {"spec": side.spec, "path": side.path, "label": side.label, "dumps": len(side.dumps),
+        sides[side.tag] = {"spec": side.spec, "path": side.path, "label": side.label, "dumps": side.dumps,
                            "duration_s": round(dumpmod.duration_of(m), 6), "start": m.start.isoformat(),
                            "end": m.end.isoformat(), "dropped": {k: v for k, v in m.dropped.items() if v}}
     rows = []

@@ -75,18 +75,41 @@ class _Window:
     rows: dict[tuple[str, str], object]      # (device, op) -> dump.Series, all processes merged
 
 
-def _windows(dumps, device: str | None, op: str | None) -> tuple[list[_Window], object]:
+@dataclass
+class _Read:
+    """One pass over the dumps: each reduced to its _Window as it is read (the dumps are not kept)."""
+
+    windows: list[_Window]
+    t0: object                  # the first dump's start (datetime)
+    dumps: int
+    seen: set[tuple[str, str]]  # every (device, op) of the dumps, whatever the filters
+    waits: list                 # _wait_windows of the labelled dumps
+
+
+def _read(dumps, device: str | None, op: str | None) -> _Read:
     from tracer.model.dump import duration_of, merge_by_device_op
 
-    dumps = sorted(dumps, key=lambda d: d.end)
-    t0 = min(d.start for d in dumps)
-    out = []
+    raw = []        # (start, end, seconds, label, rows) per dump, times as datetimes until t0 is known
+    seen: set[tuple[str, str]] = set()
+    labelled = _WaitWindows()
     for d in dumps:
+        seen.update((s.device, s.op) for s in d.series)
         rows = {(s.device, s.op): s for s in merge_by_device_op(d.series)
                 if (device is None or s.device == device) and (op is None or s.op == op)}
-        out.append(_Window((d.start - t0).total_seconds(), (d.end - t0).total_seconds(), duration_of(d),
-                           d.label, rows))
-    return out, t0
+        raw.append((d.start, d.end, duration_of(d), d.label, rows))
+        labelled.add(d)
+    if not raw:
+        return _Read([], None, 0, seen, [])
+    raw.sort(key=lambda r: r[1])
+    t0 = min(r[0] for r in raw)
+    windows = [_Window((start - t0).total_seconds(), (end - t0).total_seconds(), seconds, label, rows)
+               for start, end, seconds, label, rows in raw]
+    return _Read(windows, t0, len(raw), seen, labelled.result())
+
+
+def _windows(dumps, device: str | None, op: str | None) -> tuple[list[_Window], object]:
+    r = _read(dumps, device, op)
+    return r.windows, r.t0
 
 
 def _edges(windows: list[_Window]) -> np.ndarray:
@@ -190,13 +213,40 @@ def _label_panel(ax, windows: list[_Window], phase: str) -> list[str]:
     return order
 
 
+class _WaitWindows:
+    """The labelled dumps merged per label as they come, without their series (the verdict needs none)."""
+
+    def __init__(self) -> None:
+        from tracer.model.dump import DumpMerger
+
+        self.new = DumpMerger
+        self.labels: dict[str, object] = {}
+
+    def add(self, d) -> None:
+        from dataclasses import replace
+
+        if d.label is None:
+            return
+        acc = self.labels.get(d.label)
+        if acc is None:
+            acc = self.labels[d.label] = self.new()
+        acc.add(replace(d, series=[]))
+
+    def result(self) -> list:
+        """(label, tracer.views.verdict.Verdict) of each label whose dumps carry tasks rows or loop timing."""
+        from tracer.views.report import judged
+        from tracer.views.verdict import judge_dump
+
+        merged = [(label, acc.result(kind=acc.kind, label=label)) for label, acc in self.labels.items()]
+        return [(label, judge_dump(m)) for label, m in merged if judged(m)]
+
+
 def _wait_windows(dumps) -> list:
     """(label, tracer.views.verdict.Verdict) of each label whose dumps carry tasks rows or loop timing."""
-    from tracer.views.report import judged, windows_by_label
-    from tracer.views.verdict import judge_dump
-
-    return [(w.label, judge_dump(w.merged)) for w in windows_by_label([d for d in dumps if d.label is not None])
-            if judged(w.merged)]
+    acc = _WaitWindows()
+    for d in dumps:
+        acc.add(d)
+    return acc.result()
 
 
 def _waits_panel(ax, waits: list) -> None:
@@ -221,17 +271,18 @@ def render(dumps, path: str, device: str | None = None, op: str | None = None, p
            source: str = "") -> PlotResult:
     """Draw the panels for `dumps` (tracer.model.dump.Dump) into the PNG at `path`."""
     figure, canvas, log_norm = require_matplotlib()
-    if not dumps:
+    read = _read(dumps, device, op)      # `dumps` may be a reader's generator: one pass
+    if not read.dumps:
         raise UserError(f"no dumps in {source or 'the input'}")
-    windows, t0 = _windows(dumps, device, op)
+    windows, t0 = read.windows, read.t0
     groups = sorted({g for w in windows for g, s in w.rows.items() if phase in s.phases})
     if not groups:
-        seen = sorted({(s.device, s.op) for d in dumps for s in d.series})
+        seen = sorted(read.seen)
         what = " ".join(x for x in (device, op) if x) or "any device"
         raise UserError(f"no {phase} latency for {what} in {source or 'the dumps'}; there: "
                         f"{', '.join(f'{d} {o}' for d, o in seen) or 'no I/O at all'}")
     labelled = any(w.label is not None for w in windows)
-    waits = _wait_windows(dumps) if labelled else []
+    waits = read.waits if labelled else []
     n = 2 + labelled + bool(waits)
     fig = figure(figsize=(WIDTH_IN, PANEL_HEIGHT_IN * n), dpi=DPI, layout="constrained")
     canvas(fig)
@@ -249,11 +300,11 @@ def render(dumps, path: str, device: str | None = None, op: str | None = None, p
         _waits_panel(axes[3], waits)
         panels.append(TITLE_WAITS)
     scope = ", ".join(x for x in (device, op) if x) or "every device and op"
-    fig.suptitle(f"iotrace: {shown(source or 'dumps')} ({len(dumps)} dumps; {shown(scope)}; {phase} phase)",
+    fig.suptitle(f"iotrace: {shown(source or 'dumps')} ({read.dumps} dumps; {shown(scope)}; {phase} phase)",
                  fontsize="large")
     png = io.BytesIO()
     fig.savefig(png, format="png", metadata={"Title": f"iotrace plot of {safe(source)}", "Software": "iotrace",
                                              "Description": "panels: " + " | ".join(panels)})
     with open_output(path, "wb") as f:     # as the sudo user, never through a link (tracer.osutil)
         f.write(png.getbuffer())
-    return PlotResult(path, panels, round(WIDTH_IN * DPI), round(PANEL_HEIGHT_IN * n * DPI), len(dumps), groups)
+    return PlotResult(path, panels, round(WIDTH_IN * DPI), round(PANEL_HEIGHT_IN * n * DPI), read.dumps, groups)

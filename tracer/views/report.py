@@ -15,6 +15,7 @@ from typing import TextIO
 from tracer.model.dump import (
     PCT_KEYS,
     Dump,
+    DumpMerger,
     Series,
     duration_of,
     merge_dumps,
@@ -207,7 +208,7 @@ class Window:
     """The dumps of one label (or of none), merged."""
 
     label: str | None
-    dumps: list[Dump]
+    dumps: int          # how many were merged
     merged: Dump
 
     @property
@@ -216,21 +217,34 @@ class Window:
         return safe(window_name(self.label))
 
 
-def windows_by_label(dumps: list[Dump]) -> list[Window]:
-    """One window per label in first-seen order; the unlabelled dumps (if any) last, as one."""
-    groups: dict[str | None, list[Dump]] = {}
+def windows_by_label(dumps: Iterable[Dump]) -> list[Window]:
+    """One window per label in first-seen order; the unlabelled dumps (if any) last, as one.
+
+    `dumps` may be a reader's generator: each dump is merged into its label's
+    window as it comes (tracer.model.dump.DumpMerger) and not kept.
+    """
+    groups: dict[str | None, DumpMerger] = {}
     for d in dumps:
-        groups.setdefault(d.label, []).append(d)
+        acc = groups.get(d.label)
+        if acc is None:
+            acc = groups[d.label] = DumpMerger()
+        acc.add(d)
     order = [k for k in groups if k is not None] + ([None] if None in groups else [])
-    windows = [Window(k, groups[k], merge_dumps(groups[k], kind=groups[k][-1].kind, label=k)) for k in order]
+    windows = [Window(k, groups[k].count, groups[k].result(kind=groups[k].kind or "final", label=k)) for k in order]
     for w in windows:
         if judged(w.merged):    # so that --json carries it too
             w.merged.extra["verdict"] = judge_dump(w.merged).to_json()
     return windows
 
 
-def render_by_label(dumps: list[Dump], out: TextIO, layout: str = "auto", per_pid: bool = False,
+def render_by_label(dumps: Iterable[Dump], out: TextIO, layout: str = "auto", per_pid: bool = False,
                     title: str | None = None) -> None:
+    """render_windows of windows_by_label(dumps)."""
+    render_windows(windows_by_label(dumps), out, layout=layout, per_pid=per_pid, title=title)
+
+
+def render_windows(windows: list[Window], out: TextIO, layout: str = "auto", per_pid: bool = False,
+                   title: str | None = None) -> None:
     """Windows (dumps merged by label) side by side, per row: count, MB and total latency.
 
     layout "wide": one column group per window (p50 p99 COUNT MB), readable
@@ -240,10 +254,9 @@ def render_by_label(dumps: list[Dump], out: TextIO, layout: str = "auto", per_pi
     marker, interval dumps) are one window, "(unlabelled)", shown last, and
     left out with a note when they hold no I/O.
     """
-    windows = windows_by_label(dumps)
     empty_rest = [w for w in windows if w.label is None and not w.merged.series]
     shown = [w for w in windows if w not in empty_rest]
-    out.write(f"\n{title or 'by label'}: {len(dumps)} dump(s) in {len(shown)} window(s)\n"
+    out.write(f"\n{title or 'by label'}: {sum(w.dumps for w in windows)} dump(s) in {len(shown)} window(s)\n"
               f"rows: {'pid' if per_pid else 'process name'} + device + op; total latency; MB = 10^6 bytes\n")
     lw = min(max([len("LABEL"), *(len(w.name) for w in windows)]), _LABEL_MAX)
     timed = any(loop_share(w.merged) is not None for w in shown)
@@ -254,13 +267,13 @@ def render_by_label(dumps: list[Dump], out: TextIO, layout: str = "auto", per_pi
         share = loop_share(m)
         loop = "" if not timed else (f" {m.extra['loop']['steps']:>6} {share:>8.1%}" if share is not None
                                      else f" {'-':>6} {'-':>9}")
-        out.write(f"  {w.name[:lw]:<{lw}} {len(w.dumps):>5} {duration_of(m):>8.1f}  {m.start:%H:%M:%S}  "
+        out.write(f"  {w.name[:lw]:<{lw}} {w.dumps:>5} {duration_of(m):>8.1f}  {m.start:%H:%M:%S}  "
                   f"{m.end:%H:%M:%S} {len(rows_of(m.series, per_pid)):>5}{loop}\n")
     if timed:
         out.write("  STEPS, DATA WAIT: the training loop's batches in the window, and the share of its wall time "
                   "spent waiting for them\n")
     for w in empty_rest:
-        out.write(f"  {UNLABELLED}: {len(w.dumps)} dump(s) with no block I/O, not shown\n")
+        out.write(f"  {UNLABELLED}: {w.dumps} dump(s) with no block I/O, not shown\n")
     for w in shown:
         if any(w.merged.dropped.values()):
             out.write(f"WARNING: {w.name}: events not recorded: {lost_text(w.merged.dropped)} "
