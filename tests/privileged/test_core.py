@@ -13,7 +13,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import PYTHON, ROOT, assert_count, fio_cmd, read_dumps, run_iotrace, series_of
+from conftest import PYTHON, ROOT, assert_count, fio_cmd, read_dumps, reaped, run_iotrace, series_of
 from unit.test_core import (
     IOLOAD,
     assert_one_line_error,
@@ -84,13 +84,14 @@ def test_pid_filter_excludes_others_and_follows_forks(make_loop, tmp_path, follo
     go = tmp_path / "go"
     target = _reader(loop.path, 300, child=200, wait=go)
     out = tmp_path / "out.jsonl"
-    tracer = start_tracer(["--pid", str(target.pid), "-o", str(out), "-d", "60"]
-                          + ([] if follow else ["--no-children"]))
-    other = _reader(elsewhere.path, 100)
-    assert other.wait(30) == 0
-    go.touch()
-    pid, child = map(int, target.communicate(timeout=30)[0].split())
-    finish(tracer)      # ends by itself: its target exited
+    with reaped(target):    # a tracer that fails to start must not leave the reader waiting for `go`
+        tracer = start_tracer(["--pid", str(target.pid), "-o", str(out), "-d", "60"]
+                              + ([] if follow else ["--no-children"]))
+        other = _reader(elsewhere.path, 100)
+        assert other.wait(30) == 0
+        go.touch()
+        pid, child = map(int, target.communicate(timeout=30)[0].split())
+        finish(tracer)      # ends by itself: its target exited
     final = read_dumps(out)[-1]
     by_pid = {s["pid"]: s for s in series_of(final, device=loop.name)}
     dumps = read_dumps(out)
