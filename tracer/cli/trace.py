@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TextIO
 
 from tracer import contract
@@ -84,6 +84,10 @@ The table shows total latency percentiles, and p50/p99 of queue (Q:) and device 
 
 @dataclass
 class TraceArgs:
+    """Trace mode's options, typed: each field is the parsed option of its name (parse_trace_args fills
+    them from the namespace by name, so an option of the mode's own is one field here).  `options` is
+    the whole namespace: the sinks read their own options there, whatever module added them."""
+
     pids: list[int] = field(default_factory=list)
     no_children: bool = False
     threads: bool = False
@@ -104,6 +108,7 @@ class TraceArgs:
     tasks: bool = False                                     # --tasks: per-process rows (tracer.sources.tasks)
     count: int | None = None                                # reports to make, the final one included
     json: bool = False                                      # -j: dumps as JSON lines on stdout, no table
+    options: argparse.Namespace = field(default_factory=argparse.Namespace)   # every option, sinks' included
 
 
 def trace_parser() -> argparse.ArgumentParser:
@@ -163,11 +168,8 @@ def parse_trace_args(argv: list[str]) -> TraceArgs:
     interval = take_interval(ns)
     if command and ns.pids:
         raise UserError("give either --pid or a COMMAND after '--', not both")
-    return TraceArgs(pids=ns.pids, no_children=ns.no_children, threads=ns.threads, devs=ns.devs,
-                     interval=interval, duration=ns.duration, output=ns.output, hist=ns.hist,
-                     inflight_slots=ns.inflight_slots, hist_cells=ns.hist_cells, cgroup=ns.cgroup, command=command,
-                     csv=ns.csv, alerts=ns.alerts, fail_on_alert=ns.fail_on_alert, diskstats=ns.diskstats,
-                     attach=ns.attach, count=ns.count, json=ns.json, tasks=ns.tasks)
+    ns.interval, ns.command = interval, command
+    return TraceArgs(**{f.name: getattr(ns, f.name) for f in fields(TraceArgs) if hasattr(ns, f.name)}, options=ns)
 
 
 def run(argv: list[str], out: TextIO = sys.stdout) -> int:
@@ -188,7 +190,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     pidfds = childmod.check_pids(args.pids)
     names = device_names(args.devs)
     alerts = alert_check(args, devices=names)
-    outputs = Sinks(make_sinks(args, sinkreg.Context("trace", out, names, alerts)))
+    outputs = Sinks(make_sinks(args.options, sinkreg.Context("trace", out, names, alerts)))
     # a traced COMMAND is told the socket's path before it runs (it is held until the probe is ready);
     # otherwise the socket is bound once the probe is attached: a marker sent while the programs still
     # compile would be taken only when the loop starts, seconds late, and close the wrong stretch
@@ -323,7 +325,7 @@ def run_diskstats(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     pidfds = check_pids(args.pids)
     windows = DiskWindows(DiskSampler(names), ProcSampler(args.pids, children=not args.no_children),
                           every_device=names is not None, alerts=alerts)
-    outputs = Sinks(make_sinks(args, sinkreg.Context("diskstats", out, names, alerts, whole=windows.whole)))
+    outputs = Sinks(make_sinks(args.options, sinkreg.Context("diskstats", out, names, alerts, whole=windows.whole)))
     from tracer.sources import proctree
 
     who = f", {proctree.describe(proctree.snapshot(args.pids, not args.no_children))}" if args.pids else ""
