@@ -85,14 +85,6 @@ EOF
 # no daemon starts inside the chroot while packages install
 printf '#!/bin/sh\nexit 101\n' >"$ROOT/usr/sbin/policy-rc.d"
 chmod +x "$ROOT/usr/sbin/policy-rc.d"
-# pip inside the chroot goes out the way the host's does: its pip.conf and the CA bundle it names
-if [[ -e /etc/pip.conf ]]; then
-    cp /etc/pip.conf "$ROOT/etc/pip.conf"
-    cert=$(sed -n 's/^[[:space:]]*cert[[:space:]]*=[[:space:]]*//p' /etc/pip.conf | head -1)
-    if [[ -n $cert && -e $cert ]]; then mkdir -p "$ROOT$(dirname "$cert")"; cp "$cert" "$ROOT$cert"; fi
-fi
-if [[ -n ${PIP_CERT:-} && -e $PIP_CERT ]]; then mkdir -p "$ROOT$(dirname "$PIP_CERT")"; cp "$PIP_CERT" "$ROOT$PIP_CERT"; fi
-
 bind /proc /proc
 bind /sys /sys
 bind /dev /dev
@@ -109,7 +101,17 @@ say "apt-get install ${#PACKAGES[@]} packages, $KERNEL_PKG and $HEADERS_PKG"
 KVER=${KERNEL_PKG#linux-image-}
 [[ -e $ROOT/boot/vmlinuz-$KVER ]] || die "no /boot/vmlinuz-$KVER in the chroot"
 [[ -e $ROOT/boot/initrd.img-$KVER ]] || die "no /boot/initrd.img-$KVER in the chroot (initramfs-tools?)"
-[[ -e $ROOT/lib/modules/$KVER/build/include/generated/autoconf.h ]] || die "no kernel headers for $KVER"
+# inside the chroot: build is an absolute symlink into /usr/src
+in_root test -e "/lib/modules/$KVER/build/include/generated/autoconf.h" || die "no kernel headers for $KVER"
+
+# pip inside the chroot goes out the way the host's does: its pip.conf and the CA bundle it names (copied
+# after apt-get: the chroot's ca-certificates package rewrites /etc/ssl/certs/ca-certificates.crt)
+if [[ -e /etc/pip.conf ]]; then
+    cp /etc/pip.conf "$ROOT/etc/pip.conf"
+    cert=$(sed -n 's/^[[:space:]]*cert[[:space:]]*=[[:space:]]*//p' /etc/pip.conf | head -1)
+    if [[ -n $cert && -e $cert ]]; then mkdir -p "$ROOT$(dirname "$cert")"; cp "$cert" "$ROOT$cert"; fi
+fi
+if [[ -n ${PIP_CERT:-} && -e $PIP_CERT ]]; then mkdir -p "$ROOT$(dirname "$PIP_CERT")"; cp "$PIP_CERT" "$ROOT$PIP_CERT"; fi
 
 say "venv /opt/iotrace-venv (pip: $(grep -v '^#' "$HERE/guest-requirements.txt" | xargs))"
 cp "$HERE/guest-requirements.txt" "$ROOT/tmp/requirements.txt"

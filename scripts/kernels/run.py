@@ -163,8 +163,8 @@ def watch(guest: Guest, deadline: float) -> tuple[float | None, bool]:
             cut = chunk.rfind(b"\n") + 1
             pos += cut
             for line in chunk[:cut].decode(errors="replace").splitlines():
-                if line.startswith(("iotrace-guest:", "tcg_budget:", "iotrace-init:")):
-                    print(f"  guest | {line}", flush=True)
+                if line.startswith(("iotrace-guest:", "tcg_budget:", "iotrace-init:", "guest_fio:")):
+                    print(f"  guest | {line[:200]}", flush=True)
                 if up is None and line.startswith("iotrace-guest: up"):
                     up = time.monotonic() - t0
         if guest.proc.poll() is not None:
