@@ -80,7 +80,7 @@ t0=$(date +%s)
 # shellcheck disable=SC2086
 PYTHONPATH=$SRC/scripts/kernels IOTRACE_RESULTS=$RES/tests.jsonl \
     timeout -k 10 $((${IOTRACE_SESSION_BUDGET%.*} + ${IOTRACE_TEST_TIMEOUT%.*} + 120)) \
-    python -m pytest -p no:cacheprovider -p tcg_budget --basetemp="$T/tmp/pt" -q -rfE \
+    python -m pytest -p no:cacheprovider -p tcg_budget --basetemp="$T/tmp/pt" -q -rfE --color=no \
     $IOTRACE_TESTS
 echo "pytest_rc=$?" >>"$RES/guest.env"
 echo "pytest_seconds=$(($(date +%s) - t0))" >>"$RES/guest.env"

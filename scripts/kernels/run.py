@@ -163,7 +163,10 @@ def watch(guest: Guest, deadline: float) -> tuple[float | None, bool]:
             cut = chunk.rfind(b"\n") + 1
             pos += cut
             for line in chunk[:cut].decode(errors="replace").splitlines():
-                if line.startswith(("iotrace-guest:", "tcg_budget:", "iotrace-init:", "guest_fio:")):
+                # pytest's progress dots may stand before a line on the same console
+                m = re.search(r"(iotrace-guest|tcg_budget|iotrace-init|guest_fio): .*", line)
+                if m:
+                    line = m.group(0)
                     print(f"  guest | {line[:200]}", flush=True)
                 if up is None and line.startswith("iotrace-guest: up"):
                     up = time.monotonic() - t0
@@ -222,6 +225,11 @@ def run_kernel(kernel: str, args, env: dict[str, str]) -> dict:
             guest.stop()
         shutil.rmtree(run, ignore_errors=True)
 
+    return load_results(res, keep, args)
+
+
+def load_results(res: dict, keep: Path, args) -> dict:
+    """The guest's results as saved in `keep` (a run just now, or --from-logs)."""
     res["logs"] = str(keep)
     genv = {}
     if (keep / "guest.env").exists():
@@ -362,7 +370,14 @@ def main() -> int:
     ap.add_argument("--fio-timeout", type=float, default=600, help="seconds for one traced fio run in the guest")
     ap.add_argument("--boot-timeout", type=float, default=300)
     ap.add_argument("--no-fio", action="store_true", help="skip the fio/tracefs measurement")
+    ap.add_argument("--from-logs", action="store_true",
+                    help="boot nothing: print the report of the last run saved in the logs")
     args = ap.parse_args()
+    kernels = args.kernel or read_list(HERE / "kernels.list")
+    if args.from_logs:
+        results = [load_results({"kernel": k, "tests": {}, "fio": None, "timings": {}, "problems": []},
+                                CACHE / "logs" / k, args) for k in kernels]
+        return 0 if report(results) else 1
     if os.geteuid() != 0:
         log("needs root (debootstrap, chroot): run it as root or with sudo")
         return 2
@@ -373,7 +388,6 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGHUP, _stop)
 
-    kernels = args.kernel or read_list(HERE / "kernels.list")
     env = {"IOTRACE_TESTS": args.tests, "IOTRACE_TEST_TIMEOUT": str(int(args.test_timeout)),
            "IOTRACE_SESSION_BUDGET": str(int(args.budget)), "IOTRACE_FIO": "0" if args.no_fio else "1",
            "IOTRACE_FIO_TIMEOUT": str(int(args.fio_timeout)), "IOTRACE_PROGRESS": "/dev/console"}
