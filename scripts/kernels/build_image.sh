@@ -62,7 +62,12 @@ cleanup() {
     for ((i = ${#MOUNTED[@]} - 1; i >= 0; i--)); do
         umount "${MOUNTED[i]}" 2>/dev/null || umount -l "${MOUNTED[i]}" 2>/dev/null || true
     done
-    rm -rf "$WORK"
+    # never delete through a bind mount that is somehow still there (the host's /dev, /proc, /sys)
+    if grep -q " $WORK/" /proc/self/mounts; then
+        echo "build_image: $WORK still has mounts; left in place" >&2
+    else
+        rm -rf --one-file-system "$WORK"
+    fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
