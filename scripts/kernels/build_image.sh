@@ -171,5 +171,13 @@ EOF
 touch "$WORK/image/ready"
 rm -rf "$OUT"
 mv "$WORK/image" "$OUT"
+# images of this kernel built from an older recipe are stale now: keep the disk from filling up
+for old in "$CACHE_ROOT"/*/recipe.txt; do
+    d=$(dirname "$old")
+    if [[ $d != "$OUT" ]] && grep -qx "kernel=$KERNEL_PKG" "$old"; then
+        say "removing the stale image $d"
+        rm -rf --one-file-system "$d"
+    fi
+done
 say "built $OUT in $(($(date +%s) - START)) s"
 echo "$OUT"
