@@ -49,8 +49,8 @@ DEFAULT_TESTS = [
     "tests/privileged/test_attribution.py",
 ]
 
-LABEL = {"passed": "passed", "failed": "FAILED", "skipped": "skipped", "too slow": "too slow under TCG",
-         "not run": "not run (budget)", "lost": "not run (guest stopped)"}
+LABEL = {"passed": "passed", "failed": "FAILED", "timed out": "FAILED (its own timeout: TCG?)", "skipped": "skipped",
+         "too slow": "too slow under TCG", "not run": "not run (budget)", "lost": "not run (guest stopped)"}
 
 
 def log(msg: str) -> None:
@@ -182,7 +182,12 @@ def fetch_results(tree: Path, dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
+    # rdump makes dest/results/; its files move up to dest/
     subprocess.run(["debugfs", "-R", f"rdump /results {dest}", str(tree)], check=False, capture_output=True)
+    if (dest / "results").is_dir():
+        for f in (dest / "results").iterdir():
+            f.rename(dest / f.name)
+        (dest / "results").rmdir()
 
 
 def run_kernel(kernel: str, args, env: dict[str, str]) -> dict:
