@@ -1,5 +1,5 @@
 # iotrace developer entry points; `make test` and `make demo` set the machine up first.
-.PHONY: setup setup-tf setup-torch test test-unit lint demo bench clean
+.PHONY: setup setup-tf setup-torch test test-unit test-kernels lint demo bench clean
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
@@ -25,6 +25,15 @@ test: setup setup-tf setup-torch
 # The tests that need neither root nor BPF.
 test-unit: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests/unit
+
+# The BPF tests on other kernels (scripts/kernels/kernels.list), each booted under qemu (TCG): builds each
+# guest image once (cached in /var/cache/iotrace-kernels by a hash of its recipe), copies this tree in, prints
+# test x kernel -> passed/failed/skipped/too slow under TCG, and fio's requests against iotrace's and tracefs'
+# counts.  KERNELS_ARGS: e.g. --kernel linux-image-6.1.0-50-cloud-amd64 --tests tests/unit/test_btf.py
+# Needs no venv (run.py is stdlib only; the guests have their own), so it does not run `setup`.
+KERNELS_ARGS ?=
+test-kernels:
+	$(AS_ROOT) python3 scripts/kernels/run.py $(KERNELS_ARGS)
 
 # Lint with ruff, and check the package's layers with import-linter (both configured in pyproject.toml).
 lint:

@@ -1,0 +1,417 @@
+"""`make test-kernels`: the project's BPF tests on other kernels, each booted under qemu (TCG).
+
+For each kernel package in scripts/kernels/kernels.list (or --kernel): build its guest image once
+(build_image.sh, cached outside the clone under a hash of the recipe), put this work tree on a fresh
+second disk, boot the image from a throw-away qcow2 overlay, run the fio measurement
+(guest_fio.py) and the chosen tests (guest_run.sh, tcg_budget.py) inside it, read the results back
+from the disk with debugfs after the guest has powered off, and print
+
+  - one table, test x kernel -> passed / failed / skipped / too slow under TCG / not run,
+  - fio's requests against what iotrace recorded and which block tracepoints fired for them,
+  - how long the build, the boot, the measurement and the tests took.
+
+Nothing of a run outlives it on the host: qemu is killed on every exit (an exception, SIGTERM, ^C),
+the run directory is removed, and no image is ever mounted or attached to a loop device here.
+The results and the console log stay in $IOTRACE_KERNEL_CACHE/logs/<kernel>/ for a look afterwards.
+
+Exit status: 0 when every test passed or skipped on every kernel, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+CACHE = Path(os.environ.get("IOTRACE_KERNEL_CACHE", "/var/cache/iotrace-kernels"))
+
+# The tests the matrix runs, cheapest first so that a spent budget cuts the most expensive.
+# test_btf reads the guest's own /sys/kernel/btf/vmlinux; the privileged ones are the core counts and
+# percentiles, identity under load, ground truth, --tasks and attribution (core and truth run on both
+# attach paths: they are parametrized over them).
+DEFAULT_TESTS = [
+    "tests/unit/test_btf.py",
+    "tests/privileged/test_core.py",
+    "tests/privileged/test_identity.py",
+    "tests/privileged/test_truth.py",
+    "tests/privileged/test_tasks.py",
+    "tests/privileged/test_attribution.py",
+]
+
+LABEL = {"passed": "passed", "failed": "FAILED", "timed out": "FAILED (its own timeout: TCG?)", "skipped": "skipped",
+         "too slow": "too slow under TCG", "not run": "not run (budget)", "lost": "not run (guest stopped)"}
+
+
+def log(msg: str) -> None:
+    print(f"test-kernels: {msg}", flush=True)
+
+
+def read_list(path: Path) -> list[str]:
+    return [ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines() if ln.split("#", 1)[0].strip()]
+
+
+def ensure_host_tools() -> None:
+    """qemu and qemu-img from Debian, installed on first use (apt-get update once if need be)."""
+    if shutil.which("qemu-system-x86_64") and shutil.which("qemu-img") and shutil.which("debugfs"):
+        return
+    pkgs = ["qemu-system-x86", "qemu-utils", "e2fsprogs"]
+    log(f"apt-get install {' '.join(pkgs)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *pkgs]
+    if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], env=env, check=True, capture_output=True)
+        subprocess.run(cmd, env=env, check=True, capture_output=True)
+
+
+def build(kernel: str) -> tuple[Path, float, bool]:
+    """(image dir, seconds spent, whether it was built now rather than found cached)."""
+    t0 = time.monotonic()
+    wall0 = time.time()
+    r = subprocess.run(["bash", str(HERE / "build_image.sh"), kernel], stdout=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"building the image for {kernel} failed (see above)")
+    out = Path(r.stdout.strip().splitlines()[-1])
+    built = (out / "ready").stat().st_mtime >= wall0 - 1      # made by this call, not found in the cache
+    return out, time.monotonic() - t0, built
+
+
+def tree_files() -> list[str]:
+    """The work tree as git knows it: tracked files, and new ones not ignored (so uncommitted work runs)."""
+    out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         check=True, capture_output=True).stdout
+    return [f for f in out.decode().split("\0") if f]
+
+
+def make_tree_disk(run: Path, env: dict[str, str]) -> Path:
+    """A sparse ext4 image holding src/ (the tree), run.env and room for the tests' loop backing files."""
+    top = run / "disk"
+    src = top / "src"
+    for f in tree_files():
+        p = REPO / f
+        if not (p.is_file() or p.is_symlink()):
+            continue                    # deleted in the work tree, still in the index
+        (src / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(p, src / f, follow_symlinks=False)
+    (top / "run.env").write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()))
+    img = run / "tree.img"
+    subprocess.run(["mke2fs", "-q", "-t", "ext4", "-L", "iotrace-tree", "-d", str(top), str(img), "8G"],
+                   check=True)
+    shutil.rmtree(top)
+    return img
+
+
+class Guest:
+    """One qemu process; stop() kills it (and anything in its process group) for certain."""
+
+    def __init__(self, image: Path, overlay: Path, tree: Path, console: Path):
+        self.console = console
+        # TCG: a KVM guest hangs here before the kernel prints anything.  -cpu max: numpy needs
+        # instructions qemu's default CPU model lacks.  panic=1 + -no-reboot: a crash ends qemu.
+        self.cmd = [
+            "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2", "-m", "3G",
+            "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),
+            "-drive", f"file={overlay},format=qcow2,if=virtio",
+            "-drive", f"file={tree},format=raw,if=virtio",
+            "-append", "root=/dev/vda rw console=ttyS0 init=/iotrace-init panic=1 quiet",
+            "-display", "none", "-monitor", "none", "-serial", f"file:{console}",
+            "-no-reboot", "-nic", "none",
+        ]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def stop(self) -> None:
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                p.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def watch(guest: Guest, deadline: float) -> tuple[float | None, bool]:
+    """Follow the console until qemu exits or the deadline passes, echoing the guest's progress lines.
+    Returns (seconds from qemu's start to the guest's first line, whether qemu exited by itself)."""
+    t0 = time.monotonic()
+    up = None
+    pos = 0
+    while True:
+        if guest.console.exists():
+            with open(guest.console, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+            # only whole lines; the rest is read next time
+            cut = chunk.rfind(b"\n") + 1
+            pos += cut
+            for line in chunk[:cut].decode(errors="replace").splitlines():
+                # pytest's progress dots may stand before a line on the same console
+                m = re.search(r"(iotrace-guest|tcg_budget|iotrace-init|guest_fio): .*", line)
+                if m:
+                    line = m.group(0)
+                    print(f"  guest | {line[:200]}", flush=True)
+                if up is None and line.startswith("iotrace-guest: up"):
+                    up = time.monotonic() - t0
+        if guest.proc.poll() is not None:
+            return up, True
+        if time.monotonic() > deadline:
+            return up, False
+        time.sleep(1)
+
+
+def fetch_results(tree: Path, dest: Path) -> None:
+    """Copy /results out of the (unmounted) ext4 image with debugfs: no mount, no loop device."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    # rdump makes dest/results/; its files move up to dest/
+    subprocess.run(["debugfs", "-R", f"rdump /results {dest}", str(tree)], check=False, capture_output=True)
+    if (dest / "results").is_dir():
+        for f in (dest / "results").iterdir():
+            f.rename(dest / f.name)
+        (dest / "results").rmdir()
+
+
+def run_kernel(kernel: str, args, env: dict[str, str]) -> dict:
+    res: dict = {"kernel": kernel, "tests": {}, "fio": None, "timings": {}, "problems": []}
+    image, took, built = build(kernel)
+    res["timings"]["build"] = f"{took:.0f} s (built now)" if built else "cached"
+    if built:
+        res["timings"]["build_seconds"] = round(took)
+    keep = CACHE / "logs" / kernel
+    run = Path(tempfile.mkdtemp(prefix="iotrace-kernels-run-", dir="/var/tmp"))
+    guest = None
+    try:
+        t = time.monotonic()
+        tree = make_tree_disk(run, env)
+        overlay = run / "root.qcow2"
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(image / "root.img"),
+                        str(overlay)], check=True)
+        res["timings"]["prepare"] = f"{time.monotonic() - t:.0f} s"
+        guest = Guest(image, overlay, tree, run / "console.log")
+        # the guest's own limits, plus boot and shutdown
+        limit = (args.boot_timeout + (4 * args.fio_timeout if not args.no_fio else 0)
+                 + args.budget + args.test_timeout + 300)
+        log(f"{kernel}: booting (TCG, -smp 2; at most {limit / 60:.0f} min)")
+        t = time.monotonic()
+        guest.start()
+        up, exited = watch(guest, t + limit)
+        wall = time.monotonic() - t
+        res["timings"]["guest"] = f"{wall:.0f} s"
+        if up is None:
+            res["problems"].append("the guest never reached its init (see console.log)")
+        else:
+            res["timings"]["boot"] = f"{up:.0f} s to init"
+        if not exited:
+            res["problems"].append(f"the guest was still running after {limit:.0f} s: killed")
+        guest.stop()
+        fetch_results(tree, keep)
+        shutil.copy(run / "console.log", keep / "console.log")
+    finally:
+        if guest is not None:
+            guest.stop()
+        shutil.rmtree(run, ignore_errors=True)
+
+    return load_results(res, keep, args)
+
+
+def load_results(res: dict, keep: Path, args) -> dict:
+    """The guest's results as saved in `keep` (a run just now, or --from-logs)."""
+    res["logs"] = str(keep)
+    genv = {}
+    if (keep / "guest.env").exists():
+        genv = dict(ln.split("=", 1) for ln in (keep / "guest.env").read_text().splitlines() if "=" in ln)
+    res["guest"] = genv
+    for k in ("boot_seconds", "fio_seconds", "pytest_seconds"):
+        if k in genv:
+            res["timings"][k.replace("_seconds", "") + " (guest clock)"] = f"{float(genv[k]):.0f} s"
+    if (keep / "fio.json").exists():
+        res["fio"] = json.loads((keep / "fio.json").read_text())
+    elif not args.no_fio:
+        res["problems"].append("no fio.json: the measurement did not finish (see console.log)")
+
+    collected = []
+    if (keep / "collected.txt").exists():
+        collected = [ln.strip() for ln in (keep / "collected.txt").read_text().splitlines() if "::" in ln]
+    else:
+        res["problems"].append("pytest collected nothing (see console.log)")
+    records = {}
+    if (keep / "tests.jsonl").exists():
+        for ln in (keep / "tests.jsonl").read_text().splitlines():
+            try:
+                r = json.loads(ln)
+            except ValueError:
+                continue            # a line cut by a power-off
+            records[r["nodeid"]] = r
+    for nodeid in collected + [n for n in records if n not in collected]:
+        res["tests"][nodeid] = records.get(nodeid, {"nodeid": nodeid, "outcome": "lost", "seconds": 0,
+                                                    "detail": "no result: pytest or the guest stopped first"})
+    return res
+
+
+# ---- the report ---------------------------------------------------------------------------------
+
+def rows_of(results: list[dict]) -> list[tuple[str, list[str]]]:
+    """Table rows: one per test of tests/privileged; tests/unit's parametrized cases folded into one row
+    per test function (test_btf alone has ~200 of them)."""
+    order: list[str] = []
+    cells: dict[str, list[list[str]]] = {}
+    for i, res in enumerate(results):
+        for nodeid, r in res["tests"].items():
+            key = re.sub(r"\[.*\]$", "", nodeid) if nodeid.startswith("tests/unit/") else nodeid
+            if key not in cells:
+                order.append(key)
+                cells[key] = [[] for _ in results]
+            cells[key][i].append(r["outcome"])
+    out = []
+    for key in order:
+        row = []
+        for outs in cells[key]:
+            if not outs:
+                row.append("-")
+            elif len(outs) == 1:
+                row.append(LABEL[outs[0]])
+            else:
+                counts: dict[str, int] = {}
+                for o in outs:
+                    counts[o] = counts.get(o, 0) + 1
+                row.append(", ".join(f"{n} {LABEL[o]}" for o, n in sorted(counts.items(), key=lambda x: -x[1])))
+        out.append((key, row))
+    return out
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*map(str, r)) for r in rows]
+    return "\n".join(lines)
+
+
+def report(results: list[dict]) -> bool:
+    names = [r["kernel"].removeprefix("linux-image-") for r in results]
+    print()
+    print("== Kernels tested: test x kernel (TCG guests) ==")
+    print(table(["test", *names], [[k, *row] for k, row in rows_of(results)]))
+    ok = True
+    for res, name in zip(results, names, strict=True):
+        counts: dict[str, int] = {}
+        for r in res["tests"].values():
+            counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+        print(f"{name}: " + ", ".join(f"{n} {LABEL[o]}" for o, n in sorted(counts.items())))
+        if any(o not in ("passed", "skipped") for o in counts) or not res["tests"] or res["problems"]:
+            ok = False
+
+    for res, name in zip(results, names, strict=True):
+        bad = [r for r in res["tests"].values() if r["outcome"] not in ("passed", "skipped")]
+        if bad:
+            print(f"\n-- {name}: why (first line; full output in {res['logs']}/console.log) --")
+            for r in bad:
+                print(f"{r['nodeid']}  [{LABEL[r['outcome']]}, {r['seconds']:.0f} s] {r['detail'][:200]}")
+
+    for res, name in zip(results, names, strict=True):
+        fio = res.get("fio")
+        if not fio:
+            continue
+        print(f"\n== {name}: fio 4 KiB randread O_DIRECT, libaio, 2 jobs x qd16, {fio['requests']} requests, "
+              "loop device on a file on ext4 ==")
+        header = ["scheduler", "attach", "fio ios", "stat reads", "iotrace recorded", "dropped",
+                  "getrq", "rq_insert", "rq_issue", "rq_complete", "io_start", "overrun", "note"]
+        rows = []
+        for r in fio["runs"]:
+            tf = r.get("tracefs", {})
+            note = r.get("error") or (f"iotrace exit {r['iotrace_rc']}" if r.get("iotrace_rc") else "")
+            if r.get("iotrace_stderr") and not note:
+                note = "no final dump"
+            if note and r.get("iotrace_stderr"):
+                note += ": " + " ".join(r["iotrace_stderr"].strip().splitlines()[-1:])[:120]
+            rows.append([r["scheduler"], r["attach"], r.get("fio_total_ios", "-"),
+                         r.get("diskstats", {}).get("read", "-"), r.get("iotrace_recorded", "-"),
+                         ",".join(f"{k}={v}" for k, v in (r.get("iotrace_dropped") or {}).items()) or "-",
+                         tf.get("block_getrq", "-"), tf.get("block_rq_insert", "-"), tf.get("block_rq_issue", "-"),
+                         tf.get("block_rq_complete", "-"), tf.get("block_io_start", "n/a"), tf.get("overrun", "-"),
+                         note])
+        print(table(header, rows))
+
+    print("\n== timings ==")
+    for res, name in zip(results, names, strict=True):
+        print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in res["timings"].items() if not k.endswith("_seconds")))
+        g = res.get("guest", {})
+        if g:
+            print(f"  guest: btf={g.get('btf')}, block events: {g.get('block_events')}")
+        for p in res["problems"]:
+            print(f"  problem: {p}")
+        print(f"  results and console log: {res['logs']}")
+    return ok
+
+
+def main() -> int:
+    # The defaults keep one kernel's worst case (every limit reached) near 65 min, so that a CI run of
+    # `make test` (~8 min) and a fresh image build (1.5-11 min) still fit in 90; a normal run takes ~22 min.
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernel", action="append", help="a linux-image-* package (repeatable; default: kernels.list)")
+    ap.add_argument("--tests", default=os.environ.get("IOTRACE_KERNEL_TESTS", " ".join(DEFAULT_TESTS)),
+                    help="pytest arguments run in the guest (default: %(default)s)")
+    ap.add_argument("--test-timeout", type=float, default=float(os.environ.get("IOTRACE_TEST_TIMEOUT", 240)),
+                    help="seconds one test may take in the guest before it counts as too slow under TCG")
+    ap.add_argument("--budget", type=float, default=float(os.environ.get("IOTRACE_SESSION_BUDGET", 2100)),
+                    help="seconds of tests per kernel; tests left after it are reported not run")
+    ap.add_argument("--fio-timeout", type=float, default=300, help="seconds for one traced fio run in the guest")
+    ap.add_argument("--boot-timeout", type=float, default=180, help="seconds for the guest to reach its init")
+    ap.add_argument("--no-fio", action="store_true", help="skip the fio/tracefs measurement")
+    ap.add_argument("--from-logs", action="store_true",
+                    help="boot nothing: print the report of the last run saved in the logs")
+    args = ap.parse_args()
+    kernels = args.kernel or read_list(HERE / "kernels.list")
+    if args.from_logs:
+        results = [load_results({"kernel": k, "tests": {}, "fio": None, "timings": {}, "problems": []},
+                                CACHE / "logs" / k, args) for k in kernels]
+        return 0 if report(results) else 1
+    if os.geteuid() != 0:
+        log("needs root (debootstrap, chroot): run it as root or with sudo")
+        return 2
+
+    # SIGTERM and SIGHUP unwind like ^C, so that every `finally` (qemu killed, run dir removed) runs.
+    def _stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, _stop)
+
+    env = {"IOTRACE_TESTS": args.tests, "IOTRACE_TEST_TIMEOUT": str(int(args.test_timeout)),
+           "IOTRACE_SESSION_BUDGET": str(int(args.budget)), "IOTRACE_FIO": "0" if args.no_fio else "1",
+           "IOTRACE_FIO_TIMEOUT": str(int(args.fio_timeout)), "IOTRACE_PROGRESS": "/dev/console"}
+    t0 = time.monotonic()
+    ensure_host_tools()
+    results = []
+    for k in kernels:
+        log(f"{k}: image")
+        results.append(run_kernel(k, args, env))
+    ok = report(results)
+    print(f"\ntest-kernels: {len(kernels)} kernel(s) in {(time.monotonic() - t0) / 60:.1f} min")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as e:
+        log(f"stopped ({e or 'interrupted'}); the guest was killed")
+        sys.exit(130)
