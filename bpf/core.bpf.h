@@ -59,6 +59,12 @@ BPF_ARRAY(who, struct iotrace_who, IOTRACE_CPUS * IOTRACE_WHO_SLOTS);
 BPF_HASH(pids, u32, u8, IOTRACE_PID_ENTRIES);
 /* dev_t -> 1: the devices traced when filter_devs is set */
 BPF_HASH(devs, u32, u8, IOTRACE_DEV_ENTRIES);
+/* inode key -> struct iotrace_dirtier: its last traced dirtier (see iotrace.h) */
+BPF_TABLE("lru_hash", u64, struct iotrace_dirtier, wb_inodes, IOTRACE_WB_INODES);
+/* tid -> struct iotrace_dirtier: a flusher thread writing back a traced dirtier's inode */
+BPF_HASH(wb_threads, u32, struct iotrace_dirtier, IOTRACE_WB_THREADS);
+/* [0] -> u32: entries in wb_threads, so that a request start looks there only while there are some */
+BPF_ARRAY(wb_busy, u32, 1);
 #ifdef IOTRACE_BIO_LEVEL
 /* dev_t -> 1: bio-based disks, traced per bio (see the end of this file) */
 BPF_HASH(bio_devs, u32, u8, IOTRACE_DEV_ENTRIES);
@@ -436,6 +442,16 @@ static __always_inline void record(struct iotrace_slot *s, u64 now)
 
 /* ---- request start, shared by both paths -------------------------------- */
 
+/* The dirtier whose inode the current thread (`tid`) is writing back, or 0: one array read while none is. */
+static __always_inline struct iotrace_dirtier *wb_writing(u32 tid)
+{
+	u32 zero = 0, *busy = wb_busy.lookup(&zero);
+
+	if (!busy || !*busy)
+		return 0;
+	return wb_threads.lookup(&tid);
+}
+
 /*
  * Whether the current task's I/O is traced (process tgid).  Programs
  * attach before the filters are written, and wait for them.
@@ -446,6 +462,9 @@ static __always_inline bool task_wanted(u32 tgid)
 
 	if (!cfg || !cfg->enabled)
 		return false;
+	/* a flusher writing back a traced dirtier's inode: the dirtier passed the filters when it wrote */
+	if (wb_writing((u32)bpf_get_current_pid_tgid()))
+		return true;
 	if (cfg->filter_pids && !pids.lookup(&tgid))
 		return false;
 	/* in the cgroup or below it: then its ancestor at the cgroup's depth is the cgroup */
@@ -483,6 +502,100 @@ static __always_inline struct iotrace_who *who_is(u32 tid, u64 now)
 	return w;
 }
 
+/* ---- write-back under its writer (struct iotrace_dirtier) ------------------ */
+
+/* A folio of the inode `inode` (its key) was dirtied, in the dirtier's context. */
+static __always_inline void wb_dirtied(u64 inode)
+{
+	u64 id = bpf_get_current_pid_tgid(), now;
+	struct iotrace_dirtier nd = {}, *d;
+	struct iotrace_who *w;
+
+	/* a flusher dirtying as it writes back is no writer */
+	if (!inode || wb_writing((u32)id))
+		return;
+	if (!task_wanted(id >> 32)) {
+		/* the last dirtier is untraced: this inode's write-back is no traced process's */
+		if (wb_inodes.lookup(&inode))
+			wb_inodes.delete(&inode);
+		return;
+	}
+	now = bpf_ktime_get_ns();
+	d = wb_inodes.lookup(&inode);
+	/* the same writer lately: nothing new (a process dirties many folios in a row) */
+	if (d && d->tid == (u32)id && now - d->ns < IOTRACE_COMM_REUSE_NS)
+		return;
+	nd.tgid = id >> 32;
+	nd.tid = (u32)id;
+	nd.ns = now;
+	w = who_is((u32)id, now);
+	if (w) {
+		nd.cgroup = w->cgroup;
+		__builtin_memcpy(nd.comm, w->comm, sizeof(nd.comm));
+	} else {
+		nd.cgroup = bpf_get_current_cgroup_id();
+		bpf_get_current_comm(nd.comm, sizeof(nd.comm));
+	}
+	if (d)
+		*d = nd;
+	else if (wb_inodes.update(&inode, &nd))
+		count_reason(IOTRACE_NOTE_WB_UNKEPT);
+}
+
+/* The current thread stops writing back an inode (or never did: then this is one array read). */
+static __always_inline void wb_end(void)
+{
+	u32 tid = bpf_get_current_pid_tgid(), zero = 0, *busy = wb_busy.lookup(&zero);
+
+	if (busy && *busy && wb_threads.delete(&tid) == 0)
+		__sync_fetch_and_add(busy, -1);	/* BPF has no atomic sub */
+}
+
+/*
+ * The current thread (a flusher) starts writing back the inode `inode`:
+ * until wb_end() its requests are its last traced dirtier's.  Not when the
+ * dirtier's own process writes it back itself (a filesystem's fsync that
+ * goes through writeback_single_inode): that I/O stays its direct I/O.
+ */
+static __always_inline void wb_begin(u64 inode)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tid = (u32)id, zero = 0, *busy;
+	struct iotrace_dirtier *d, copy, *old;
+
+	wb_end();	/* an end never seen (attached in between): not the previous inode's any more */
+	d = inode ? wb_inodes.lookup(&inode) : 0;
+	if (!d || d->tgid == id >> 32)
+		return;
+	copy = *d;
+	busy = wb_busy.lookup(&zero);
+	if (!busy)
+		return;
+	if (wb_threads.insert(&tid, &copy) == 0) {
+		__sync_fetch_and_add(busy, 1);
+		return;
+	}
+	old = wb_threads.lookup(&tid);	/* another program of this thread's put one there meanwhile */
+	if (old)
+		*old = copy;
+	else
+		count_reason(IOTRACE_NOTE_WB_UNKEPT);
+}
+
+/* A request started by a flusher thread writing back a traced dirtier's inode is the dirtier's. */
+static __always_inline void wb_charge(struct iotrace_slot *s, u32 tid)
+{
+	struct iotrace_dirtier *d = wb_writing(tid);
+
+	if (!d)
+		return;
+	s->tgid = d->tgid;
+	s->tid = d->tid;
+	s->cgroup = d->cgroup;
+	__builtin_memcpy(s->comm, d->comm, sizeof(s->comm));
+	s->op |= IOTRACE_OP_WB;
+}
+
 /* Note who started the request (pid_tgid `id`) in its freshly claimed slot. */
 static __always_inline void slot_fill(struct iotrace_slot *s, u64 now, u64 id, u32 dev, u32 op, u32 bytes)
 {
@@ -501,6 +614,7 @@ static __always_inline void slot_fill(struct iotrace_slot *s, u64 now, u64 id, u
 	}
 	s->remaining = bytes;
 	s->done = 0;
+	wb_charge(s, (u32)id);
 }
 
 /* Follow forks of traced processes (the filter's children). */

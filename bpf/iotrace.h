@@ -62,6 +62,8 @@
 #endif
 #define IOTRACE_PID_ENTRIES 65536
 #define IOTRACE_DEV_ENTRIES 256
+#define IOTRACE_WB_INODES 16384		/* inodes whose last dirtier is kept (LRU): see struct iotrace_dirtier */
+#define IOTRACE_WB_THREADS 256		/* threads writing back a traced dirtier's inode at once */
 #define IOTRACE_COMM_LEN 16
 #define IOTRACE_SECTOR_SIZE 512
 
@@ -74,6 +76,9 @@ enum iotrace_op {
 	IOTRACE_OP_OTHER = 4,
 	IOTRACE_OP_COUNT = 5,
 };
+/* or'ed into a slot's, series key's and histogram key's op: a request the kernel's flusher wrote
+ * back for an inode a traced process dirtied, charged to that process (see struct iotrace_dirtier) */
+#define IOTRACE_OP_WB 0x80
 
 /* The three latencies of a request, named after blktrace's intervals. */
 enum iotrace_phase {
@@ -108,7 +113,8 @@ enum iotrace_reason {
 	IOTRACE_DROP_KERNEL_READ = 16,	/* a read of a kernel struct failed (raw path): its request is lost */
 	IOTRACE_DROP_NESTED = 17,	/* a completion interrupted another's accounting on its CPU */
 	IOTRACE_DROP_LOST_COMPLETION = 18,	/* raw path: a request object started again, its last completion unseen */
-	IOTRACE_REASON_COUNT = 19,
+	IOTRACE_NOTE_WB_UNKEPT = 19,	/* a dirtier or a flusher's inode not kept (map full, read failed): its write-back stays the flusher's */
+	IOTRACE_REASON_COUNT = 20,
 };
 
 #define IOTRACE_HASH_MUL 0x9E3779B97F4A7C15ULL	/* Fibonacci hashing */
@@ -175,6 +181,10 @@ KRAWTP(block_bio_queue, struct bio *)
 KRAWTP(block_bio_complete, struct request_queue *, struct bio *)
 KRAWTP(sched_process_fork, struct task_struct *, struct task_struct *)
 KRAWTP(sched_process_exit, struct task_struct *)
+KRAWTP(writeback_dirty_folio, struct folio *, struct address_space *)
+KRAWTP(writeback_single_inode_start, struct inode *)
+KRAWTP(writeback_single_inode, struct inode *)
+KMEMBER(MAPPING_HOST, address_space, host, 8)	/* a dirtied folio's inode */
 KMEMBER(TASK_TGID, task_struct, tgid, 4)	/* tasks.bpf.c */
 KMEMBER(TASK_FILES, task_struct, files, 8)	/* tasks.bpf.c */
 KMEMBER(FILES_FDT, files_struct, fdt, 8)	/* tasks.bpf.c */
@@ -217,6 +227,9 @@ EVENT(block_bio_frontmerge, block, frontmerge, tracepoint, always, dev sector nr
 EVENT(block_rq_requeue, block, requeue, raw_tp tracepoint, always, dev)
 EVENT(sched_process_fork, sched, fork, raw_tp tracepoint, always, -)
 EVENT(sched_process_exit, sched, exit, raw_tp tracepoint, always, -)
+EVENT(writeback_dirty_folio, writeback, wb_dirty, raw_tp tracepoint, always, name ino)
+EVENT(writeback_single_inode_start, writeback, wb_start, raw_tp tracepoint, always, name ino)
+EVENT(writeback_single_inode, writeback, wb_end, raw_tp tracepoint, always, -)
 EVENT(block_bio_queue, block, bio_queue, raw_tp tracepoint, bio, dev sector nr_sector rwbs)
 EVENT(block_bio_complete, block, bio_complete, raw_tp tracepoint, bio, dev sector nr_sector rwbs)
 #endif
@@ -285,6 +298,28 @@ struct iotrace_qdev {
 	u64 ns;			/* when read */
 	u32 dev;		/* the whole disk's dev_t */
 	u32 pad;
+};
+
+/*
+ * Write-back under its writer.  A folio is dirtied in the writing
+ * process's context (writeback_dirty_folio); its inode is written back
+ * later by the kernel's flusher, between writeback_single_inode_start and
+ * writeback_single_inode in that kworker's context, where the block
+ * requests start.  So: inode -> its last traced dirtier (an LRU of
+ * IOTRACE_WB_INODES, keyed by the inode's address on raw tracepoints, by a
+ * hash of (bdi name, ino) on perf-event ones); flusher thread -> the
+ * dirtier of the inode it is writing back (IOTRACE_WB_THREADS); a request
+ * a thread in that state starts is the dirtier's, its op marked
+ * IOTRACE_OP_WB.  An untraced dirtier removes the inode's entry: the last
+ * dirtier wins.  fsync and sync_file_range write in the caller's context,
+ * outside that window: their requests stay the caller's.
+ */
+struct iotrace_dirtier {
+	u32 tgid;
+	u32 tid;
+	u64 cgroup;
+	u64 ns;			/* when its comm and cgroup were read */
+	char comm[IOTRACE_COMM_LEN];
 };
 
 /* Global switches, written by user space: array map of one entry. */

@@ -310,7 +310,7 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 	}
 	s->dev = dev;
 	/* flushes are never merged: no bytes in all is no bytes at the start */
-	s->op = opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_RQ_CMD_FLAGS), s->done);
+	s->op = opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_RQ_CMD_FLAGS), s->done) | (s->op & IOTRACE_OP_WB);
 	record_once(s, now);
 	slot_release(&r);
 	return 0;
@@ -352,6 +352,32 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 #else
 	on_exit(false);
 #endif
+	return 0;
+}
+
+/* writeback_dirty_folio(folio, mapping): an inode is its address, mapping->host */
+RAW_TRACEPOINT_PROBE(writeback_dirty_folio)
+{
+	u64 inode = 0;
+
+	if (bpf_probe_read_kernel(&inode, sizeof(inode), (const void *)(ctx->args[1] + IOTRACE_K_MAPPING_HOST)))
+		count_reason(IOTRACE_NOTE_WB_UNKEPT);
+	else
+		wb_dirtied(inode);
+	return 0;
+}
+
+/* writeback_single_inode_start(inode, wbc, nr_to_write) */
+RAW_TRACEPOINT_PROBE(writeback_single_inode_start)
+{
+	wb_begin(ctx->args[0]);
+	return 0;
+}
+
+/* writeback_single_inode(inode, wbc, nr_to_write): the inode's write-back is done */
+RAW_TRACEPOINT_PROBE(writeback_single_inode)
+{
+	wb_end();
 	return 0;
 }
 

@@ -288,6 +288,39 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	return 0;
 }
 
+/*
+ * Write-back: an inode is a hash of its backing device's name and its
+ * inode number, the fields both events have.
+ */
+static __always_inline u64 wb_inode_key(const char *name, u64 ino)
+{
+	u64 w[4], h = ino;
+
+	__builtin_memcpy(w, name, sizeof(w));
+#pragma unroll
+	for (u32 i = 0; i < 4; i++)
+		h = (h ^ w[i]) * IOTRACE_HASH_MUL;
+	return (h ^ (h >> 32)) | 1;
+}
+
+TRACEPOINT_PROBE(writeback, writeback_dirty_folio)
+{
+	wb_dirtied(wb_inode_key(args->name, args->ino));
+	return 0;
+}
+
+TRACEPOINT_PROBE(writeback, writeback_single_inode_start)
+{
+	wb_begin(wb_inode_key(args->name, args->ino));
+	return 0;
+}
+
+TRACEPOINT_PROBE(writeback, writeback_single_inode)
+{
+	wb_end();
+	return 0;
+}
+
 #ifdef IOTRACE_BIO_LEVEL
 /*
  * Bio-based disks (zram, device-mapper, md) have no requests: their bios

@@ -134,6 +134,7 @@ def _encode_dump(d: Dump) -> dict:
             "cgroup_id": s.cgroup_id, "container": s.container, "count": s.count, "bytes": s.bytes,
             "latency_us": summaries,
             "hdr": {name: next(hdrs) for name, st in s.phases.items() if st.count},
+            **({"wb": True} if s.wb else {}),
         })
     return obj
 
@@ -155,7 +156,8 @@ def _decode_series(s) -> Series:
     return Series(_int(s["pid"], "pid"), _str(s["comm"], "comm"), _str(s["device"], "device"),
                   _str(s["devno"], "devno"), _str(s["op"], "op"), _int(s["count"], "count"),
                   _int(s["bytes"], "bytes"), phases, _int(s.get("tgid", 0), "tgid"),
-                  _int(s.get("cgroup_id", 0), "cgroup_id"), _str(s.get("container") or "", "container"))
+                  _int(s.get("cgroup_id", 0), "cgroup_id"), _str(s.get("container") or "", "container"),
+                  _bool(s.get("wb", False), "wb"))
 
 
 def _decode_dump(obj: dict) -> Dump:
@@ -202,6 +204,12 @@ def _num(v, name: str) -> float:
 def _str(v, name: str) -> str:
     if not isinstance(v, str):
         raise ValueError(f"{name} is {_what(v)}, not a string")
+    return v
+
+
+def _bool(v, name: str) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"{name} is {_what(v)}, not true or false")
     return v
 
 

@@ -89,10 +89,13 @@ class Series:
     tgid: int = 0
     cgroup_id: int = 0
     container: str = ""     # tracer.sources.cgroups.container_of its cgroup; "" for a host process or unknown
+    # write-back: requests the kernel's flusher wrote for files this process dirtied (charged to it),
+    # a row of its own beside the process's direct I/O of the same op
+    wb: bool = False
 
     @property
-    def key(self) -> tuple[int, str, str]:
-        return (self.pid, self.devno, self.op)
+    def key(self) -> tuple[int, str, str, bool]:
+        return (self.pid, self.devno, self.op, self.wb)
 
     def merge(self, other: Series) -> Series:
         phases = dict(self.phases)
@@ -100,7 +103,8 @@ class Series:
             phases[name] = phases[name].merge(st) if name in phases else st
         return Series(self.pid, other.comm or self.comm, other.device, self.devno, self.op,
                       self.count + other.count, self.bytes + other.bytes, phases,
-                      other.tgid or self.tgid, other.cgroup_id or self.cgroup_id, other.container or self.container)
+                      other.tgid or self.tgid, other.cgroup_id or self.cgroup_id, other.container or self.container,
+                      self.wb)
 
 
 @dataclass
@@ -139,7 +143,7 @@ def merge_series(series: Iterable[Series], key: Callable[[Series], tuple] | None
 def fold_by_comm(series: Iterable[Series]) -> list[Series]:
     """One row per (comm, device, op): rows of several pids become pid 0."""
     def by_comm(s: Series) -> tuple:
-        return (s.comm, s.devno, s.op)
+        return (s.comm, s.devno, s.op, s.wb)
 
     series = list(series)
     pids: dict[tuple, set[int]] = {}
@@ -227,7 +231,7 @@ class _SeriesAcc:
         f = self.first
         return Series(f.pid, self.comm, self.device, f.devno, f.op, self.count, self.bytes,
                       {name: acc.result() for name, acc in self.phases.items()}, self.tgid, self.cgroup_id,
-                      self.container)
+                      self.container, f.wb)
 
 
 class SeriesMerger:

@@ -61,7 +61,7 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: li
     """A Dump from a probe.RawInterval; with `tasks` (tracer.sources.tasks.TaskRaw rows of the same window)
     it carries "tasks", and `tasks_dropped`'s non-zero counts join its dropped events."""
     con = contract.load()
-    ops, phases = con.ops, con.phases
+    ops, phases, wb_bit = con.ops, con.phases, con.const("OP_WB")
     hists = _group_hists(raw.hist_keys, raw.hist_counts)
     names: dict[int, str] = {}
     series = []
@@ -79,11 +79,12 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: li
                 continue
             stats[pname] = PhaseStats(hists.get((pid, dev, op, p), Histogram.empty()), float(cols["sum_ns"][i][p]),
                                       cols["min_ns"][i][p], cols["max_ns"][i][p])
+        code = op & ~wb_bit     # the op, without the write-back mark
         series.append(Series(
             pid=pid, comm=comms[i], device=names[dev], devno=devices.devno(dev),
-            op=ops[op] if op < len(ops) else str(op), count=cols["count"][i], bytes=cols["bytes"][i],
-            phases=stats, tgid=cols["tgid"][i], cgroup_id=cols["cgroup"][i]))
-    series.sort(key=lambda s: (s.pid, s.device, s.op))
+            op=ops[code] if code < len(ops) else str(code), count=cols["count"][i], bytes=cols["bytes"][i],
+            phases=stats, tgid=cols["tgid"][i], cgroup_id=cols["cgroup"][i], wb=bool(op & wb_bit)))
+    series.sort(key=lambda s: (s.pid, s.device, s.op, s.wb))
     dropped = {r.removeprefix("drop_"): n for r, n in raw.reasons.items() if r.startswith("drop_")}
     events = {r.removeprefix("note_"): n for r, n in raw.reasons.items() if r.startswith("note_")}
     d = Dump(kind=kind, label=label, start=clock.wall(raw.start_ns), end=clock.wall(raw.end_ns),

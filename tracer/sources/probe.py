@@ -36,6 +36,7 @@ START_EVENTS = kernel.START_EVENTS
 START_FIELDS = next(e.fields for e in EVENTS if e.when == "start")
 # the perf-event programs' tracepoint fields, checked at start: every request's events, the bio ones
 REQUIRED_FIELDS = {e.name: e.fields for e in EVENTS if e.when == "always" and "tracepoint" in e.paths and e.fields}
+CATEGORIES = {e.name: e.category for e in EVENTS}
 BIO_FIELDS = {e.name: e.fields for e in EVENTS if e.when == "bio" and "tracepoint" in e.paths}
 TRACEFS_DIRS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 # How the programs attach, one source file each over the shared bpf/core.bpf.h (SOURCES): raw tracepoints
@@ -232,13 +233,14 @@ def choose_start_event() -> str:
 
 def check_tracepoints(required: dict[str, tuple[str, ...]] = REQUIRED_FIELDS) -> None:
     for ev, needed in required.items():
-        fields = tracepoint_fields(ev)
+        cat = CATEGORIES.get(ev, "block")
+        fields = tracepoint_fields(ev, cat)
         if fields is None:
-            raise UserError(f"tracepoint block:{ev} is missing from this kernel "
-                            f"(see {tracefs()}/events/block); iotrace needs it")
+            raise UserError(f"tracepoint {cat}:{ev} is missing from this kernel "
+                            f"(see {tracefs()}/events/{cat}); iotrace needs it")
         missing = [f for f in needed if f not in fields]
         if missing:
-            raise UserError(f"tracepoint block:{ev} lacks field(s) {', '.join(missing)} on this kernel")
+            raise UserError(f"tracepoint {cat}:{ev} lacks field(s) {', '.join(missing)} on this kernel")
 
 
 def choose_attach(mode: str, bio: bool) -> tuple[str, kernel.Layout | None, str]:

@@ -49,14 +49,23 @@ def _pct(s: Series, phase: str, key: str) -> str:
     return fmt_latency(st.summary_us().get(key)) if st and st.count else "-"
 
 
+WB_MARK = " (wb)"
+
+
+def comm_cell(comm: str, wb: bool, width: int = 15) -> str:
+    """A row's COMM cell, `width` wide at most: a write-back row (Series.wb) ends in " (wb)"."""
+    comm = safe(comm)
+    return f"{comm[:width - len(WB_MARK)]}{WB_MARK}" if wb else comm[:width]
+
+
 def series_row(s: Series, seconds: float) -> list[str]:
     rate = s.count / seconds if seconds > 0 else 0.0
     mbps = s.bytes / seconds / 1e6 if seconds > 0 else 0.0
     avg = fmt_size(s.bytes / s.count) if s.count and s.bytes else "-"
     total = [_pct(s, "total", k) for k in (*PCT_KEYS, "max")]
     split = [_pct(s, "queue", "p50"), _pct(s, "queue", "p99"), _pct(s, "device", "p50"), _pct(s, "device", "p99")]
-    return [str(s.pid), safe(s.comm)[:15], safe(s.device)[:9], s.op, str(s.count), f"{rate:.0f}", f"{mbps:.2f}", avg,
-            *total, *split]
+    return [str(s.pid), comm_cell(s.comm, s.wb), safe(s.device)[:9], s.op, str(s.count), f"{rate:.0f}",
+            f"{mbps:.2f}", avg, *total, *split]
 
 
 def _coverage_line(d: Dump, out: TextIO) -> None:
@@ -164,14 +173,14 @@ def rows_of(series: Iterable[Series], per_pid: bool = False) -> dict[tuple, Seri
     for s in series:
         if not per_pid:
             s = replace(s, comm=row_comm(s.comm))
-        key = (s.pid if per_pid else s.comm, s.device, s.op)
+        key = (s.pid if per_pid else s.comm, s.device, s.op, s.wb)
         out[key] = out[key].merge(s) if key in out else s
     return out
 
 
 def row_text(s: Series, per_pid: bool = False) -> str:
     """A row's name as shown: [pid] comm  device  op (made safe)."""
-    return safe(f"{f'{s.pid} ' if per_pid else ''}{s.comm}  {s.device}  {s.op}")
+    return safe(f"{f'{s.pid} ' if per_pid else ''}{s.comm}{WB_MARK if s.wb else ''}  {s.device}  {s.op}")
 
 
 def row_stats(s: Series | None, phase: str = "total") -> dict[str, float | None]:

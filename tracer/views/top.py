@@ -29,12 +29,14 @@ class TopRow:
     bytes: int
     avg_size: float
     pct_us: dict        # p50, p90, p99, p99.9, max of the total phase; empty when it has none
+    wb: bool = False    # write-back charged to its dirtier (Series.wb): COMM ends in " (wb)"
 
     def cells(self) -> list[str]:
         from tracer.units import fmt_latency, fmt_size
 
         lat = [fmt_latency(self.pct_us.get(k)) for k in ("p50", "p90", "p99", "p99.9", "max")]
-        return [str(self.pid), safe(self.comm)[:15], safe(self.device)[:9], safe(self.op), f"{self.iops:.0f}",
+        comm = f"{safe(self.comm)[:10]} (wb)" if self.wb else safe(self.comm)[:15]
+        return [str(self.pid), comm, safe(self.device)[:9], safe(self.op), f"{self.iops:.0f}",
                 f"{self.mbps:.2f}", fmt_size(self.avg_size) if self.avg_size else "-", *lat]
 
 
@@ -49,7 +51,7 @@ def top_rows(dump, sort: str = "p99") -> list[TopRow]:
         st = s.phases.get("total")
         pct = st.summary_us() if st and st.count else {}
         rows.append(TopRow(s.pid, s.comm, s.device, s.op, s.count / seconds, s.bytes / seconds / 1e6, s.bytes,
-                           s.bytes / s.count if s.count else 0.0, pct))
+                           s.bytes / s.count if s.count else 0.0, pct, s.wb))
     key = {"p99": lambda r: (-r.pct_us.get("p99", -1.0), -r.bytes),
            "bytes": lambda r: (-r.bytes, -r.pct_us.get("p99", -1.0)),
            "iops": lambda r: (-r.iops, -r.pct_us.get("p99", -1.0))}[sort]
