@@ -462,15 +462,13 @@ static __always_inline bool task_wanted(u32 tgid)
 
 	if (!cfg || !cfg->enabled)
 		return false;
-	/* a flusher writing back a traced dirtier's inode: the dirtier passed the filters when it wrote */
-	if (wb_writing((u32)bpf_get_current_pid_tgid()))
-		return true;
+	/* left out, unless it is a flusher writing back a traced dirtier's inode: that one passed when it wrote */
 	if (cfg->filter_pids && !pids.lookup(&tgid))
-		return false;
+		return wb_writing((u32)bpf_get_current_pid_tgid());
 	/* in the cgroup or below it: then its ancestor at the cgroup's depth is the cgroup */
 	if (cfg->filter_cgroup &&
 	    bpf_get_current_ancestor_cgroup_id(cfg->cgroup_level) != cfg->filter_cgroup)
-		return false;
+		return wb_writing((u32)bpf_get_current_pid_tgid());
 	return true;
 }
 
