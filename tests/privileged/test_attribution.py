@@ -371,10 +371,12 @@ def test_writeback_shows_who_wrote_to_the_device(ext4, tmp_path, who):
     - other-fsync: the writer exits; `sync FILE` (an fsync from another process)
       writes them in *its* context: the data is sync's, none of it the writer's.
     - syncfs: the writer exits; `sync -f FILE` (syncfs) hands the inodes to the
-      bdi flusher (sync_inodes_sb queues writeback work and waits): the data is
-      the flusher kworker's; sync itself writes only block-device metadata.
-    The writer's identity is never guessed from page ownership; so in neither
-    of the last two cases does it get the data, and nothing else does either.
+      bdi flusher (sync_inodes_sb queues writeback work and waits): the flusher
+      kworker makes the requests, between writeback_single_inode_start and its
+      end for the writer's inode, which the writer dirtied: the data is the
+      writer's, in rows marked write-back ("wb"); sync itself writes only
+      block-device metadata.
+    An fsync's writes are never write-back: in the first two cases no row is.
     The journal (jbd2) and metadata writes are allowed beside the data.
     A global `sync` is not used: it waits for every device of this shared machine.
     (Another process's global sync between the write and our sync would hand the
@@ -403,7 +405,8 @@ def test_writeback_shows_who_wrote_to_the_device(ext4, tmp_path, who):
     wbytes = {s["pid"]: s["bytes"] for s in writes}
     by_kind = {"writer": 0, "sync": 0, "flusher": 0, "journal": 0, "other": 0}
     for s in writes:
-        kind = ("writer" if s["pid"] == writer["pid"] else "sync" if s["pid"] == syncer else
+        kind = ("writer" if s["pid"] == writer["pid"] and s.get("wb", False) == (who == "syncfs") else
+                "sync" if s["pid"] == syncer else
                 "flusher" if s["comm"].startswith("kworker/") else
                 "journal" if s["comm"].startswith("jbd2/") else "other")
         by_kind[kind] += s["bytes"]
@@ -421,15 +424,19 @@ def test_writeback_shows_who_wrote_to_the_device(ext4, tmp_path, who):
         assert row["comm"] == writer["comm"] and row["tgid"] == writer["pid"], row
         exact_bytes(by_kind["writer"], data, dumps, dev)
         assert by_kind["flusher"] == 0 and by_kind["sync"] == 0, wbytes
+        assert not any(s.get("wb") for s in writes), writes
     elif who == "other-fsync":
         assert writer["pid"] not in wbytes, wbytes
         row = next(s for s in writes if s["pid"] == syncer)
         assert row["comm"] == "sync", row
         exact_bytes(by_kind["sync"], data, dumps, dev)
         assert by_kind["flusher"] == 0, wbytes
+        assert not any(s.get("wb") for s in writes), writes
     else:
-        assert writer["pid"] not in wbytes, wbytes
-        exact_bytes(by_kind["flusher"], data, dumps, dev)
+        rows = [s for s in writes if s["pid"] == writer["pid"]]
+        assert rows and all(s.get("wb") and s["comm"] == writer["comm"] for s in rows), rows
+        exact_bytes(by_kind["writer"], data, dumps, dev)
+        assert by_kind["flusher"] < MIB, wbytes
         assert by_kind["sync"] < MIB, wbytes          # its own metadata, not the data
 
 

@@ -1,0 +1,149 @@
+"""Write-back under its writer: a block write the kernel's flusher issues for a file a traced process
+dirtied is that process's, in a row of its own marked write-back ("wb": true, "(wb)" in the table).
+
+Real processes (tests/wbload.py: buffered writes, no fsync, alive until the data is on disk), a real
+ext4 on a loop device, real BPF on both attach paths.  The data is handed to the flusher with
+`sync -f FILE` (syncfs: sync_inodes_sb queues the file system's inodes to its flusher and waits), not
+a global `sync`, which would wait for every device of this shared machine.  How fsync's writes stay
+the fsync caller's is test_attribution's test_writeback_shows_who_wrote_to_the_device.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, read_dumps, reaped, run_iotrace, series_of, skipped_by_kernel
+from unit.test_core import start_tracer
+
+from tracer.sources.probe import USER_DROPS
+
+WBLOAD = str(Path(__file__).resolve().parent.parent / "wbload.py")
+bpf = pytest.mark.bpf
+MIB = 1 << 20
+COMM = Path(PYTHON).name[:15]
+
+
+def nothing_lost(dump: dict) -> None:
+    """Only requests the kernel did not show iotrace may be missing (exact_bytes allows for them)."""
+    lost = {reason: n for reason, n in dump["dropped"].items() if n and reason not in USER_DROPS}
+    assert not lost, lost
+
+
+def exact_bytes(got: int, want: int, dumps: list[dict], device: str) -> None:
+    """got == want, less at most one maximal request for each request the kernel skipped."""
+    skipped = skipped_by_kernel(dumps)
+    largest = int(Path(f"/sys/block/{device}/queue/max_sectors_kb").read_text()) * 1024
+    assert want - skipped * largest <= got <= want, (
+        f"{got} bytes, expected {want} (kernel skipped {skipped} requests); events {[d['events'] for d in dumps]}, "
+        f"series {[(s['pid'], s['comm'], s['op'], s.get('wb'), s['bytes']) for d in dumps for s in d['series']]}")
+
+
+def wait_file(path: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def write_back(*files: Path) -> None:
+    """Have the flusher write these files' dirty pages, and wait until it has."""
+    for f in files:
+        subprocess.run(["sync", "-f", str(f)], check=True, timeout=60)
+
+
+def writes(dumps: list[dict], device: str, tgid: int, wb: bool) -> list[dict]:
+    return [s for d in dumps for s in series_of(d, device=device, op="write")
+            if s["tgid"] == tgid and s.get("wb", False) is wb]
+
+
+def wb_bytes(dumps: list[dict], device: str, tgid: int, wb: bool = True) -> int:
+    return sum(s["bytes"] for s in writes(dumps, device, tgid, wb))
+
+
+@bpf
+@pytest.mark.parametrize("attach", ["raw_tp", "tracepoint"])
+def test_command_checkpoint_without_fsync_is_its_write_back(ext4_mnt, tmp_path, attach):
+    """`iotrace -- COMMAND` where COMMAND writes 64 MiB without fsync and runs on until it is on disk:
+    the 64 MiB are on the command's pid, comm and cgroup, marked write-back, none of it direct."""
+    loop, mnt = ext4_mnt
+    target, written, go, out = mnt / "ckpt", tmp_path / "written", tmp_path / "go", tmp_path / "out.jsonl"
+    failed: list[BaseException] = []
+
+    def flusher() -> None:
+        try:
+            wait_file(written)
+            write_back(target)
+        except BaseException as exc:    # noqa: BLE001 - reported by the test's own thread
+            failed.append(exc)
+        finally:
+            go.touch()
+
+    t = threading.Thread(target=flusher)
+    t.start()
+    try:
+        r = run_iotrace(["--attach", attach, "--dev", loop.name, "-o", str(out), "--",
+                         PYTHON, WBLOAD, str(target), "64", str(written), str(go)], timeout=120)
+    finally:
+        go.touch()
+        t.join()
+    assert not failed, failed
+    assert r.returncode == 0, r.stderr
+    pid = int(written.read_text())
+    dumps = read_dumps(out)
+    for d in dumps:
+        nothing_lost(d)
+        assert d["attach"] == attach
+    rows = writes(dumps, loop.name, pid, wb=True)
+    assert rows and all(s["pid"] == pid and s["comm"] == COMM for s in rows), rows
+    assert len({s["cgroup_id"] for s in rows}) == 1 and rows[0]["cgroup_id"], rows
+    exact_bytes(wb_bytes(dumps, loop.name, pid), 64 * MIB, dumps, loop.name)
+    assert wb_bytes(dumps, loop.name, pid, wb=False) < MIB, writes(dumps, loop.name, pid, wb=False)
+    table = [line for line in r.stdout.splitlines() if line.split()[:1] == [str(pid)]]
+    assert any(f"{COMM} (wb)" in line and " write " in line for line in table), r.stdout
+
+
+@bpf
+@pytest.mark.parametrize("mode", ["all", "pid"])
+def test_two_writers_each_get_their_own_files_write_back(ext4_mnt, tmp_path, mode):
+    """Two processes write one file each (24 and 40 MiB, no fsync); the flusher writes both back.
+    Each gets exactly its own file's bytes as write-back; the flusher keeps none of them.  With
+    --pid the flusher is no target, and its requests for the targets' files are traced all the same."""
+    loop, mnt = ext4_mnt
+    sizes = (24, 40)
+    start, go, out = tmp_path / "start", tmp_path / "go", tmp_path / "out.jsonl"
+    files = [mnt / f"w{i}" for i in range(len(sizes))]
+    marks = [tmp_path / f"written{i}" for i in range(len(sizes))]
+    procs = [subprocess.Popen([PYTHON, WBLOAD, str(f), str(mib), str(m), str(go), str(start)])
+             for f, mib, m in zip(files, sizes, marks, strict=True)]
+    with reaped(*procs):
+        pids = [a for p in procs for a in ("--pid", str(p.pid))] if mode == "pid" else []
+        tracer = start_tracer(["--dev", loop.name, "-o", str(out), *pids])
+        with reaped(tracer):
+            start.touch()
+            for m in marks:
+                wait_file(m)
+            write_back(*files)
+            go.touch()
+            for p in procs:
+                assert p.wait(60) == 0
+            if mode == "all":
+                tracer.send_signal(signal.SIGINT)
+            # with --pid the trace ends as its targets do
+            _, err = tracer.communicate(timeout=60)
+            assert tracer.returncode == 0, err
+    dumps = read_dumps(out)
+    for d in dumps:
+        nothing_lost(d)
+    for p, mib in zip(procs, sizes, strict=True):
+        rows = writes(dumps, loop.name, p.pid, wb=True)
+        assert rows and all(s["comm"] == COMM for s in rows), rows
+        exact_bytes(wb_bytes(dumps, loop.name, p.pid), mib * MIB, dumps, loop.name)
+        assert wb_bytes(dumps, loop.name, p.pid, wb=False) == 0
+    flushers = [s for d in dumps for s in series_of(d, device=loop.name, op="write")
+                if s["comm"].startswith("kworker/")]
+    assert sum(s["bytes"] for s in flushers) < MIB, flushers
