@@ -178,6 +178,19 @@ def test_flushes_fsync_and_fdatasync(ext4, tmp_path):
 
 
 @bpf
+def test_write_back_is_charged_to_the_writer(ext4, tmp_path):
+    """16 MiB written without fsync, then handed to the flusher (syncfs): the flusher's requests are the
+    writer's write-back on both sides (the reference charges them by the same rule, from ftrace's
+    writeback events), and the rest (journal, metadata) is whoever's it is."""
+    loop, mnt = ext4
+    f = mnt / "wb.dat"
+    cmp, dumps = traced_system(tmp_path, [loop], ["sh", "-c", f"head -c 16M /dev/zero > {f} && sync -f {f}"])
+    wb = [s for s in series_of(dumps[-1], comm="head", device=loop.name, op="write") if s.get("wb")]
+    assert sum(s["bytes"] for s in wb) == 16 << 20, gt.render(cmp)
+    assert_matches(cmp, dumps, [("head", loop.name, "write")])
+
+
+@bpf
 def test_other_processes_on_the_device_are_not_traced(make_loop, tmp_path):
     """`iotrace -- COMMAND` counts the command's requests only, while another process reads the same disk."""
     loop = make_loop()

@@ -6,7 +6,7 @@ import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 import numpy as np
@@ -45,21 +45,22 @@ class TruthSeries:
     low: dict[str, np.ndarray] = field(default_factory=dict)
     high: dict[str, np.ndarray] = field(default_factory=dict)
     disturbed: dict[str, int] = field(default_factory=dict)    # phase -> samples known only within bounds
+    wb: bool = False     # write-back charged to its dirtier (Series.wb)
 
     @property
-    def key(self) -> tuple[int, str, str]:
-        return (self.tgid, devno(self.dev), self.op)
+    def key(self) -> tuple[int, str, str, bool]:
+        return (self.tgid, devno(self.dev), self.op, self.wb)
 
 
 def aggregate(requests: Iterable[Request]) -> dict[tuple[int, str, str], TruthSeries]:
     """Series (tgid, devno, op) of exact samples."""
-    groups: dict[tuple[int, int, str], list[Request]] = defaultdict(list)
+    groups: dict[tuple[int, int, str, bool], list[Request]] = defaultdict(list)
     for r in requests:
-        groups[(r.tgid, r.dev, r.op)].append(r)
+        groups[(r.tgid, r.dev, r.op, r.wb)].append(r)
     out = {}
-    for (tgid, dev, op), reqs in groups.items():
+    for (tgid, dev, op, wb), reqs in groups.items():
         reqs.sort(key=lambda r: r.complete_ns)
-        s = TruthSeries(tgid, dev, op, reqs[-1].comm, len(reqs), sum(r.bytes for r in reqs))
+        s = TruthSeries(tgid, dev, op, reqs[-1].comm, len(reqs), sum(r.bytes for r in reqs), wb=wb)
         for ph in PHASES:
             b = np.asarray([v for r in reqs if (v := r.phase_bounds(ph)) is not None], dtype=np.int64)
             if len(b):
@@ -103,7 +104,7 @@ class Check:
 
 @dataclass
 class SeriesResult:
-    key: tuple[int, str, str]     # (tgid, devno, op)
+    key: tuple[int, str, str, bool]     # (tgid, devno, op, wb)
     comm: str
     device: str
     status: str                   # "compared", "only-truth", "only-iotrace"
@@ -263,9 +264,14 @@ def compare(requests: Iterable[Request], dumps, scope: Scope, notes: Counter | N
     excluded: Counter = Counter()
     ambiguous = []
     kept = []
+    comms = {r.tid: r.comm for r in requests if r.comm}
     for r in requests:
         if scope.devs and r.dev not in scope.devs:
             continue
+        if r.dirtier is not None and (scope.tgids is None or r.dirtier[0] in scope.tgids):
+            # a flusher's request for a traced dirtier's inode: the dirtier's write-back
+            tgid, tid, comm = r.dirtier
+            r = replace(r, tgid=tgid, tid=tid, comm=comm if comm and comm != "<...>" else comms.get(tid, ""), wb=True)
         if scope.tgids is not None and r.tgid not in scope.tgids:
             excluded[f"{r.comm or r.tgid} (tgid {r.tgid}) is not traced"] += 1
         elif not r.bpf_seen:
@@ -296,6 +302,10 @@ def compare(requests: Iterable[Request], dumps, scope: Scope, notes: Counter | N
 
 # ---------------------------------------------------------------------------- rendering
 
+def _shown_comm(s: SeriesResult) -> str:
+    return f"{s.comm[:10]} (wb)" if s.key[3] else s.comm[:15]
+
+
 def _fmt_ns(v: float | None) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
@@ -315,7 +325,7 @@ def _fmt_val(c: Check) -> tuple[str, str]:
 
 
 def _fmt_key(s: SeriesResult) -> str:
-    return f"{s.key[0]} {s.comm} {s.device} {s.key[2]}"
+    return f"{s.key[0]} {s.comm}{' (wb)' if s.key[3] else ''} {s.device} {s.key[2]}"
 
 
 def render(cmp: Comparison, all_checks: bool = False) -> str:
@@ -326,7 +336,7 @@ def render(cmp: Comparison, all_checks: bool = False) -> str:
     for s in cmp.series:
         t, i = s.truth, s.iotrace
         if s.status != "compared":
-            rows.append((str(s.key[0]), s.comm[:15], s.device, s.key[2], "-",
+            rows.append((str(s.key[0]), _shown_comm(s), s.device, s.key[2], "-",
                          f"{t.count if t else '-'}/{i.count if i else '-'}",
                          f"{t.bytes if t else '-'}/{i.bytes if i else '-'}", "", "", "", "",
                          "FAIL " + s.status))
@@ -345,7 +355,7 @@ def render(cmp: Comparison, all_checks: bool = False) -> str:
             bad = [c for c in s.failures if c.name.startswith(ph + ".") or (first and "." not in c.name)]
             verdict = "ok" if not bad else "FAIL " + ",".join(c.name.split(".")[-1] if "." in c.name
                                                                else c.name for c in bad)
-            rows.append((str(s.key[0]) if first else "", s.comm[:15] if first else "",
+            rows.append((str(s.key[0]) if first else "", _shown_comm(s) if first else "",
                          s.device if first else "", s.key[2] if first else "", ph,
                          f"{t.count}/{i.count}" if first else "",
                          f"{t.bytes}/{i.bytes}" if first else "", *cells, verdict))

@@ -14,6 +14,12 @@ Matching, per request (the semantics iotrace promises, done exactly):
               bio now starts at the bio's sector
   requeue     block_rq_requeue: the request waits to be issued again (only
               used to tell which of two requests at one sector was issued)
+  write-back  a request started by a thread between writeback_single_inode_start
+              and writeback_single_inode of an inode (bdi name, ino) is that
+              inode's last dirtier's (writeback_dirty_folio, not by a thread
+              writing back), unless the dirtier's process is the thread's own:
+              Request.dirtier; the comparison charges it to the dirtier where
+              the dirtier is in its scope (comparison.compare), marked wb
   excluded    the flush machinery's own "FF" requests; zero-byte
               completions matching no zero-byte request (the tail of a
               preflush/FUA data write)
@@ -64,6 +70,9 @@ class Request:
     # the BPF stamps of its start, last issue and completion (None: no stamp, or
     # never issued); the tuple is None when the events were not stamped
     stamps: tuple[Stamp | None, Stamp | None, Stamp | None] | None = None
+    # (tgid, tid, comm) of the last dirtier of the inode its (flusher) thread was writing back, if any
+    dirtier: tuple[int, int, str] | None = None
+    wb: bool = False     # charged to its dirtier (comparison.compare)
 
     @property
     def queue_ns(self) -> int | None:
@@ -103,8 +112,8 @@ class Request:
 
 
 class _Live:
-    __slots__ = ("comm", "dev", "done", "issue_ns", "issue_stamp", "issued", "op", "remaining", "rq", "rwbs",
-                 "sector", "start_ns", "start_sector", "start_stamp", "tgid", "tid")
+    __slots__ = ("comm", "dev", "dirtier", "done", "issue_ns", "issue_stamp", "issued", "op", "remaining", "rq",
+                 "rwbs", "sector", "start_ns", "start_sector", "start_stamp", "tgid", "tid")
 
     def __init__(self, ev: Event):
         f = ev.f
@@ -123,6 +132,7 @@ class _Live:
         self.issued = False            # issued and not requeued since
         self.remaining = f["bytes"]
         self.done = 0
+        self.dirtier: tuple[int, int, str] | None = None
 
 
 @dataclass
@@ -146,6 +156,8 @@ class Truth:
         forks = []
         notes: Counter = Counter()
         recent_tail_keys: Counter = Counter()   # (dev, sector) of preflush/FUA data writes just completed
+        dirtiers: dict[tuple[str, int], tuple[int, int, str]] = {}     # (bdi, ino) -> last dirtier (tgid, tid, comm)
+        writing: dict[int, tuple[int, int, str]] = {}   # thread -> dirtier of the inode it is writing back
 
         def find(key, zero: bool, prefer_unissued: bool = False, stamp: Stamp | None = None) -> _Live | None:
             if stamp is not None and stamp.rq:
@@ -175,12 +187,26 @@ class Truth:
             if ev.name == "sched_process_fork":
                 forks.append((ev.ts, ev.tgid if ev.tgid is not None else ev.pid, f["child_pid"]))
                 continue
+            if ev.name.startswith("writeback_"):
+                tgid = ev.tgid if ev.tgid is not None else ev.pid
+                if ev.name == "writeback_dirty_folio":
+                    if ev.pid not in writing:     # a flusher dirtying as it writes back is no writer
+                        dirtiers[(f["name"], f["ino"])] = (tgid, ev.pid, f.get("comm", ""))
+                elif ev.name == "writeback_single_inode_start":
+                    writing.pop(ev.pid, None)
+                    d = dirtiers.get((f["name"], f["ino"]))
+                    if d is not None and d[0] != tgid:
+                        writing[ev.pid] = d
+                else:
+                    writing.pop(ev.pid, None)
+                continue
             if devs and f["dev"] not in devs:
                 continue
             if ev.tgid is None and ev.name == "block_io_start":
                 notes["unknown_tgid"] += 1
             if ev.name == "block_io_start":
                 r = _Live(ev)
+                r.dirtier = writing.get(ev.pid)
                 pending[(r.dev, r.sector)].append(r)
             elif ev.name == "block_rq_issue":
                 if f["rwbs"].startswith("FF"):
@@ -228,7 +254,7 @@ class Truth:
                     recent_tail_keys[key] += 1
                 stamps = None if ev.stamp is None else (r.start_stamp, r.issue_stamp, ev.stamp)
                 done.append(Request(r.tgid, r.tid, r.comm, r.dev, r.op, r.rwbs, r.start_sector, r.done,
-                                    r.start_ns, r.issue_ns, ev.ts, stamps))
+                                    r.start_ns, r.issue_ns, ev.ts, stamps, r.dirtier))
             elif ev.name == "block_rq_merge":
                 key = (f["dev"], f["sector"])
                 r = find(key, f["bytes"] == 0, prefer_unissued=True)
@@ -253,7 +279,7 @@ class Truth:
                     notes["requeue"] += 1
                     issued[0].issued = False
         left = [Request(r.tgid, r.tid, r.comm, r.dev, r.op, r.rwbs, r.start_sector, r.done, r.start_ns,
-                        r.issue_ns, stopped_ns) for lst in pending.values() for r in lst]
+                        r.issue_ns, stopped_ns, dirtier=r.dirtier) for lst in pending.values() for r in lst]
         return cls(done, left, forks, notes, list(devs), started_ns, stopped_ns, len(events))
 
     def descendants(self, root_tgid: int) -> set[int]:

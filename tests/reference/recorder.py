@@ -4,7 +4,9 @@ Recording.  A tracefs instance ``instances/iotrace-truth-<pid>`` with
 ``trace_clock`` mono (the clock of bpf_ktime_get_ns), ``record-tgid`` on, a
 large per-CPU buffer and the events block_io_start, block_rq_issue,
 block_rq_complete, block_rq_merge, block_bio_frontmerge, block_rq_requeue (filtered to
-the devices given) and sched_process_fork (to know a command's process tree).
+the devices given), sched_process_fork (to know a command's process tree) and
+writeback_dirty_folio, writeback_single_inode_start, writeback_single_inode
+(filtered to the devices' bdi names: whose write-back a flusher's request is).
 The text ``trace`` file prints times in microseconds only, so the events
 are read in binary from ``per_cpu/cpuN/trace_pipe_raw`` (nanoseconds) and
 the text file is used for the tgid column and as a cross-check of the
@@ -52,6 +54,7 @@ from .matcher import Truth
 BLOCK_EVENTS = ("block_io_start", "block_rq_issue", "block_rq_complete", "block_rq_merge",
                 "block_bio_frontmerge", "block_rq_requeue")
 FORK_EVENT = ("sched", "sched_process_fork")
+WRITEBACK_EVENTS = ("writeback_dirty_folio", "writeback_single_inode_start", "writeback_single_inode")
 DEFAULT_BUFFER_KB = 64 * 1024          # per CPU
 
 
@@ -191,8 +194,8 @@ _TEXT_LINE = re.compile(r"^\s*(?P<comm>.*?)-(?P<pid>\d+)\s+\(\s*(?P<tgid>-+|\d+)
                         r"(?P<flags>\S+)\s+(?P<sec>\d+)\.(?P<usec>\d{6}):\s+(?P<event>\w+):")
 
 
-def parse_text(text: str) -> dict[int, list[tuple[int, int, int | None, str]]]:
-    """Per CPU, the events of a text `trace` file: (time in us, pid, tgid or None, event name)."""
+def parse_text(text: str) -> dict[int, list[tuple[int, int, int | None, str, str]]]:
+    """Per CPU, the events of a text `trace` file: (time in us, pid, tgid or None, event name, comm)."""
     out: dict[int, list] = defaultdict(list)
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -204,7 +207,7 @@ def parse_text(text: str) -> dict[int, list[tuple[int, int, int | None, str]]]:
             raise TruthError(f"cannot parse trace line: {line!r}")
         tgid = None if m["tgid"].startswith("-") else int(m["tgid"])
         us = int(m["sec"]) * 1_000_000 + int(m["usec"])
-        out[int(m["cpu"])].append((us, int(m["pid"]), tgid, m["event"]))
+        out[int(m["cpu"])].append((us, int(m["pid"]), tgid, m["event"], m["comm"]))
     return out
 
 
@@ -413,6 +416,12 @@ class TruthRecorder:
                 self._write(f"events/block/{ev}/filter", flt)
             self._write(f"events/block/{ev}/enable", "1")
         self._write(f"events/{FORK_EVENT[0]}/{FORK_EVENT[1]}/enable", "1")
+        # a disk's bdi is named "major:minor"
+        bdi = " || ".join(f'name == "{d >> 20}:{d & 0xFFFFF}"' for d in self.devs)
+        for ev in WRITEBACK_EVENTS:
+            if bdi:
+                self._write(f"events/writeback/{ev}/filter", bdi)
+            self._write(f"events/writeback/{ev}/enable", "1")
         self._write("trace", "")       # empty
         self.started_ns = time.monotonic_ns()
         self._write("tracing_on", "1")
@@ -454,6 +463,8 @@ class TruthRecorder:
             for ev in BLOCK_EVENTS:
                 (self.dir / f"events/block/{ev}/enable").write_text("0")
             (self.dir / f"events/{FORK_EVENT[0]}/{FORK_EVENT[1]}/enable").write_text("0")
+            for ev in WRITEBACK_EVENTS:
+                (self.dir / f"events/writeback/{ev}/enable").write_text("0")
         except OSError:
             pass
         try:
@@ -465,7 +476,8 @@ class TruthRecorder:
 
     def _formats(self) -> dict[int, EventFormat]:
         out = {}
-        for system, name in [("block", e) for e in BLOCK_EVENTS] + [FORK_EVENT]:
+        for system, name in [("block", e) for e in BLOCK_EVENTS] + [FORK_EVENT] + \
+                [("writeback", e) for e in WRITEBACK_EVENTS]:
             fmt = EventFormat.parse(system, name, (self.dir / "events" / system / name / "format").read_text())
             out[fmt.id] = fmt
         return out
@@ -519,11 +531,13 @@ class TruthRecorder:
             if len(raw) != len(txt):
                 raise TruthError(f"cpu{cpu}: {len(raw)} events in trace_pipe_raw but {len(txt)} in trace")
             evs = []
-            for seq, ((ts, name, f), (us, pid, tgid, tname)) in enumerate(zip(raw, txt, strict=True)):
+            for seq, ((ts, name, f), (us, pid, tgid, tname, comm)) in enumerate(zip(raw, txt, strict=True)):
                 # the text prints ns2usecs(ts) = (ts + 500) / 1000
                 if name != tname or f["common_pid"] != pid or (ts + 500) // 1000 != us:
                     raise TruthError(f"cpu{cpu} event {seq}: binary {name} pid {f['common_pid']} at {ts} ns "
                                      f"disagrees with text {tname} pid {pid} at {us} us")
+                if name.startswith("writeback_"):
+                    f = {**f, "comm": comm}     # the writer's name, where the trace has it (else "<...>")
                 evs.append(Event(ts, cpu, seq, name, pid, tgid, f))
             streams.append(evs)
         self._check_stats()

@@ -174,3 +174,27 @@ def test_within_accepts_the_bounds_and_the_jitter_and_nothing_more():
     assert not gt.within(2_000, 2_000, 2_000, 2_300, noise=250)[0]
     assert gt.within(20_000, 20_000, 40_000, 39_000)[0]                      # a disturbed sample's range
     assert not gt.within(20_000, 20_000, 40_000, 45_000)[0]
+
+
+def wb_event(ts, name, pid, ino, bdi="7:0"):
+    return gt.Event(ts, 0, ts, name, pid, pid, {"name": bdi, "ino": ino})
+
+
+def test_truth_a_flushers_request_names_the_last_dirtier_of_the_inode_it_writes_back():
+    flusher, a, b = 50, 200, 300
+    events = [wb_event(1, "writeback_dirty_folio", a, 12), wb_event(2, "writeback_dirty_folio", b, 13),
+              wb_event(3, "writeback_dirty_folio", a, 13),                 # a dirtied 13 last
+              wb_event(10, "writeback_single_inode_start", flusher, 12),
+              start(11, 0, 4096, "W", pid=flusher), issue(12, 0, 4096, "W"), complete(20, 0, 8, "W"),
+              wb_event(21, "writeback_single_inode", flusher, 12),
+              start(22, 8, 4096, "W", pid=flusher), issue(23, 8, 4096, "W"), complete(30, 8, 8, "W"),
+              wb_event(31, "writeback_single_inode_start", flusher, 13),
+              start(32, 16, 4096, "W", pid=flusher), issue(33, 16, 4096, "W"), complete(40, 16, 8, "W"),
+              wb_event(41, "writeback_single_inode", flusher, 13),
+              # the dirtier writing its own inode back (a file system's fsync): its own request
+              wb_event(50, "writeback_single_inode_start", a, 12),
+              start(51, 24, 4096, "W", pid=a), issue(52, 24, 4096, "W"), complete(60, 24, 8, "W"),
+              wb_event(61, "writeback_single_inode", a, 12)]
+    t = gt.Truth.from_events(events, [7 << 20])
+    assert [(r.tid, r.dirtier) for r in t.requests] == [(flusher, (a, a, "")), (flusher, None), (flusher, (a, a, "")),
+                                                        (a, None)]
