@@ -10,16 +10,19 @@ the fsync caller's is test_attribution's test_writeback_shows_who_wrote_to_the_d
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 from conftest import PYTHON, read_dumps, reaped, run_iotrace, series_of, skipped_by_kernel
 from unit.test_core import start_tracer
 
+from tracer.sources.cgroups import cgroup2_mount
 from tracer.sources.probe import USER_DROPS
 
 WBLOAD = str(Path(__file__).resolve().parent.parent / "wbload.py")
@@ -147,3 +150,58 @@ def test_two_writers_each_get_their_own_files_write_back(ext4_mnt, tmp_path, mod
     flushers = [s for d in dumps for s in series_of(d, device=loop.name, op="write")
                 if s["comm"].startswith("kworker/")]
     assert sum(s["bytes"] for s in flushers) < MIB, flushers
+
+
+@pytest.fixture
+def cgroup_dir():
+    """A cgroup v2 X with a child X/inner, removed at teardown (after their processes exit)."""
+    found = cgroup2_mount()
+    if found is None:
+        pytest.skip("no cgroup v2 hierarchy mounted")
+    root = Path(found[0])
+    top = root / f"iotrace-wb-{uuid.uuid4().hex[:8]}"
+    inner = top / "inner"
+    inner.mkdir(parents=True)
+    yield root, top, inner
+    for d in (inner, top):
+        for pid in (d / "cgroup.procs").read_text().split():    # strays: back to the root
+            try:
+                (root / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        d.rmdir()
+
+
+@bpf
+def test_cgroup_filter_charges_write_back_to_the_container(ext4_mnt, tmp_path, cgroup_dir):
+    """--cgroup: the file a process inside the cgroup wrote is its write-back, with its cgroup; the one a
+    process outside wrote is nobody's here (the flusher is outside the cgroup too)."""
+    loop, mnt = ext4_mnt
+    root, top, inner = cgroup_dir
+    start, go, out = tmp_path / "start", tmp_path / "go", tmp_path / "out.jsonl"
+    files, marks = [mnt / "inside", mnt / "outside"], [tmp_path / "written0", tmp_path / "written1"]
+    procs = [subprocess.Popen([PYTHON, WBLOAD, str(f), str(mib), str(m), str(go), str(start)])
+             for f, mib, m in zip(files, (16, 8), marks, strict=True)]
+    with reaped(*procs):
+        (inner / "cgroup.procs").write_text(str(procs[0].pid))
+        tracer = start_tracer(["--cgroup", "/" + os.path.relpath(top, root), "--dev", loop.name, "-o", str(out)])
+        with reaped(tracer):
+            start.touch()
+            for m in marks:
+                wait_file(m)
+            write_back(*files)
+            go.touch()
+            for p in procs:
+                assert p.wait(60) == 0
+            tracer.send_signal(signal.SIGINT)
+            _, err = tracer.communicate(timeout=60)
+            assert tracer.returncode == 0, err
+    dumps = read_dumps(out)
+    for d in dumps:
+        nothing_lost(d)
+    inside, outside = procs
+    rows = writes(dumps, loop.name, inside.pid, wb=True)
+    assert rows and all(s["cgroup_id"] == os.stat(inner).st_ino for s in rows), rows
+    exact_bytes(wb_bytes(dumps, loop.name, inside.pid), 16 * MIB, dumps, loop.name)
+    others = [s for d in dumps for s in series_of(d, device=loop.name) if s["tgid"] != inside.pid]
+    assert sum(s["bytes"] for s in others) < MIB, others
