@@ -209,7 +209,7 @@ def render_diff(a: Side, b: Side, out: TextIO, phase: str = "total") -> None:
 
 
 def _row_key(s: Series) -> dict:
-    return {"comm": s.comm, "device": s.device, "op": s.op}
+    return {"comm": s.comm, "device": s.device, "op": s.op, **({"wb": True} if s.wb else {})}
 
 
 def diff_json(a: Side, b: Side, phase: str = "total") -> dict:
