@@ -94,3 +94,21 @@ def test_tables_mark_write_back_rows():
     d = dump(None, 0, 1, [wb, direct])
     cells = sorted(r.cells()[1] for r in top.top_rows(d))
     assert cells == ["a-very-lon (wb)", "a-very-long-com"]
+
+
+def test_the_perf_event_path_checks_the_writeback_events_in_their_own_category(monkeypatch):
+    from tracer.errors import UserError
+    from tracer.sources import probe
+
+    asked = []
+
+    def fields(event, category="block"):
+        asked.append((category, event))
+        return None if event == "writeback_single_inode_start" else {"name", "ino", "dev", "sector", "bytes",
+                                                                      "rwbs", "nr_sector"}
+
+    monkeypatch.setattr(probe, "tracefs", lambda: probe.Path("/sys/kernel/tracing"))
+    monkeypatch.setattr(probe, "tracepoint_fields", fields)
+    with pytest.raises(UserError, match="tracepoint writeback:writeback_single_inode_start is missing"):
+        probe.check_tracepoints()
+    assert ("writeback", "writeback_dirty_folio") in asked and ("block", "block_rq_issue") in asked
