@@ -33,7 +33,6 @@ GENERATION_GRACE_S = 0.005
 # fires in the submitter's context, Linux 6.5+; block_rq_insert is the closest older equivalent).
 EVENTS = contract.load().events
 START_EVENTS = kernel.START_EVENTS
-START_FIELDS = next(e.fields for e in EVENTS if e.when == "start")
 # the perf-event programs' tracepoint fields, checked at start: every request's events, the bio ones
 REQUIRED_FIELDS = {e.name: e.fields for e in EVENTS if e.when == "always" and "tracepoint" in e.paths and e.fields}
 BIO_FIELDS = {e.name: e.fields for e in EVENTS if e.when == "bio" and "tracepoint" in e.paths}
@@ -201,6 +200,16 @@ def start_events() -> tuple[str, ...]:
     return (forced,)
 
 
+def starts_at_bio(start_event: str) -> bool:
+    """Whether `start_event` gives a bio, not a request (block_getrq): then the programs carry the start
+    from the bio to its request (IOTRACE_START_BIO), and block_getrq names a partition's dev."""
+    return contract.load().kernel.raw_tps[start_event][:1] == ["struct bio *"]
+
+
+# The one start event that sees only the requests passing an I/O scheduler (blind_disks).
+SCHEDULED_START = "block_rq_insert"
+
+
 def blind_disks(start_event: str, devs: list[int]) -> list[str]:
     """The traced disks (every whole disk, without --dev) on which `start_event` misses most requests.
 
@@ -212,7 +221,7 @@ def blind_disks(start_event: str, devs: list[int]) -> list[str]:
     onto block_rq_insert: fio 4 KiB O_DIRECT on a none loop device, 11% of
     requests seen.  Not a guess from the version: the scheduler is read now.
     """
-    if start_event == START_EVENTS[0]:
+    if start_event != SCHEDULED_START:
         return []
     disks = devices.whole_disks()
     names = {dev: name for name, dev in disks.items()}
@@ -222,12 +231,14 @@ def blind_disks(start_event: str, devs: list[int]) -> list[str]:
 
 
 def choose_start_event() -> str:
-    for ev in start_events():
-        fields = tracepoint_fields(ev)
-        if fields is not None and all(f in fields for f in START_FIELDS):
-            return ev
-    raise UserError("this kernel has neither block:block_io_start nor block:block_rq_insert "
-                    "with fields dev, sector, bytes, rwbs; iotrace needs Linux 5.0 or later")
+    wanted = [e for name in start_events() for e in EVENTS if e.name == name]
+    for ev in wanted:
+        fields = tracepoint_fields(ev.name)
+        if fields is not None and all(f in fields for f in ev.fields):
+            return ev.name
+    raise UserError("this kernel has none of the tracepoints "
+                    + "; ".join(f"block:{e.name} with fields {', '.join(e.fields)}" for e in wanted)
+                    + "; iotrace needs Linux 5.0 or later")
 
 
 def check_tracepoints(required: dict[str, tuple[str, ...]] = REQUIRED_FIELDS) -> None:
@@ -445,8 +456,9 @@ def _fold_series(vals: np.ndarray) -> np.ndarray:
     folded = mins.min(axis=1)
     folded[np.isinf(folded)] = 0
     out["min_ns"] = folded.astype(np.uint64)
-    # identity of the submitter: from a CPU that saw this series
-    seen = np.argmax(vals["count"] > 0, axis=1)
+    # identity of the submitter: from the CPU that completed this series' latest request (a process's
+    # name changes at exec: each CPU keeps the name of its own latest request)
+    seen = np.argmax(np.where(vals["count"] > 0, vals["last_ns"], 0), axis=1)
     rows = np.arange(len(vals))
     for name in ("cgroup", "tgid", "comm"):
         out[name] = vals[name][rows, seen]
@@ -482,6 +494,9 @@ class Probe:
                 cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
         # the disks whose requests this start event mostly misses (said at start and in every dump)
         self.start_blind = blind_disks(self.start_event, opts.devs)
+        start_bio = starts_at_bio(self.start_event)
+        if start_bio:
+            cflags.append("-DIOTRACE_START_BIO")
         text = bpf_source(src_dir, SOURCES[self.attach])
         start = next(e for e in EVENTS if e.name == self.start_event)
         text = text.replace("IOTRACE_START_CATEGORY", start.category).replace("IOTRACE_START_EVENT", self.start_event)
@@ -534,6 +549,10 @@ class Probe:
             bio = self.bpf["bio_devs"]
             for d in self.bio_devs:
                 bio[bio.Key(d)] = ct.c_uint8(1)
+        if start_bio and self.attach == "tracepoint":
+            parts = self.bpf["parts"]
+            for part, disk in list(devices.partitions().items())[:parts.max_entries]:
+                parts[parts.Key(part)] = parts.Leaf(disk)
         # last: the programs record nothing until the config says enabled
         self._write_config(opts)
         self._interval_start = time.monotonic_ns()
