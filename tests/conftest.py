@@ -212,10 +212,15 @@ def run_traced_group(args: list[str], env: dict[str, str], timeout: float) -> tu
     return p.returncode, out, err
 
 
+# Subprocess timeouts are set for this machine's speed; a slower one (a TCG guest: make test-kernels)
+# stretches them by this factor.
+TIMEOUT_SCALE = float(os.environ.get("IOTRACE_TIMEOUT_SCALE", "1") or 1)
+
+
 def run_iotrace(args: list[str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """Run `python -m tracer.cli ARGS` and capture its output."""
     return subprocess.run([PYTHON, "-m", "tracer.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, **kw)
+                          timeout=timeout * TIMEOUT_SCALE, **kw)
 
 
 @contextmanager
