@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import assert_count, fio_cmd, run_iotrace, series_of
 
+from tracer.sources import probe
+
 pytestmark = pytest.mark.bpf
 
 REQUESTS = 2048
@@ -59,6 +61,7 @@ def check_none_then_deadline(loop, attach: str, sched: Path) -> None:
     assert_count(reads, REQUESTS, dumps, device=loop.name)
 
 
+@pytest.mark.skipif(probe.tracepoint_fields("block_io_start") is None, reason="no block_io_start: Linux before 6.5")
 def test_block_io_start_is_said_in_every_dump_and_warns_of_nothing(loop):
     Path(f"/sys/block/{loop.name}/queue/scheduler").write_text("none\n")
     err, dumps, reads = traced(loop, "raw_tp", None)
