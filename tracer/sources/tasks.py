@@ -40,6 +40,7 @@ from pathlib import Path
 from tracer import contract
 from tracer.errors import UserError
 from tracer.sources import kernel
+from tracer.sources.proctree import PROC, stat_of
 
 COUNTERS = ("io_wait_ns", "io_waits", "read_bytes", "reads", "fsync_ns", "fsyncs", "throttle_ns", "throttles")
 RAW_EVENTS = ("sched_switch", "sched_wakeup", "balance_dirty_pages", "sched_process_fork", "sched_process_exit")
@@ -182,11 +183,11 @@ def choose_syscalls(mode: str, btf, con: contract.Contract, headers: Path,
                       *(f"-DIOTRACE_NR_{name.upper()}={nr}" for name, nr in sorted(numbers.items()))], ""
 
 
-def _proc_ppid(pid: int) -> int:
+def _proc_ppid(pid: int, proc: str = PROC) -> int:
+    """A process's parent from /proc, 0 if it cannot be read (it exited)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
+        return stat_of(pid, proc).ppid
+    except (OSError, ValueError):
         return 0
 
 
