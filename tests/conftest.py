@@ -265,7 +265,7 @@ def unseen_on(device: str, dumps: list[dict]) -> int | None:
     """Requests /proc/diskstats completed on `device` that iotrace did not record, over `dumps`;
     None where a pid or cgroup filter leaves some out by design."""
     cov = merge_coverage([Coverage.from_json(d["coverage"]) for d in dumps if "coverage" in d])
-    if cov and cov["filtered"]:
+    if cov and cov.filtered:
         return None
     return sum(unrecorded(cov, device).values())
 
