@@ -312,6 +312,7 @@ def exposition(text: str) -> dict[tuple, float]:
 def test_not_ready_and_attached_0_until_the_probe_is_loaded(monkeypatch, capsys):
     """While the BPF programs load, /metrics answers with iotrace_attached 0 and every drop reason at 0,
     and /ready with 503; once loaded, 1 and 200."""
+    import tracer.runtime.session
     import tracer.sources.probe
 
     port = free_port()
@@ -335,7 +336,7 @@ def test_not_ready_and_attached_0_until_the_probe_is_loaded(monkeypatch, capsys)
             return 0
 
     monkeypatch.setattr(tracer.sources.probe, "Probe", LoadingProbe)
-    monkeypatch.setattr(servecli, "Live", OneRound)
+    monkeypatch.setattr(tracer.runtime.session, "Live", OneRound)     # the loop every live mode runs
     assert servecli.run(["--listen", f"127.0.0.1:{port}"]) == 0
     (code, text), (ready, body) = seen["loading"]
     samples = exposition(text)
