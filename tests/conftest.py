@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tracer.model.dump import merge_coverage, unrecorded
+from tracer.model.sections import Coverage, read_sections
 from tracer.sources.probe import USER_DROPS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,6 +236,13 @@ def reaped(*procs: subprocess.Popen) -> Iterator[None]:
                 p.wait()
 
 
+def put_json(d, fields: dict):
+    """Dump `d` with the sections of `fields` (as a JSON line holds them: {"loop": {...}, ...}) set."""
+    sections, unknown = read_sections(fields, set())
+    assert not unknown, unknown
+    return d.put(*sections.values())
+
+
 def read_dumps(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -261,8 +269,8 @@ def skipped_by_kernel(dumps: list[dict]) -> int:
 def unseen_on(device: str, dumps: list[dict]) -> int | None:
     """Requests /proc/diskstats completed on `device` that iotrace did not record, over `dumps`;
     None where a pid or cgroup filter leaves some out by design."""
-    cov = merge_coverage([d["coverage"] for d in dumps if "coverage" in d])
-    if cov and cov["filtered"]:
+    cov = merge_coverage([Coverage.from_json(d["coverage"]) for d in dumps if "coverage" in d])
+    if cov and cov.filtered:
         return None
     return sum(unrecorded(cov, device).values())
 
