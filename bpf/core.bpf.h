@@ -55,6 +55,8 @@ BPF_PERCPU_HASH(series1, struct iotrace_series_key, struct iotrace_series_val, I
 BPF_PERCPU_ARRAY(reasons, u64, IOTRACE_REASON_COUNT);
 /* cpu * IOTRACE_WHO_SLOTS + tid % IOTRACE_WHO_SLOTS -> struct iotrace_who: a thread's comm and cgroup */
 BPF_ARRAY(who, struct iotrace_who, IOTRACE_CPUS * IOTRACE_WHO_SLOTS);
+/* [0] -> execs seen on any CPU: a thread's comm cached in `who` before the latest is read again */
+BPF_ARRAY(execs, u32, 1);
 /* tgid (or forked tid) -> 1: the processes traced when filter_pids is set */
 BPF_HASH(pids, u32, u8, IOTRACE_PID_ENTRIES);
 /* dev_t -> 1: the devices traced when filter_devs is set */
@@ -428,6 +430,7 @@ static __always_inline void record(struct iotrace_slot *s, u64 now)
 	v->bytes += s->done;
 	v->cgroup = s->cgroup;
 	v->tgid = s->tgid;
+	v->last_ns = now;
 
 	hk.pid = sk.pid;
 	hk.dev = sk.dev;
@@ -483,7 +486,8 @@ static __always_inline bool dev_wanted(u32 dev)
 /* The current thread's comm and cgroup, from this CPU's cache (struct iotrace_who). */
 static __always_inline struct iotrace_who *who_is(u32 tid, u64 now)
 {
-	u32 cpu = bpf_get_smp_processor_id(), idx = cpu * IOTRACE_WHO_SLOTS + tid % IOTRACE_WHO_SLOTS;
+	u32 cpu = bpf_get_smp_processor_id(), idx = cpu * IOTRACE_WHO_SLOTS + tid % IOTRACE_WHO_SLOTS, zero = 0;
+	u32 *ex = execs.lookup(&zero), seen = ex ? *ex : 0;
 	struct iotrace_who *w;
 
 	if (cpu >= IOTRACE_CPUS)
@@ -491,10 +495,11 @@ static __always_inline struct iotrace_who *who_is(u32 tid, u64 now)
 	w = who.lookup(&idx);
 	if (!w)
 		return 0;
-	if (w->tid != tid || now - w->ns > IOTRACE_COMM_REUSE_NS) {
+	if (w->tid != tid || w->execs != seen || now - w->ns > IOTRACE_COMM_REUSE_NS) {
 		w->cgroup = bpf_get_current_cgroup_id();
 		bpf_get_current_comm(w->comm, sizeof(w->comm));
 		w->tid = tid;
+		w->execs = seen;
 		w->ns = now;
 	}
 	return w;
@@ -615,6 +620,15 @@ static __always_inline void slot_fill(struct iotrace_slot *s, u64 now, u64 id, u
 	wb_charge(s, (u32)id);
 }
 
+/* A request moving to another slot (`to`, freshly claimed): all but the key's copy (sector). */
+static __always_inline void slot_copy(struct iotrace_slot *to, const struct iotrace_slot *from)
+{
+	u64 key = to->sector;
+
+	__builtin_memcpy(to, from, sizeof(*to));
+	to->sector = key;
+}
+
 /* Follow forks of traced processes (the filter's children). */
 static __always_inline void on_fork(u32 child)
 {
@@ -629,6 +643,19 @@ static __always_inline void on_fork(u32 child)
 		return;
 	if (pids.update(&child, &one))
 		count_reason(IOTRACE_DROP_PID_FULL);
+}
+
+/*
+ * An exec renames its thread: every comm cached before it is read again
+ * (the thread's entries may sit on any CPU; execs are rare).  Without this
+ * a shell's child that did I/O just before exec'ing dd kept the shell's name.
+ */
+static __always_inline void on_exec(void)
+{
+	u32 zero = 0, *ex = execs.lookup(&zero);
+
+	if (ex)
+		__sync_fetch_and_add(ex, 1);
 }
 
 /* Keeps the filter bounded, and a reused pid from being traced. */

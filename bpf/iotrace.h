@@ -39,6 +39,9 @@
 #endif
 #define IOTRACE_INFLIGHT_PROBES 8	/* slots per group: one cache line of tags */
 #define IOTRACE_INFLIGHT_GROUPS (IOTRACE_INFLIGHT_SLOTS / IOTRACE_INFLIGHT_PROBES)
+#define IOTRACE_PARTITIONS 1024	/* block_getrq starts, perf-event path: partitions mapped to their disk */
+/* block_getrq starts: bios before rq->bio searched for the start (a front merge puts one there) */
+#define IOTRACE_BIO_HOPS 2
 /* a slot this old whose completion never came (the kernel skipped it) may be reused */
 #define IOTRACE_STALE_NS 60000000000ULL
 /* a thread's comm and cgroup, read on this CPU less than this ago, are taken as still right */
@@ -157,6 +160,8 @@ KMEMBER(RQ_SECTOR, request, __sector, 8)	/* the ground-truth stamper only */
 KMEMBER(Q_DISK, request_queue, disk, 8)
 KMEMBER(DISK_MAJOR, gendisk, major, 4)
 KMEMBER(DISK_FIRST_MINOR, gendisk, first_minor, 4)	/* read with major: must follow it */
+KMEMBER(RQ_BIO, request, bio, 8)	/* block_getrq starts only */
+KMEMBER(BIO_NEXT, bio, bi_next, 8)	/* block_getrq starts only */
 KMEMBER(BIO_BDEV, bio, bi_bdev, 8)
 KMEMBER(BIO_OPF, bio, bi_opf, 4)
 KMEMBER(BIO_SIZE, bio, bi_iter.bi_size, 4)
@@ -172,6 +177,7 @@ KENUM(REQ_PREFLUSH, __REQ_PREFLUSH)
 KHEAD(RQ_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN, RQ_PART)	/* at completion */
 KHEAD(BIO_HEAD_LEN, bio, BIO_BDEV, BIO_OPF, BIO_SIZE)
 KRAWTP(block_io_start, struct request *)
+KRAWTP(block_getrq, struct bio *)
 KRAWTP(block_rq_insert, struct request *)
 KRAWTP(block_rq_issue, struct request *)
 KRAWTP(block_rq_complete, struct request *, blk_status_t, unsigned int)
@@ -185,6 +191,7 @@ KRAWTP(writeback_dirty_folio, struct folio *, struct address_space *)
 KRAWTP(writeback_single_inode_start, struct inode *)
 KRAWTP(writeback_single_inode, struct inode *)
 KMEMBER(MAPPING_HOST, address_space, host, 8)	/* a dirtied folio's inode */
+KRAWTP(sched_process_exec, struct task_struct *, pid_t, struct linux_binprm *)
 KMEMBER(TASK_TGID, task_struct, tgid, 4)	/* tasks.bpf.c */
 KMEMBER(TASK_FILES, task_struct, files, 8)	/* tasks.bpf.c */
 KMEMBER(FILES_FDT, files_struct, fdt, 8)	/* tasks.bpf.c */
@@ -216,9 +223,15 @@ KMEMBER(TASK_TI_STATUS, task_struct, thread_info.status, 4)	/* tasks.bpf.c sysca
  *   disk is traced: IOTRACE_BIO_LEVEL); fields: what the perf-event program
  *   reads of the tracepoint's format (checked at start; "-" for none).  A
  *   raw tracepoint's arguments are its KRAWTP line above.
+ * The starts, newest first: block_io_start (Linux 6.5+, in
+ * blk_mq_bio_to_request); block_getrq (every request made from a bio, in the
+ * submitter's context right before it: the start then travels with the bio,
+ * IOTRACE_START_BIO); block_rq_insert (only requests that pass a scheduler:
+ * kept to compare with, $IOTRACE_START_EVENT chooses it).
  */
 #ifdef IOTRACE_EVENT_TABLE
 EVENT(block_io_start, block, start, raw_tp tracepoint, start, dev sector bytes rwbs)
+EVENT(block_getrq, block, start, raw_tp tracepoint, start, dev sector nr_sector rwbs)
 EVENT(block_rq_insert, block, start, raw_tp tracepoint, start, dev sector bytes rwbs)
 EVENT(block_rq_issue, block, issue, raw_tp tracepoint, always, dev sector bytes rwbs)
 EVENT(block_rq_complete, block, complete, raw_tp tracepoint, always, dev sector nr_sector rwbs)
@@ -230,6 +243,7 @@ EVENT(sched_process_exit, sched, exit, raw_tp tracepoint, always, -)
 EVENT(writeback_dirty_folio, writeback, wb_dirty, raw_tp tracepoint, always, name ino)
 EVENT(writeback_single_inode_start, writeback, wb_start, raw_tp tracepoint, always, name ino)
 EVENT(writeback_single_inode, writeback, wb_end, raw_tp tracepoint, always, -)
+EVENT(sched_process_exec, sched, exec, raw_tp tracepoint, always, -)
 EVENT(block_bio_queue, block, bio_queue, raw_tp tracepoint, bio, dev sector nr_sector rwbs)
 EVENT(block_bio_complete, block, bio_complete, raw_tp tracepoint, bio, dev sector nr_sector rwbs)
 #endif
@@ -276,7 +290,7 @@ struct iotrace_slot {
  */
 struct iotrace_who {
 	u32 tid;
-	u32 pad;
+	u32 execs;		/* the exec count (core's `execs`) when comm was read */
 	u64 ns;			/* when comm and cgroup were read */
 	u64 cgroup;
 	char comm[IOTRACE_COMM_LEN];
@@ -375,6 +389,7 @@ struct iotrace_series_val {
 	u64 min_ns[IOTRACE_PHASE_COUNT];	/* 0 when this CPU saw none */
 	u64 max_ns[IOTRACE_PHASE_COUNT];
 	u64 phase_count[IOTRACE_PHASE_COUNT];	/* flushes have no queue/device split */
+	u64 last_ns;		/* completion time of the last request on this CPU: whose identity is latest */
 	u64 cgroup;		/* cgroup id of the last submitter */
 	u32 tgid;		/* process of the last submitter */
 	u32 pad;

@@ -214,6 +214,84 @@ static __always_inline void record_once(struct iotrace_slot *s, u64 now)
 #define record_once record
 #endif
 
+#ifdef IOTRACE_START_BIO
+/*
+ * block_getrq(bio), on kernels without block_io_start: it fires for every
+ * request made from a bio, in the submitter's context, right before
+ * blk_mq_bio_to_request() makes the bio the request's first (where 6.5+
+ * fires block_io_start).  The request's address is not known yet, so the
+ * start is kept under the bio's until block_rq_issue moves it under the
+ * request's (start_from_bio).  Who, here; what and where at the completion,
+ * as below; a --dev filter is applied at the issue.
+ */
+RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
+{
+	/* first: every lookup below would otherwise show up as latency */
+	u64 now = bpf_ktime_get_ns(), bio = ctx->args[0], id = bpf_get_current_pid_tgid();
+	struct slot_ref r;
+
+	if (!task_wanted(id >> 32))
+		return 0;
+	if (!addr_claim(bio, now, &r)) {
+		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
+		return 0;
+	}
+	slot_fill(r.s, now, id, 0, 0, 0);
+	return 0;
+}
+
+/*
+ * The slot a block_getrq start left under one of the request's first bios:
+ * rq->bio, or the bio after it, where a front merge has put another bio
+ * first (IOTRACE_BIO_HOPS).  Not found: a request no filter wanted, or one
+ * with no bio (the flush machinery's own); its completion says which.
+ */
+static __always_inline bool bio_start_of(u64 rq, struct slot_ref *b)
+{
+	u64 bio = 0;
+
+	if (kread(&bio, sizeof(bio), rq + IOTRACE_K_RQ_BIO))
+		return false;
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_BIO_HOPS; i++) {
+		if (!bio)
+			return false;
+		if (addr_find(bio, b)) {
+			if (i)
+				count_reason(IOTRACE_NOTE_FRONT_MERGE);
+			return true;
+		}
+		if (i + 1 < IOTRACE_BIO_HOPS && kread(&bio, sizeof(bio), bio + IOTRACE_K_BIO_NEXT))
+			return false;
+	}
+	return false;
+}
+
+/* At its first issue, the request takes over the start its bio held. */
+static __always_inline void start_from_bio(u64 rq, u64 now)
+{
+	struct iotrace_config *cfg = get_config();
+	struct slot_ref b, r;
+	struct rq_head h;
+
+	if (!bio_start_of(rq, &b))
+		return;
+	if (cfg && cfg->filter_devs &&
+	    (kread(&h, sizeof(h), rq) ||
+	     !dev_wanted(queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now)))) {
+		slot_release(&b);
+		return;
+	}
+	if (!addr_claim(rq, b.s->start_ns, &r)) {
+		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
+		slot_release(&b);
+		return;
+	}
+	slot_copy(r.s, b.s);
+	r.s->issue_ns = now;
+	slot_release(&b);
+}
+#else
 RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 {
 	/* first: every lookup below would otherwise show up as latency */
@@ -243,15 +321,34 @@ RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 	slot_fill(r.s, now, id, 0, 0, 0);
 	return 0;
 }
+#endif /* IOTRACE_START_BIO */
 
 RAW_TRACEPOINT_PROBE(block_rq_issue)
 {
-	u64 now = bpf_ktime_get_ns();
+	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0];
 	struct slot_ref r;
 
-	/* a requeued request is issued again: its device time starts anew */
-	if (addr_find(ctx->args[0], &r))
+	if (addr_find(rq, &r)) {
+#ifdef IOTRACE_START_BIO
+		/*
+		 * Issued before and not requeued since: the request object's
+		 * previous life, whose completion the kernel ran no program for
+		 * (see addr_claim); this life's start is its bio's.
+		 */
+		if (r.s->issue_ns) {
+			count_reason(IOTRACE_DROP_LOST_COMPLETION);
+			slot_release(&r);
+			start_from_bio(rq, now);
+			return 0;
+		}
+#endif
+		/* a requeued request is issued again: its device time starts anew */
 		r.s->issue_ns = now;
+		return 0;
+	}
+#ifdef IOTRACE_START_BIO
+	start_from_bio(rq, now);
+#endif
 	return 0;
 }
 
@@ -284,7 +381,12 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 	struct rq_head h;
 	struct slot_ref r;
 
-	if (!addr_find(rq, &r)) {
+	if (!addr_find(rq, &r)
+#ifdef IOTRACE_START_BIO
+	    /* never issued (an empty flush the flush machinery finished): its start is still its bio's */
+	    && !bio_start_of(rq, &r)
+#endif
+	    ) {
 		rq_unmatched(rq, nr_bytes);
 		return 0;
 	}
@@ -321,8 +423,15 @@ RAW_TRACEPOINT_PROBE(block_rq_merge)
 	struct slot_ref r;
 
 	/* this request was folded into another and will never complete */
-	if (!addr_find(ctx->args[0], &r))
+	if (!addr_find(ctx->args[0], &r)) {
+#ifdef IOTRACE_START_BIO
+		/* unissued: its start is still its bio's */
+		if (!bio_start_of(ctx->args[0], &r))
+			return 0;
+#else
 		return 0;
+#endif
+	}
 	count_reason(IOTRACE_NOTE_MERGED);
 	slot_release(&r);
 	return 0;
@@ -330,6 +439,13 @@ RAW_TRACEPOINT_PROBE(block_rq_merge)
 
 RAW_TRACEPOINT_PROBE(block_rq_requeue)
 {
+#ifdef IOTRACE_START_BIO
+	struct slot_ref r;
+
+	/* to be issued again: block_rq_issue tells that from a stale slot by this */
+	if (addr_find(ctx->args[0], &r))
+		r.s->issue_ns = 0;
+#endif
 	count_reason(IOTRACE_NOTE_REQUEUE);
 	return 0;
 }
@@ -341,6 +457,13 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
 
 	if (kread(&child, sizeof(child), ctx->args[1] + IOTRACE_K_TASK_PID) == 0)
 		on_fork(child);
+	return 0;
+}
+
+/* sched_process_exec(task, old_pid, bprm) */
+RAW_TRACEPOINT_PROBE(sched_process_exec)
+{
+	on_exec();
 	return 0;
 }
 

@@ -143,16 +143,8 @@ static __always_inline int slot_move(struct slot_ref *from, u64 sector)
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		return -1;
 	}
-	to.s->dev = s->dev;
+	slot_copy(to.s, s);
 	to.s->sector = sector;
-	to.s->op = s->op;
-	to.s->issue_ns = s->issue_ns;
-	to.s->cgroup = s->cgroup;
-	to.s->tgid = s->tgid;
-	to.s->tid = s->tid;
-	to.s->remaining = s->remaining;
-	to.s->done = s->done;
-	__builtin_memcpy(to.s->comm, s->comm, sizeof(to.s->comm));
 	slot_release(from);
 	return 0;
 }
@@ -175,6 +167,26 @@ static __always_inline int track_start(u64 now, u32 dev, u64 sector, u32 bytes, 
 	return 0;
 }
 
+#ifdef IOTRACE_START_BIO
+/* partition dev_t -> its whole disk's, written by the loader: block_getrq names a bio's partition */
+BPF_HASH(parts, u32, u32, IOTRACE_PARTITIONS);
+
+/*
+ * block_getrq(bio), on kernels without block_io_start: every request made
+ * from a bio, in the submitter's context, right before the bio becomes its
+ * first.  The bio's sector is already the whole disk's (partitions are
+ * remapped before), its dev is still the partition's: the request's later
+ * events name the disk.
+ */
+TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
+{
+	/* first: every lookup below would otherwise show up as latency */
+	u64 now = bpf_ktime_get_ns();
+	u32 dev = args->dev, *disk = parts.lookup(&dev);
+
+	return track_start(now, disk ? *disk : dev, args->sector, args->nr_sector * IOTRACE_SECTOR_SIZE, args->rwbs);
+}
+#else
 TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
 {
 	/* first: every lookup below would otherwise show up as latency */
@@ -182,6 +194,7 @@ TRACEPOINT_PROBE(IOTRACE_START_CATEGORY, IOTRACE_START_EVENT)
 
 	return track_start(now, args->dev, args->sector, args->bytes, args->rwbs);
 }
+#endif
 
 /* REQ_OP_FLUSH ("FF"): the kernel's own flush on behalf of queued flushes */
 static __always_inline bool internal_flush(const char *rwbs)
@@ -275,6 +288,12 @@ TRACEPOINT_PROBE(block, block_rq_requeue)
 TRACEPOINT_PROBE(sched, sched_process_fork)
 {
 	on_fork(args->child_pid);
+	return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+	on_exec();
 	return 0;
 }
 

@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from tracer.codec import jsonl  # noqa: E402
 from tracer.model.dump import Dump, PhaseStats, Series  # noqa: E402
 from tracer.model.histogram import Histogram  # noqa: E402
+from tracer.model.sections import Attach  # noqa: E402
 
 TARGET_RSS_MB = 300     # for 200 MB of dumps
 TEMPLATES = 48
@@ -64,7 +65,7 @@ def templates(rng) -> list[dict]:
     for _ in range(TEMPLATES):
         series = [_series(rng, int(rng.integers(1000, 1100))) for _ in range(int(rng.integers(1, 5)))]
         d = Dump("interval", t0, t0 + timedelta(seconds=0.1), "benchhost", "6.1.0", series,
-                 dropped={"map_full": 0}, events={}, extra={"attach": "raw_tp"})
+                 dropped={"map_full": 0}, events={}, attach=Attach("raw_tp"))
         out.append(jsonl.to_json(d))
     return out
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tracer.sources.probe import prog_stats  # noqa: E402
+from tracer.sources.bpfobject import prog_stats  # noqa: E402
 from tracer.sources.tasks import TaskTracer  # noqa: E402
 
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
@@ -178,7 +178,7 @@ def _completed(dev: str) -> int:
 
 
 def skips(ns: argparse.Namespace, workdir: Path) -> dict[str, dict[str, int]]:
-    from tracer.sources.probe import import_bcc
+    from tracer.sources.bpfobject import import_bcc
 
     bcc = import_bcc()
     img, mnt = workdir / "loop.img", workdir / "mnt"

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tracer.model.dump import merge_coverage, unrecorded
+from tracer.model.sections import Coverage, read_sections
 from tracer.sources.probe import USER_DROPS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,10 +213,15 @@ def run_traced_group(args: list[str], env: dict[str, str], timeout: float) -> tu
     return p.returncode, out, err
 
 
+# Subprocess timeouts are set for this machine's speed; a slower one (a TCG guest: make test-kernels)
+# stretches them by this factor.
+TIMEOUT_SCALE = float(os.environ.get("IOTRACE_TIMEOUT_SCALE", "1") or 1)
+
+
 def run_iotrace(args: list[str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     """Run `python -m tracer.cli ARGS` and capture its output."""
     return subprocess.run([PYTHON, "-m", "tracer.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, **kw)
+                          timeout=timeout * TIMEOUT_SCALE, **kw)
 
 
 @contextmanager
@@ -228,6 +234,13 @@ def reaped(*procs: subprocess.Popen) -> Iterator[None]:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def put_json(d, fields: dict):
+    """Dump `d` with the sections of `fields` (as a JSON line holds them: {"loop": {...}, ...}) set."""
+    sections, unknown = read_sections(fields, set())
+    assert not unknown, unknown
+    return d.put(*sections.values())
 
 
 def read_dumps(path: Path) -> list[dict]:
@@ -256,8 +269,8 @@ def skipped_by_kernel(dumps: list[dict]) -> int:
 def unseen_on(device: str, dumps: list[dict]) -> int | None:
     """Requests /proc/diskstats completed on `device` that iotrace did not record, over `dumps`;
     None where a pid or cgroup filter leaves some out by design."""
-    cov = merge_coverage([d["coverage"] for d in dumps if "coverage" in d])
-    if cov and cov["filtered"]:
+    cov = merge_coverage([Coverage.from_json(d["coverage"]) for d in dumps if "coverage" in d])
+    if cov and cov.filtered:
         return None
     return sum(unrecorded(cov, device).values())
 

@@ -233,6 +233,17 @@ def run_kernel(kernel: str, args, env: dict[str, str]) -> dict:
     return load_results(res, keep, args)
 
 
+def fio_problems(fio: dict) -> list[str]:
+    """The fio runs in which iotrace did not record every request fio made (the run then fails)."""
+    out = []
+    for r in fio.get("runs", []):
+        want, got = r.get("fio_total_ios"), r.get("iotrace_recorded")
+        if r.get("error") or want is None or got != want:
+            out.append(f"fio {r.get('scheduler')}/{r.get('attach')}: iotrace recorded {got} of {want} requests"
+                       + (f" ({r['error']})" if r.get("error") else ""))
+    return out
+
+
 def load_results(res: dict, keep: Path, args) -> dict:
     """The guest's results as saved in `keep` (a run just now, or --from-logs)."""
     res["logs"] = str(keep)
@@ -245,6 +256,7 @@ def load_results(res: dict, keep: Path, args) -> dict:
             res["timings"][k.replace("_seconds", "") + " (guest clock)"] = f"{float(genv[k]):.0f} s"
     if (keep / "fio.json").exists():
         res["fio"] = json.loads((keep / "fio.json").read_text())
+        res["problems"] += fio_problems(res["fio"])
     elif not args.no_fio:
         res["problems"].append("no fio.json: the measurement did not finish (see console.log)")
 

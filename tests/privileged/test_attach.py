@@ -30,6 +30,7 @@ from conftest import (
 )
 
 from tracer.model.dump import merge_coverage
+from tracer.model.sections import Coverage
 
 TREELOAD = str(ROOT / "tests" / "treeload.py")
 
@@ -234,10 +235,10 @@ def test_attached_to_a_running_pytorch_trainer_sees_its_workers_and_its_next_mar
     # every read the disk completed in the attach window was recorded: the disk's read count over a span
     # inside the tracer's window is at most what iotrace recorded, and the whole window's at least
     recorded = sum(s["count"] for s in reads)
-    cov = merge_coverage([d["coverage"] for d in dumps])
+    cov = merge_coverage([Coverage.from_json(d["coverage"]) for d in dumps])
     in_span, writes = last[0] - first[0], last[1] - first[1]
     assert in_span > 64 and in_span <= recorded + skipped_by_kernel(dumps), (in_span, recorded, writes, cov)
-    assert recorded <= cov["devices"][loop.name]["diskstats"], (recorded, cov)
+    assert recorded <= cov.devices[loop.name].diskstats, (recorded, cov)
     # the epochs after the attach closed dumps in the attached tracer, sent by the trainer, with the loop's timing
     markers = [d for d in dumps if d["kind"] == "marker"]
     labels = [d["label"] for d in markers]

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from tracer.errors import UserError
-from tracer.sources import probe
+from tracer.sources import bpfobject, probe
 from tracer.sources.devices import kdev
 
 from .events import DISTURBED_NS, STAMPED, Event, Stamp, TruthError
@@ -228,9 +228,8 @@ class Stamper:
     """
 
     def __init__(self, devs: Sequence[int], per_cpu: int = STAMP_PER_CPU, attach: str = "auto"):
-        probe.check_privileges()
-        self._bcc = probe.import_bcc()
-        probe.kernel_headers()
+        bpfobject.preflight()
+        self._bcc = bpfobject.import_bcc()
         # the way iotrace attaches (probe.ATTACH_MODES): programs run in attach order only among their kind
         self.attach, layout, _ = probe.choose_attach(attach, bio=False)
         self._cflags = ["-DSTAMP_RAW_TP", *layout.cflags()] if layout else []

@@ -13,6 +13,7 @@ from tracer.errors import UserError
 from tracer.model.diskstats import IostatRow
 from tracer.model.dump import Dump, PhaseStats, Series
 from tracer.model.histogram import Histogram
+from tracer.model.sections import Alerts
 from tracer.pipeline import alerts
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -163,10 +164,11 @@ def test_util_and_awaits_from_diskstats_rows():
 
 def test_alerts_land_in_the_json():
     d = dump(series("loop0", "read", [80 * MS] * 10))
-    d.extra["alerts"] = [a.to_json() for a in fired("p99>50ms", d)]
+    d.alerts = Alerts([a.to_json() for a in fired("p99>50ms", d)])
     back = from_json(json.loads(json.dumps(to_json(d))))
-    assert back.extra["alerts"] == [{"rule": "p99>50ms", "metric": "total.p99", "device": "loop0", "op": "read",
-                                     "value": pytest.approx(80_000, rel=0.01), "threshold": 50_000.0, "unit": "us"}]
+    assert back.alerts is not None
+    assert back.alerts.items == [{"rule": "p99>50ms", "metric": "total.p99", "device": "loop0", "op": "read",
+                                  "value": pytest.approx(80_000, rel=0.01), "threshold": 50_000.0, "unit": "us"}]
 
 
 # ---- a real run --------------------------------------------------------------------

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from tracer.model.dump import merge_coverage, unexplained_loss, unrecorded
+from tracer.model.sections import Coverage
 
-COV = {"filtered": False, "devices": {"sda": {"recorded": 90, "diskstats": 100},
-                                      "sdb": {"recorded": 50, "diskstats": 50},
-                                      "sdc": {"recorded": 12, "diskstats": 10}}}
+COV = Coverage.from_json({"filtered": False, "devices": {"sda": {"recorded": 90, "diskstats": 100},
+                                                         "sdb": {"recorded": 50, "diskstats": 50},
+                                                         "sdc": {"recorded": 12, "diskstats": 10}}})
 
 
 def test_unrecorded_names_the_devices_short_of_diskstats():
@@ -24,7 +25,7 @@ def test_loss_not_explained_by_drops():
 
 
 def test_loss_over_windows_is_counted_on_their_sums():
-    a = {"filtered": False, "devices": {"sda": {"recorded": 10, "diskstats": 8}}}
-    b = {"filtered": False, "devices": {"sda": {"recorded": 5, "diskstats": 9}}}
+    a = Coverage.from_json({"filtered": False, "devices": {"sda": {"recorded": 10, "diskstats": 8}}})
+    b = Coverage.from_json({"filtered": False, "devices": {"sda": {"recorded": 5, "diskstats": 9}}})
     # per window b lost 4, but a's edge recorded 2 that b's diskstats counted: 2 over the two
     assert unrecorded(merge_coverage([a, b])) == {"sda": 2}

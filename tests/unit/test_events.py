@@ -44,7 +44,9 @@ def test_every_event_reports_its_skips_under_a_short_name():
 
 
 def test_derived_lists():
-    assert probe.START_EVENTS == ("block_io_start", "block_rq_insert")      # the newer one is preferred
+    # the newest is preferred; block_getrq (a bio) before block_rq_insert (scheduled requests only)
+    assert probe.START_EVENTS == ("block_io_start", "block_getrq", "block_rq_insert")
+    assert [probe.starts_at_bio(e) for e in probe.START_EVENTS] == [False, True, False]
     assert "block_rq_issue" in probe.RAW_EVENTS and "block_bio_queue" not in probe.RAW_EVENTS
     assert probe.RAW_BIO_EVENTS == ("block_bio_queue", "block_bio_complete")
     assert "block_bio_frontmerge" in probe.REQUIRED_FIELDS and "block_bio_frontmerge" not in probe.RAW_EVENTS

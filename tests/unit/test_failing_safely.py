@@ -254,4 +254,4 @@ def test_coverage_leaves_out_a_disk_that_appeared_went_away_or_was_attached_anew
     series = [types.SimpleNamespace(device="sda", op="read", count=2), types.SimpleNamespace(device="sda", op="write",
                                                                                             count=1)]
     cov = coverage(_raw(start, end), series)
-    assert cov["devices"] == {"sda": {"recorded": 3, "diskstats": 3}}
+    assert cov.to_json()["devices"] == {"sda": {"recorded": 3, "diskstats": 3}}

@@ -13,7 +13,8 @@ import pytest
 
 from tracer import cli, marker
 from tracer.codec import jsonl
-from tracer.model.dump import merge_dumps, merge_loops
+from tracer.model.dump import merge_dumps
+from tracer.model.sections import Loop, merge_loops
 from tracer.runtime.control import ControlSocket
 from unit.test_jsonl import KIND_CASES
 
@@ -52,8 +53,10 @@ def test_datagrams_that_are_no_marker_are_value_errors(data):
 
 
 def test_merge_loops_of_the_evil_loop_does_not_overflow():
-    assert merge_loops([{"data_wait_s": 1, "steps": HUGE, "wall_s": 1}]) is None
-    assert merge_loops([{"data_wait_s": 1, "steps": 3, "wall_s": 2}]) == {"data_wait_s": 1.0, "steps": 3, "wall_s": 2.0}
+    with pytest.raises(ValueError, match="loop.steps"):     # the reader refuses it: it is never merged
+        Loop.from_json({"data_wait_s": 1, "steps": HUGE, "wall_s": 1})
+    assert merge_loops([Loop.from_json({"data_wait_s": 1, "steps": 3, "wall_s": 2})]).to_json() == {
+        "data_wait_s": 1.0, "steps": 3, "wall_s": 2.0}
 
 
 @pytest.fixture

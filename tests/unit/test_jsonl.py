@@ -52,7 +52,7 @@ def report(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def disk_dump(kind: str = "interval") -> Dump:
-    return Dump(kind, T0, T0 + timedelta(seconds=2), "host", "6.18", [], extra={"duration_s": 2.0},
+    return Dump(kind, T0, T0 + timedelta(seconds=2), "host", "6.18", [], window_s=2.0,
                 disks=Diskstats([DiskRow("vda", 10, 4, 40.0, 32.0, 0, 1, 5.0, 2.0, 20.0, 16.0, 2.0, 3.0, 0.04, 1.5)],
                                 [ProcBytes(7, "dd", 4096, 0)], 1))
 

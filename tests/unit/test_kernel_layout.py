@@ -71,7 +71,8 @@ def test_every_entry_becomes_a_flag():
     (lambda b: b.protos.pop("btf_trace_block_rq_issue"), "raw tracepoint block_rq_issue"),
     (lambda b: b.protos.__setitem__("btf_trace_block_rq_complete", ["void *", "struct request *", "int"]),
      "block_rq_complete takes (struct request *, int)"),
-    (lambda b: [b.protos.pop(f"btf_trace_{ev}") for ev in kernel.START_EVENTS], "block_io_start or block_rq_insert"),
+    (lambda b: [b.protos.pop(f"btf_trace_{ev}") for ev in kernel.START_EVENTS],
+     "block_io_start or block_getrq or block_rq_insert"),
     (lambda b: b.members.__setitem__(("gendisk", "first_minor"), (8, 4)), "first_minor does not follow major"),
     (lambda b: b.members.__setitem__(("request", "__data_len"), (200, 4)),
      f"beyond the {kernel.MAX_HEAD_BYTES} read in one go"),
@@ -97,7 +98,15 @@ def test_older_start_event_and_no_group_dead():
     fake.protos.pop("btf_trace_block_io_start")
     fake.protos["btf_trace_sched_process_exit"].pop()
     layout = kernel.resolve(fake, READS, EVENTS)
-    assert layout.start_event == "block_rq_insert" and not layout.group_dead
+    # Linux 5.x-6.4: block_getrq, which every kernel has, carries the start (a bio)
+    assert layout.start_event == "block_getrq" and not layout.group_dead
+
+
+def test_a_start_event_with_other_arguments_is_passed_over():
+    fake = complete_btf()
+    fake.protos.pop("btf_trace_block_io_start")
+    fake.protos["btf_trace_block_getrq"] = ["void *", "struct request_queue *", "struct bio *", "int"]   # Linux 5.10
+    assert kernel.resolve(fake, READS, EVENTS).start_event == "block_rq_insert"
 
 
 @pytest.mark.skipif(not os.access(kernel.BTF_PATH, os.R_OK), reason="no kernel BTF here")

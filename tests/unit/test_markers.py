@@ -28,6 +28,7 @@ import pytest
 from conftest import PYTHON, ROOT, run_iotrace
 
 from tracer import marker
+from tracer.model.sections import Enclosing, Loop, merge_loops
 from tracer.runtime import control
 
 SUDO_VARS = ("SUDO_UID", "SUDO_GID", "SUDO_USER", "SUDO_COMMAND")
@@ -408,20 +409,20 @@ def test_merged_windows_add_loops_without_counting_nested_ones_twice():
     def d(label, enclosing=None, loop=None):
         x = dumpmod.Dump(kind="marker", label=label, start=datetime(2025, 1, 1, tzinfo=UTC),
                          end=datetime(2025, 1, 1, 0, 0, 1, tzinfo=UTC), host="h", kernel="k", series=[])
-        x.extra["enclosing"] = enclosing
+        x.enclosing = Enclosing(enclosing)
         if loop:
-            x.extra["loop"] = dict(zip(dumpmod.LOOP_KEYS, loop, strict=True))
+            x.loop = Loop(*loop)
         return x
 
     dumps = [d("epoch 1"), d("epoch 1 / eval", "epoch 1", (1.0, 2, 3.0)), d("epoch 1", None, (3.0, 10, 20.0)),
              d("epoch 2", None, (1.0, 10, 10.0)), d(None)]
-    wins = {w.label: w.merged.extra for w in windows_by_label(dumps)}
-    assert wins["epoch 1"]["loop"] == {"data_wait_s": 3.0, "steps": 10, "wall_s": 20.0}
-    assert wins["epoch 1 / eval"] == {**wins["epoch 1 / eval"], "enclosing": "epoch 1"}
-    assert "loop" not in wins[None]
-    assert dumpmod.merge_loops([{"data_wait_s": "x", "steps": 1, "wall_s": 1}, {"steps": 2}]) is None
+    wins = {w.label: w.merged for w in windows_by_label(dumps)}
+    assert wins["epoch 1"].loop.to_json() == {"data_wait_s": 3.0, "steps": 10, "wall_s": 20.0}
+    assert wins["epoch 1 / eval"].enclosing == Enclosing("epoch 1")
+    assert wins[None].loop is None
+    assert merge_loops([]) is None
     # the whole run: epoch 1's loop holds its eval's steps already
-    assert dumpmod.merge_dumps(dumps).extra["loop"] == {"data_wait_s": 4.0, "steps": 20, "wall_s": 30.0}
+    assert dumpmod.merge_dumps(dumps).loop.to_json() == {"data_wait_s": 4.0, "steps": 20, "wall_s": 30.0}
 
 
 def test_timed_loader_counts_the_loops_wait_for_each_batch(fake_tracer, monkeypatch):

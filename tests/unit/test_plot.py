@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, REQUIRE_BPF, ROOT, run_iotrace
+from conftest import PYTHON, REQUIRE_BPF, ROOT, put_json, run_iotrace
 
 from tracer.errors import UserError
 from tracer.views import plot
@@ -76,11 +76,10 @@ def test_wait_shares_per_label_panel(tmp_path):
     def d(label, at, wait, io_wait, disk):
         x = Dump("marker", t0 + timedelta(seconds=at), t0 + timedelta(seconds=at + 10), "h", "k",
                  [Series(101, "python", "loop0", "7:0", "read", 10, 40960, {"total": st}, tgid=101)], label=label)
-        x.extra.update({"sender_pid": 100, "loop": {"data_wait_s": wait, "steps": 10, "wall_s": 10.0},
-                        "tasks": [{"pid": 100, "ppid": 1, "io_wait_s": 0.0, "read_bytes": 0, "disk_read_bytes": 0},
-                                  {"pid": 101, "ppid": 100, "io_wait_s": io_wait, "read_bytes": 100,
-                                   "disk_read_bytes": disk}]})
-        return x
+        return put_json(x, {"sender_pid": 100, "loop": {"data_wait_s": wait, "steps": 10, "wall_s": 10.0},
+                            "tasks": [{"pid": 100, "ppid": 1, "io_wait_s": 0.0, "read_bytes": 0, "disk_read_bytes": 0},
+                                      {"pid": 101, "ppid": 100, "io_wait_s": io_wait, "read_bytes": 100,
+                                       "disk_read_bytes": disk}]})
 
     dumps = [d("epoch 1", 0, 4.0, 8.0, 100), d("epoch 2", 10, 0.1, 0.0, 0)]
     res = plot.render(dumps, str(tmp_path / "w.png"))
@@ -91,7 +90,7 @@ def test_wait_shares_per_label_panel(tmp_path):
     assert waits["epoch 1"].loader_io_wait == pytest.approx(0.8) and waits["epoch 1"].data_wait == pytest.approx(0.4)
     # without rows or loop timing: three panels, as before
     for x in dumps:
-        x.extra.clear()
+        x.sender_pid = x.loop = x.tasks = None
     assert plot.render(dumps, str(tmp_path / "p.png")).panels[-1] == plot.TITLE_LABELS
     # -o is never written through a link (tracer.osutil)
     (tmp_path / "target").write_text("keep\n")

@@ -45,10 +45,38 @@ def proc(tmp_path) -> FakeProc:
     return p
 
 
-def test_read_stat_takes_comm_with_spaces_and_parentheses():
-    assert proctree.read_stat("42 (a) (b c)) S 7 42 42 0\n") == ("S", 7, "a) (b c)")
-    with pytest.raises(ValueError):
-        proctree.read_stat("42 no comm")
+def stat_text(pid: int, comm: str, state: str, ppid: int, start: int) -> str:
+    """A /proc/PID/stat line as the kernel writes it (proc(5)): 52 fields, starttime the 22nd."""
+    fields = [state, str(ppid), str(pid), str(pid), "0", "-1", "4194560"] + ["0"] * 12 + [str(start)] + ["0"] * 30
+    assert len(fields) == 50 and fields[19] == str(start)
+    return f"{pid} ({comm}) {' '.join(fields)}\n"
+
+
+def test_parse_stat_takes_comm_with_spaces_and_parentheses_and_the_start_time():
+    st = proctree.parse_stat(stat_text(42, "a) (b c", "S", 7, 123456))
+    assert st == proctree.ProcStat("a) (b c", "S", 7, 123456)
+    assert proctree.parse_stat(stat_text(43, "", "Z", 1, 9)) == proctree.ProcStat("", "Z", 1, 9)
+    for bad in ("42 no comm", "42 (short) S 7 42 42 0\n", "42 )x( S 7" + " 0" * 30, "42 (a) S seven" + " 0" * 30):
+        with pytest.raises(ValueError):
+            proctree.parse_stat(bad)
+
+
+def test_every_reader_of_stat_uses_the_one_parser_on_a_fake_proc(tmp_path, monkeypatch):
+    """The tree walk, the --diskstats sampler and the per-process tracer's parent lookup read one fake /proc."""
+    from tracer.sources import diskstats, tasks
+
+    calls = []
+    real = proctree.parse_stat
+    monkeypatch.setattr(proctree, "parse_stat", lambda text: calls.append(text) or real(text))
+    for pid, ppid, comm in ((10, 1, "python (trainer)"), (11, 10, "pt_data_worker")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(stat_text(pid, comm, "S", ppid, 1000 + pid))
+        (tmp_path / str(pid) / "io").write_text(f"read_bytes: {pid * 4096}\nwrite_bytes: 0\n")
+    assert proctree.read_tree(str(tmp_path)) == {10: (1, "python (trainer)"), 11: (10, "pt_data_worker")}
+    assert tasks._proc_ppid(11, str(tmp_path)) == 10 and tasks._proc_ppid(99, str(tmp_path)) == 0
+    sampler = diskstats.ProcSampler([10], proc=str(tmp_path))
+    assert set(sampler._last) == {(10, 1010), (11, 1011)}     # processes told apart by pid and start time
+    assert len(calls) == 2 + 1 + 2
 
 
 def test_descendants_of_several_roots_three_levels_deep(proc):

@@ -20,6 +20,7 @@ from conftest import run_iotrace
 from tracer.codec import jsonl
 from tracer.model.dump import Dump, PhaseStats, Series
 from tracer.model.histogram import Histogram
+from tracer.model.sections import Enclosing, Loop, SenderPid, Tasks
 
 MS, US = 1_000_000, 1_000
 T0 = datetime(2026, 1, 1, 8, 0, 0, tzinfo=UTC)
@@ -292,7 +293,7 @@ def test_by_label_warns_of_dropped_events(tmp_path):
 
 def test_by_label_shows_the_loops_data_wait_share(tmp_path):
     def looped(d: Dump, wait: float, steps: int, wall: float, enclosing: str | None = None) -> Dump:
-        d.extra.update({"enclosing": enclosing, "loop": {"data_wait_s": wait, "steps": steps, "wall_s": wall}})
+        d.put(Enclosing(enclosing), Loop(wait, steps, wall))
         return d
 
     rows = [series(7, "trainer", "nvme0n1", "read", [MS])]
@@ -452,9 +453,9 @@ def task(pid: int, ppid: int, io_wait_s: float = 0.0, read: int = 0, disk: int =
 
 def with_tasks(d: Dump, tasks: list[dict], loop: tuple[float, int, float] | None = None,
                enclosing: str | None = None, sender: int = 100) -> Dump:
-    d.extra.update({"enclosing": enclosing, "tasks": tasks, "sender_pid": sender})
+    d.put(Enclosing(enclosing), Tasks.from_json(tasks), SenderPid(sender))
     if loop:
-        d.extra["loop"] = dict(zip(("data_wait_s", "steps", "wall_s"), loop, strict=True))
+        d.loop = Loop(*loop)
     return d
 
 

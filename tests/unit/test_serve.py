@@ -22,6 +22,7 @@ from tracer.cli import serve as servecli  # noqa: E402
 from tracer.errors import UserError  # noqa: E402
 from tracer.model.dump import Dump, PhaseStats, Series  # noqa: E402
 from tracer.model.histogram import Histogram, bucket_index, bucket_lower  # noqa: E402
+from tracer.model.sections import TaskRow, Tasks  # noqa: E402
 from tracer.sinks import prometheus as serve  # noqa: E402
 
 RNG = np.random.default_rng(6)
@@ -311,6 +312,7 @@ def exposition(text: str) -> dict[tuple, float]:
 def test_not_ready_and_attached_0_until_the_probe_is_loaded(monkeypatch, capsys):
     """While the BPF programs load, /metrics answers with iotrace_attached 0 and every drop reason at 0,
     and /ready with 503; once loaded, 1 and 200."""
+    import tracer.runtime.session
     import tracer.sources.probe
 
     port = free_port()
@@ -334,7 +336,7 @@ def test_not_ready_and_attached_0_until_the_probe_is_loaded(monkeypatch, capsys)
             return 0
 
     monkeypatch.setattr(tracer.sources.probe, "Probe", LoadingProbe)
-    monkeypatch.setattr(servecli, "Live", OneRound)
+    monkeypatch.setattr(tracer.runtime.session, "Live", OneRound)     # the loop every live mode runs
     assert servecli.run(["--listen", f"127.0.0.1:{port}"]) == 0
     (code, text), (ready, body) = seen["loading"]
     samples = exposition(text)
@@ -353,9 +355,9 @@ def test_not_ready_and_attached_0_until_the_probe_is_loaded(monkeypatch, capsys)
 # ---- --tasks: per-process counters (tracer.sinks.taskmetrics) ----
 
 def task_row(pid: int, comm: str, io_wait_s: float = 0.0, read: int = 0, disk: int = 0, fsync_s: float = 0.0,
-             throttled_s: float = 0.0) -> dict:
-    return {"pid": pid, "ppid": 1, "comm": comm, "io_wait_s": io_wait_s, "read_bytes": read, "disk_read_bytes": disk,
-            "fsync_s": fsync_s, "throttled_s": throttled_s}
+             throttled_s: float = 0.0) -> TaskRow:
+    return TaskRow(pid=pid, ppid=1, comm=comm, io_wait_s=io_wait_s, read_bytes=read, disk_read_bytes=disk,
+                   fsync_s=fsync_s, throttled_s=throttled_s)
 
 
 def scrape_all(*collectors) -> dict[tuple, float]:
@@ -380,8 +382,9 @@ def test_task_counters_follow_the_exporters_labels_and_stay_monotonic():
     IOW, READ, DISK = (name for _, name, _ in taskmetrics.FIELDS[:3])
     d = dump_of([series("trainer", latencies(50), container="k8s:podx/abc", pid=7)])
     # the trainer (pid 7) has block I/O and gets labels; its loader (pid 8) only hit the page cache
-    d.extra["tasks"] = [task_row(7, "trainer", 1.5, 4096, 4096, fsync_s=0.25), task_row(8, "loader", 0.5, 1 << 20),
-                        task_row(9, "kworker/u8:1", 0.1), "junk", {"pid": "x"}]
+    # (rows that are no rows, as in a hand-edited file, are the reader's error: tests/unit/test_sections.py)
+    d.tasks = Tasks([task_row(7, "trainer", 1.5, 4096, 4096, fsync_s=0.25), task_row(8, "loader", 0.5, 1 << 20),
+                     task_row(9, "kworker/u8:1", 0.1)])
     e.fold(d)
     t.fold(d)
     s = scrape_all(e, t)
@@ -396,7 +399,7 @@ def test_task_counters_follow_the_exporters_labels_and_stay_monotonic():
     for _ in range(40):
         clock.t += 1
         d = dump_of([series("fio", latencies(20), pid=11)])
-        d.extra["tasks"] = [task_row(11, "fio", 0.25, 100, 100)]
+        d.tasks = Tasks([task_row(11, "fio", 0.25, 100, 100)])
         e.fold(d)
         t.fold(d)
     s = scrape_all(e, t)
@@ -458,7 +461,7 @@ def test_the_cache_renders_once_per_change_and_serves_every_format():
     second = cache.body(ct, text_enc)
     assert second != first and second == prometheus_client.generate_latest(registry) and cache.renders == 3
     tasks.fold(Dump("interval", datetime(2026, 1, 3, tzinfo=UTC), datetime(2026, 1, 3, 0, 0, 1, tzinfo=UTC), "h", "k",
-                    [], extra={"tasks": [{"pid": 1, "comm": "job1", "io_wait_s": 1.0}]}))
+                    [], tasks=Tasks.from_json([{"pid": 1, "comm": "job1", "io_wait_s": 1.0}])))
     assert cache.body(ct, text_enc) == prometheus_client.generate_latest(registry) != second
     e.attached = False
     assert b"iotrace_attached 0.0" in cache.body(ct, text_enc)

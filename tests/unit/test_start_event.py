@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from tracer.codec import jsonl
 from tracer.model.dump import Dump, merge_dumps
+from tracer.model.sections import StartEvent
 from tracer.sources import devices
 from tracer.views.report import render_table
 
@@ -28,17 +29,17 @@ def test_scheduler_is_the_bracketed_one(tmp_path):
 def dump(start: dict | None) -> Dump:
     d = Dump(kind="final", label=None, start=T0, end=T0, host="h", kernel="6.1.0", series=[], dropped={}, events={})
     if start is not None:
-        d.extra["start_event"] = start
+        d.start_event = StartEvent.from_json(start)
     return d
 
 
 def test_the_start_section_round_trips_and_merges():
     blind = dump({"event": "block_rq_insert", "blind": ["nvme0n1"]})
     back = jsonl.from_json(jsonl.to_json(blind))
-    assert back.extra["start_event"] == {"event": "block_rq_insert", "blind": ["nvme0n1"]}
+    assert back.start_event.to_json() == {"event": "block_rq_insert", "blind": ["nvme0n1"]}
     merged = merge_dumps([blind, dump({"event": "block_rq_insert", "blind": ["loop0"]})])
-    assert merged.extra["start_event"] == {"event": "block_rq_insert", "blind": ["loop0", "nvme0n1"]}
-    assert merge_dumps([dump({"event": "block_io_start"})] * 2).extra["start_event"] == {"event": "block_io_start"}
+    assert merged.start_event.to_json() == {"event": "block_rq_insert", "blind": ["loop0", "nvme0n1"]}
+    assert merge_dumps([dump({"event": "block_io_start"})] * 2).start_event.to_json() == {"event": "block_io_start"}
 
 
 def test_the_table_warns_only_when_a_disk_is_blind():

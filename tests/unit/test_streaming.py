@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import put_json
 
 from tracer.cli import diff as diffcli
 from tracer.cli import report as reportcli
@@ -30,6 +31,7 @@ from tracer.model import dump as dumpmod
 from tracer.model.diskstats import DiskRow, Diskstats, ProcBytes
 from tracer.model.dump import Dump, PhaseStats, Series
 from tracer.model.histogram import Histogram
+from tracer.model.sections import Attach, BioDevices, Coverage, Tasks, VerdictSection, merge_loops
 from tracer.views import diff as diffview
 from tracer.views import plot as plotview
 from tracer.views.diskstats import render_dump
@@ -57,32 +59,28 @@ def reference_merge(dumps: list[Dump], kind: str = "final", label: str | None = 
     m = Dump(kind=kind, label=label, start=min(d.start for d in dumps), end=max(d.end for d in dumps),
              host=dumps[-1].host, kernel=dumps[-1].kernel, series=list(series.values()), dropped=dropped,
              events=events)
-    m.extra["duration_s"] = sum(dumpmod.duration_of(d) for d in dumps)
+    m.window_s = sum(dumpmod.duration_of(d) for d in dumps)
     if dumps[0].disks is not None:
         m.disks = reference_diskstats([(d.disks, dumpmod.duration_of(d)) for d in dumps])
-    cov = dumpmod.merge_coverage([d.extra["coverage"] for d in dumps if "coverage" in d.extra])
-    if cov:
-        m.extra["coverage"] = cov
-    bio = sorted({n for d in dumps for n in d.extra.get("bio_devices", [])})
+    m.coverage = dumpmod.merge_coverage([d.coverage for d in dumps if d.coverage is not None])
+    bio = sorted({n for d in dumps if d.bio_devices is not None for n in d.bio_devices.names})
     if bio:
-        m.extra["bio_devices"] = bio
+        m.bio_devices = BioDevices(tuple(bio))
     labels = {d.label for d in dumps}
-    loop = dumpmod.merge_loops([d.extra["loop"] for d in dumps if isinstance(d.extra.get("loop"), dict)
-                                and (d.extra.get("enclosing") is None or d.extra["enclosing"] not in labels)])
-    if loop:
-        m.extra["loop"] = loop
-    enclosing = {d.extra.get("enclosing") for d in dumps if "enclosing" in d.extra}
+    m.loop = merge_loops([d.loop for d in dumps if d.loop is not None
+                          and (d.enclosing is None or d.enclosing.label is None or d.enclosing.label not in labels)])
+    enclosing = {d.enclosing for d in dumps if d.enclosing is not None}
     if len(enclosing) == 1:
-        m.extra["enclosing"] = enclosing.pop()
-    senders = {d.extra["sender_pid"] for d in dumps if isinstance(d.extra.get("sender_pid"), int)}
+        m.enclosing = enclosing.pop()
+    senders = {d.sender_pid for d in dumps if d.sender_pid is not None}
     if len(senders) == 1:
-        m.extra["sender_pid"] = senders.pop()
-    tasks = [d.extra["tasks"] for d in dumps if isinstance(d.extra.get("tasks"), list)]
+        m.sender_pid = senders.pop()
+    tasks = [d.tasks.rows for d in dumps if d.tasks is not None]
     if tasks:
-        m.extra["tasks"] = dumpmod.merge_tasks(tasks)
-    attach = sorted({d.extra["attach"] for d in dumps if "attach" in d.extra})
+        m.tasks = Tasks(dumpmod.merge_tasks(tasks))
+    attach = sorted({d.attach.path for d in dumps if d.attach is not None})
     if attach:
-        m.extra["attach"] = "+".join(attach)
+        m.attach = Attach("+".join(attach))
     return m
 
 
@@ -124,7 +122,7 @@ def reference_windows(dumps: list[Dump]) -> list[Window]:
     out = [Window(k, len(groups[k]), reference_merge(groups[k], kind=groups[k][-1].kind, label=k)) for k in order]
     for w in out:
         if judged(w.merged):
-            w.merged.extra["verdict"] = judge_dump(w.merged).to_json()
+            w.merged.verdict = VerdictSection(judge_dump(w.merged).to_json())
     return out
 
 
@@ -159,23 +157,23 @@ def random_dumps(seed: int, n: int = 120) -> list[Dump]:
                  start + timedelta(seconds=pick.choice((0.1, 0.7, 3.0))), pick.choice(("h1", "h2")), "6.18", rows,
                  dropped={"map_full": pick.randrange(3)}, events={"note": pick.randrange(2)}, label=label)
         if label and pick.random() < 0.6:
-            d.extra["loop"] = {"data_wait_s": round(pick.uniform(0, 3), 6), "steps": pick.randrange(1, 50),
-                               "wall_s": round(pick.uniform(3, 9), 6)}
-            d.extra["enclosing"] = pick.choice((None, "epoch 1", "no such label"))
-            d.extra["sender_pid"] = pick.choice((100, 100, 101))
+            put_json(d, {"loop": {"data_wait_s": round(pick.uniform(0, 3), 6), "steps": pick.randrange(1, 50),
+                                  "wall_s": round(pick.uniform(3, 9), 6)},
+                         "enclosing": pick.choice((None, "epoch 1", "no such label")),
+                         "sender_pid": pick.choice((100, 100, 101))})
         if pick.random() < 0.5:
-            d.extra["tasks"] = [{"pid": p, "ppid": 1, "comm": pick.choice(("python", "w")),
+            d.tasks = Tasks.from_json([{"pid": p, "ppid": 1, "comm": pick.choice(("python", "w")),
                                  "io_wait_s": round(pick.uniform(0, 2), 6), "io_waits": pick.randrange(9),
                                  "read_bytes": pick.randrange(1 << 20), "reads": 3, "disk_read_bytes": 4096,
                                  "fsync_s": 0.1, "fsyncs": 1, "throttled_s": 0.0, "throttles": 0,
                                  "started": pick.random() < 0.2, "exited": False}
-                                for p in pick.sample((100, 101, 102, 103), pick.randrange(0, 3))]
+                                for p in pick.sample((100, 101, 102, 103), pick.randrange(0, 3))])
         if pick.random() < 0.4:
-            d.extra["coverage"] = {"filtered": pick.random() < 0.1,
-                                   "devices": {"loop0": {"recorded": 9, "diskstats": pick.randrange(8, 12)}}}
+            d.coverage = Coverage.from_json({"filtered": pick.random() < 0.1,
+                                             "devices": {"loop0": {"recorded": 9, "diskstats": pick.randrange(8, 12)}}})
         if pick.random() < 0.2:
-            d.extra["bio_devices"] = ["loop1"]
-        d.extra["attach"] = pick.choice(("raw_tp", "raw_tp", "tracepoint"))
+            d.bio_devices = BioDevices(("loop1",))
+        d.attach = Attach(pick.choice(("raw_tp", "raw_tp", "tracepoint")))
         out.append(d)
     return out
 
@@ -193,7 +191,7 @@ def disk_dumps(seed: int, n: int = 30) -> list[Dump]:
         start = T0 + timedelta(seconds=i)
         d = Dump(pick.choice(("interval", "final")), start, start + timedelta(seconds=1), "h", "6.18", [],
                  label=pick.choice((None, "epoch 1")), disks=Diskstats(devs, procs, pick.randrange(3)))
-        d.extra["duration_s"] = round(pick.uniform(0.9, 1.1), 6)
+        d.window_s = round(pick.uniform(0.9, 1.1), 6)
         out.append(d)
     return out
 

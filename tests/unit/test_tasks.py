@@ -16,6 +16,7 @@ import pytest
 from tracer import contract
 from tracer.errors import UserError
 from tracer.model import dump
+from tracer.model.sections import Tasks
 from tracer.pipeline import aggregate
 from tracer.sources import kernel
 from tracer.sources.btf import BtfError, Member
@@ -73,20 +74,22 @@ def test_task_rows_take_disk_reads_from_the_read_series_of_the_process():
     rows = aggregate.task_rows([raw(5, read_bytes=100, io_wait_ns=2_500_000_000), raw(6)],
                                [series(5, "read", 40), series(5, "write", 99), series(7, "read", 8, tgid=5),
                                 series(9, "read", 3)])
-    by = {r["pid"]: r for r in rows}
-    assert by[5]["disk_read_bytes"] == 48 and by[5]["read_bytes"] == 100 and by[5]["io_wait_s"] == 2.5
-    assert by[6]["disk_read_bytes"] == 0 and by[6]["exited"]
-    assert by[9]["disk_read_bytes"] == 3 and by[9]["read_bytes"] == 0     # disk reads without a row of its own
+    by = {r.pid: r for r in rows}
+    assert by[5].disk_read_bytes == 48 and by[5].read_bytes == 100 and by[5].io_wait_s == 2.5
+    assert by[6].disk_read_bytes == 0 and by[6].exited
+    assert by[9].disk_read_bytes == 3 and by[9].read_bytes == 0     # disk reads without a row of its own
 
 
 def test_merged_dumps_add_task_rows_by_pid():
-    merged = dump.merge_tasks([[{"pid": 5, "comm": "a", "io_wait_s": 0.1, "read_bytes": 10, "exited": False}],
-                               [{"pid": 5, "comm": "b", "io_wait_s": 0.2, "read_bytes": 5, "exited": True},
-                                {"pid": 6, "comm": "c", "read_bytes": 1}, "junk"]])
-    assert merged[0] == {"pid": 5, "comm": "b", "io_wait_s": 0.3, "read_bytes": 15, "exited": True,
+    # (a row that is no row, as in a hand-edited file, is the reader's error: tests/unit/test_sections.py)
+    merged = dump.merge_tasks([Tasks.from_json(rows).rows for rows in (
+        [{"pid": 5, "comm": "a", "io_wait_s": 0.1, "read_bytes": 10, "exited": False}],
+        [{"pid": 5, "comm": "b", "io_wait_s": 0.2, "read_bytes": 5, "exited": True},
+         {"pid": 6, "comm": "c", "read_bytes": 1}])])
+    assert merged[0].to_json() == {"pid": 5, "comm": "b", "io_wait_s": 0.3, "read_bytes": 15, "exited": True,
                          "io_waits": 0, "reads": 0, "disk_read_bytes": 0, "fsync_s": 0, "fsyncs": 0,
                          "throttled_s": 0, "throttles": 0, "ppid": 0, "started": False}
-    assert [r["pid"] for r in merged] == [5, 6]
+    assert [r.pid for r in merged] == [5, 6]
 
 
 def test_the_header_and_the_kernel_table_parse():

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
-from conftest import run_iotrace
+from conftest import put_json, run_iotrace
 
 from tracer.codec import jsonl
 from tracer.model import benchresult as br
@@ -55,8 +55,7 @@ def _series(comm: str = COMM, device: str = DEVICE, container: str | None = CONT
 def _dump(label: str | None = LABEL, at: float = 0, rows=None, **extra) -> Dump:
     d = Dump("marker" if label else "final", T0 + timedelta(seconds=at), T0 + timedelta(seconds=at + 10), "host",
              "6.18", [_series()] if rows is None else rows, dropped={"evil\x1b[2Jreason": 3}, label=label)
-    d.extra.update(extra)
-    return d
+    return put_json(d, extra)
 
 
 def _tasks_extra() -> dict:

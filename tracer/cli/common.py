@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from tracer import sinks as sinkreg
 from tracer.errors import UserError
@@ -31,7 +30,7 @@ COMMANDS = {
 }
 
 __all__ = ["COMMANDS", "Parser", "at_least", "interval_seconds", "positive", "add_attach_option", "interval_count",
-           "take_interval", "duration", "offer_diskstats", "output_options", "make_sinks", "device_names"]
+           "take_interval", "duration", "offer_diskstats", "output_options", "device_names"]
 
 
 def duration(text: str) -> float:
@@ -134,23 +133,5 @@ def alert_check(ns, bpf: bool = True, devices: list[str] | None = None):
     return alertmod.AlertCheck(rules) if rules else None
 
 
-def make_sinks(ns, ctx: sinkreg.Context) -> list:
-    """The sinks these options ask for, in the registry's order."""
-    return sinkreg.from_args(ns, ctx)
-
-
 PID_HELP = ("trace this process, all its threads, every descendant it has now, and (unless --no-children) "
             "every process forked from then on; repeatable. Default: every process")
-
-
-def attach_existing(pids: list[int], follow: bool, probe, tasks=None):
-    """The --pid targets' existing descendants added to each BPF filter (tracer.sources.proctree)."""
-    from tracer.sources import proctree
-
-    found = proctree.attach_tree(pids, probe.add_pid, probe.traced_pids, follow=follow)
-    if tasks is not None:       # its own filter, armed later than the probe's: its own walk
-        proctree.attach_tree(pids, tasks.add_pid, tasks.traced_pids, follow=follow)
-    if not found.settled:
-        print(f"iotrace: warning: the process tree under pid {', '.join(map(str, pids))} kept changing through "
-              f"{found.rounds} reads of /proc: processes it forked while we read may be missed", file=sys.stderr)
-    return found

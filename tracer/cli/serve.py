@@ -9,12 +9,10 @@ import argparse
 import sys
 from typing import TextIO
 
-from tracer import sinks as sinkreg
-from tracer.cli.common import add_attach_option, alert_check, device_names, make_sinks, output_options
-from tracer.errors import UserError
+from tracer.cli.common import add_attach_option, alert_check, device_names, output_options
 from tracer.options import Parser, interval_seconds
-from tracer.runtime.loop import Live, Schedule, Sinks
-from tracer.runtime.teardown import run_steps
+from tracer.runtime.loop import Schedule
+from tracer.runtime.session import LiveRun
 from tracer.sinks.prometheus import (
     ATTACHED,
     BOUNDS_S,
@@ -26,9 +24,7 @@ from tracer.sinks.prometheus import (
     IOS,
     LABELLED,
     LATENCY,
-    OTHER,
     READY_PATH,
-    PrometheusSink,
 )
 
 EPILOG = f"""\
@@ -76,48 +72,28 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(argv: list[str], out: TextIO = sys.stdout) -> int:
-    from tracer.pipeline.windows import DumpWindows
-    from tracer.runtime.signals import Signals
     from tracer.sources import devices
     from tracer.sources.cgroups import resolve_cgroup
+    from tracer.sources.probe import ProbeOptions
 
     ns = parser().parse_args(argv)
     devs = [devices.resolve(d) for d in ns.devs]
     cgroup_id, cgroup_level = resolve_cgroup(ns.cgroup) if ns.cgroup else (0, 0)
     names = device_names(ns.devs)
-    alerts = alert_check(ns, devices=names)
-    # the HTTP server listens here, before loading BPF (seconds of compiling): a port in use fails at once
-    outputs = Sinks(make_sinks(ns, sinkreg.Context("serve", out, names, alerts)))
-    prom = next(s for s in outputs.sinks if isinstance(s, PrometheusSink))
-    probe = tasks = sig = None
-    status = 0
-    try:
-        sig = Signals()
-        from tracer.sources.probe import Probe, ProbeOptions
-        from tracer.sources.tasks import open_tracer
-
-        probe = Probe(ProbeOptions(devs=devs, cgroup_id=cgroup_id, cgroup_level=cgroup_level, attach=ns.attach))
+    run = LiveRun("serve", ns, out, names, alert_check(ns, devices=names))
+    with run:
+        # the HTTP server listens here, before loading BPF (seconds of compiling): a port in use fails at once
+        run.open_sinks()
+        run.catch_signals()
+        probe = run.open_probe(ProbeOptions(devs=devs, cgroup_id=cgroup_id, cgroup_level=cgroup_level,
+                                            attach=ns.attach))
         if probe.start_note:
             print(f"iotrace serve: {probe.start_note}", file=sys.stderr)
         if ns.tasks:
-            tasks, why = open_tracer([], True)      # every process: serve has no pid filter
-            if tasks is None:
-                raise UserError(f"--tasks: {why}")
+            tasks, _ = run.open_tasks([], True, required=True)      # every process: serve has no pid filter
             if tasks.syscalls_note:
                 print(f"iotrace: --tasks times reads and fsyncs on the syscalls' perf-event tracepoints, not raw "
                       f"ones (costlier for every syscall): {tasks.syscalls_note}", file=sys.stderr)
-        prom.attached()
-        print(f"iotrace: serving block I/O metrics on http://{prom.where}/metrics, every {ns.interval:g}s"
-              f"{' on ' + ', '.join(ns.devs) if ns.devs else ''}{' in ' + ns.cgroup if ns.cgroup else ''}; "
-              f"SIGTERM or Ctrl-C to end", file=sys.stderr)
-        Live(DumpWindows(probe, tasks, alerts=alerts, iostat=bool(ns.csv), devices=names), outputs,
-             Schedule(ns.interval), sig).run()
-        e = prom.exporter
-        out.write(f"iotrace serve: {e.drains} intervals folded, {len(e.owners)} labelled owners, "
-                  f"{e.folded} folded into \"{OTHER}\"\n")
-    finally:
-        status = outputs.close(status)      # never raises
-        run_steps(("detaching the BPF programs", probe.close if probe else None),
-                  ("detaching the per-process tracer", tasks.close if tasks else None),
-                  ("restoring the signal handlers", sig.restore if sig else None))
-    return status
+        run.attached()      # the Prometheus sink: ready, iotrace_attached 1, and where it serves
+        run.loop(run.dump_windows(iostat=bool(ns.csv)), Schedule(ns.interval))     # its summary at the end
+    return run.status

@@ -12,21 +12,18 @@ import os
 import sys
 from typing import TextIO
 
-from tracer import sinks as sinkreg
 from tracer.cli.common import (
     PID_HELP,
     add_attach_option,
-    attach_existing,
     interval_count,
-    make_sinks,
     offer_diskstats,
     output_options,
     take_interval,
 )
 from tracer.errors import UserError
 from tracer.options import Parser, interval_seconds, pid
-from tracer.runtime.loop import Live, Schedule, Sinks
-from tracer.runtime.teardown import run_steps
+from tracer.runtime.loop import Schedule
+from tracer.runtime.session import LiveRun
 
 EPILOG = """\
 examples:
@@ -58,7 +55,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(argv: list[str], out: TextIO) -> int:
-    from tracer.runtime.signals import Signals
     from tracer.sources import devices
 
     ns = parser().parse_args(argv)
@@ -71,44 +67,37 @@ def run(argv: list[str], out: TextIO) -> int:
     for fd in check_pids(ns.pids):      # a gone pid: one line now, before the programs load
         os.close(fd)
 
-    from tracer.pipeline.windows import DumpWindows
-    from tracer.sources.probe import Probe, ProbeOptions
+    from tracer.sources.probe import ProbeOptions
 
-    print("iotrace top: loading the BPF programs ...", file=sys.stderr, flush=True)
-    try:
-        probe = Probe(ProbeOptions(devs=devs, attach=ns.attach, pids=ns.pids, follow_children=not ns.no_children))
-    except UserError as exc:
-        raise offer_diskstats(exc) from None
-    if probe.start_note:    # said before curses takes the screen; and in the header, which stays
-        print(f"iotrace top: {probe.start_note}", file=sys.stderr)
-    where = ", ".join(ns.devs) or "every device"
-    if probe.start_blind:
-        where += f"; most requests unseen on {', '.join(probe.start_blind)} (see the line above)"
-    if ns.pids:
-        from tracer.sources.proctree import describe
+    run = LiveRun("top", ns, out)
+    with run:
+        print("iotrace top: loading the BPF programs ...", file=sys.stderr, flush=True)
+        probe = run.open_probe(ProbeOptions(devs=devs, attach=ns.attach, pids=ns.pids,
+                                            follow_children=not ns.no_children), on_error=offer_diskstats)
+        if probe.start_note:    # said before curses takes the screen; and in the header, which stays
+            print(f"iotrace top: {probe.start_note}", file=sys.stderr)
+        where = ", ".join(ns.devs) or "every device"
+        if probe.start_blind:
+            where += f"; most requests unseen on {', '.join(probe.start_blind)} (see the line above)"
+        if ns.pids:
+            from tracer.sources.proctree import describe
 
-        where += "; " + describe(attach_existing(ns.pids, not ns.no_children, probe), shown=2)
-    # our own handlers, not Python's: a process started with SIGINT ignored gets no KeyboardInterrupt
-    sig = Signals()
-    try:
+            where += "; " + describe(run.attach_existing(ns.pids, not ns.no_children), shown=2)
+        # our own handlers, not Python's: a process started with SIGINT ignored gets no KeyboardInterrupt
+        run.catch_signals()
         import curses
 
-        def view(scr) -> list[str] | None:
-            ctx = sinkreg.Context("top", out, extra={"scr": scr, "interval": interval,
-                                                      "where": where})
-            outputs = Sinks(make_sinks(ns, ctx))
-            screen = outputs.sinks[0]
-            live = Live(DumpWindows(probe, containers=False), outputs, Schedule(interval, count=ns.count), sig,
-                        inputs={sys.stdin.fileno(): screen.on_key}, final=ns.count is not None)
-            try:
-                live.run()
-            finally:
-                outputs.close(0)        # never raises
-            return screen.lines if live.reason == "deadline" else None
+        last: list[str] = []        # the screen sink keeps its last screen here when the count is reached
 
-        last = curses.wrapper(view)
+        def view(scr) -> None:
+            run.open_sinks(extra={"scr": scr, "interval": interval, "where": where, "keep": last})
+            try:       # the screen sink watches the keys (its inputs) and draws every window
+                run.loop(run.dump_windows(containers=False), Schedule(interval, count=ns.count),
+                         final=ns.count is not None)
+            finally:
+                run.close_outputs()     # never raises; inside curses, which ends with the view
+
+        curses.wrapper(view)
         if last:    # the terminal is back as it was: leave the last screen in it, as biotop does
             out.write("\n".join(last) + "\n")
-    finally:
-        run_steps(("detaching the BPF programs", probe.close), ("restoring the signal handlers", sig.restore))
     return 0

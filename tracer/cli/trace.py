@@ -17,24 +17,21 @@ from dataclasses import dataclass, field, fields
 from typing import TextIO
 
 from tracer import contract
-from tracer import sinks as sinkreg
 from tracer.cli.common import (
     PID_HELP,
     add_attach_option,
     alert_check,
-    attach_existing,
     device_names,
     duration,
     interval_count,
-    make_sinks,
     offer_diskstats,
     output_options,
     take_interval,
 )
 from tracer.errors import UserError
 from tracer.options import Parser, interval_seconds, pid
-from tracer.runtime.loop import Live, Schedule, Sinks
-from tracer.runtime.teardown import run_steps
+from tracer.runtime.loop import Schedule
+from tracer.runtime.session import LiveRun
 from tracer.text import safe
 
 EPILOG = """\
@@ -180,7 +177,6 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     """Trace until the command or the --pid targets exit, -d or count is reached, or Ctrl-C."""
     from tracer.marker import ENV_CONTROL
     from tracer.runtime import child as childmod
-    from tracer.runtime.signals import Signals
     from tracer.sources import cgroups, devices
 
     if args.diskstats:
@@ -190,41 +186,45 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     pidfds = childmod.check_pids(args.pids)
     names = device_names(args.devs)
     alerts = alert_check(args, devices=names)
-    outputs = Sinks(make_sinks(args.options, sinkreg.Context("trace", out, names, alerts)))
-    # a traced COMMAND is told the socket's path before it runs (it is held until the probe is ready);
-    # otherwise the socket is bound once the probe is attached: a marker sent while the programs still
-    # compile would be taken only when the loop starts, seconds late, and close the wrong stretch
-    control, control_error = open_control(args.pids) if args.command else (None, None)
-    child = release = None
-    probe = tasks = sig = None
-    status = 0
-    closed = False
-    try:
-        env = {ENV_CONTROL: control.path} if control else None
-        child, release = childmod.spawn_held(args.command, env, args.json) if args.command else (None, None)
+    run = LiveRun("trace", args.options, out, names, alerts)
+    with run:
+        run.open_sinks()
+        # a traced COMMAND is told the socket's path before it runs (it is held until the probe is ready);
+        # otherwise the socket is bound once the probe is attached: a marker sent while the programs still
+        # compile would be taken only when the loop starts, seconds late, and close the wrong stretch
+        control, control_error = open_control(args.pids) if args.command else (None, None)
+        run.control = control
+        child = None
+        held: list[int] = []        # the held child's release fd, until it is let go
+        if args.command:
+            env = {ENV_CONTROL: control.path} if control else None
+            child, release = childmod.spawn_held(args.command, env, args.json)
+            held.append(release)
+
+            def end_command() -> None:
+                if held:
+                    os.close(held.pop())    # unblocks the held child: it exits 125
+                childmod.end(child)         # a no-op once the loop reaped it; else SIGTERM, then SIGKILL
+
+            run.end_command = end_command
         # from here on, Ctrl-C and SIGTERM end the trace in order instead of raising
-        sig = Signals()
-        from tracer.pipeline.windows import DumpWindows
-        from tracer.sources.probe import Probe, ProbeOptions
-        from tracer.sources.tasks import open_tracer
+        run.catch_signals()
+        from tracer.sources.probe import ProbeOptions
 
         opts = ProbeOptions(pids=list(args.pids) + ([child] if child else []), follow_children=not args.no_children,
                             per_thread=args.threads, devs=devs, inflight_slots=args.inflight_slots,
                             hist_cells=args.hist_cells, cgroup_id=cgroup_id, cgroup_level=cgroup_level,
                             attach=args.attach)
-        try:
-            probe = Probe(opts)
-        except UserError as exc:
-            raise offer_diskstats(exc) from None
-        tasks, tasks_note = open_tracer(opts.pids, opts.follow_children) if args.tasks else (None, "")
+        probe = run.open_probe(opts, on_error=offer_diskstats)
+        tasks, tasks_note = run.open_tasks(opts.pids, opts.follow_children) if args.tasks else (None, "")
         # after both filters are armed: what the --pid targets forked before the attach joins them
-        attached = attach_existing(args.pids, not args.no_children, probe, tasks) if args.pids else None
+        attached = run.attach_existing(args.pids, not args.no_children) if args.pids else None
         if not args.command:
             control, control_error = open_control(args.pids)
+            run.control = control
         if child:
             pidfds.append(os.pidfd_open(child))
-            childmod.release(release)
-            release = None
+            childmod.release(held.pop())
         _announce(args, child, probe, control, control_error, attached)
         if args.tasks and tasks is None:
             print(f"iotrace: warning: no per-process rows (\"tasks\") in the dumps: {safe(tasks_note)}",
@@ -232,27 +232,12 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         elif tasks is not None and tasks.syscalls_note:
             print(f"iotrace: per-process rows time reads and fsyncs on the syscalls' perf-event tracepoints, "
                   f"not raw ones (costlier for every syscall): {safe(tasks.syscalls_note)}", file=sys.stderr)
-        windows = DumpWindows(probe, tasks, alerts, traced=bool(args.pids or args.command),
-                              iostat=bool(args.csv), devices=names)
-        live = Live(windows, outputs, Schedule(args.interval, args.duration, args.count), sig, child=child,
-                    pidfds=pidfds, control=control)
-        status = live.run()
-        closed = True
-        return outputs.close(status)
-    finally:
-        # every step runs whatever the others do (tracer.runtime.teardown); signals stay ours until the end
-        end_child = None
-        if child:
-            def end_child():
-                if release is not None:
-                    os.close(release)       # unblocks the held child: it exits 125
-                childmod.end(child)         # a no-op once the loop reaped it; else SIGTERM, then SIGKILL
-        run_steps(("writing the outputs", None if closed else lambda: outputs.close(status)),
-                  ("ending the traced command", end_child),
-                  ("detaching the BPF programs", probe.close if probe else None),
-                  ("detaching the per-process tracer", tasks.close if tasks else None),
-                  ("removing the control socket", control.close if control else None),
-                  ("restoring the signal handlers", sig.restore if sig else None))
+        windows = run.dump_windows(traced=bool(args.pids or args.command), iostat=bool(args.csv))
+        run.loop(windows, Schedule(args.interval, args.duration, args.count), child=child, pidfds=pidfds,
+                 control=control)
+    # leaving `with` closed everything in order (tracer.runtime.session): the outputs, the command, the
+    # programs, the per-process tracer, the control socket, and last the signal handlers
+    return run.status
 
 
 def _announce(args: TraceArgs, child: int | None, probe, control, control_error: str | None,
@@ -315,7 +300,6 @@ def run_diskstats(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     """`iotrace --diskstats`: iostat's numbers per device and bytes per process, every -i, until -d or Ctrl-C."""
     from tracer.pipeline.windows import DiskWindows
     from tracer.runtime.child import check_pids
-    from tracer.runtime.signals import Signals
     from tracer.sources.diskstats import DiskSampler, ProcSampler
     from tracer.views.diskstats import NO_PERCENTILES
 
@@ -325,19 +309,17 @@ def run_diskstats(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     pidfds = check_pids(args.pids)
     windows = DiskWindows(DiskSampler(names), ProcSampler(args.pids, children=not args.no_children),
                           every_device=names is not None, alerts=alerts)
-    outputs = Sinks(make_sinks(args.options, sinkreg.Context("diskstats", out, names, alerts, whole=windows.whole)))
     from tracer.sources import proctree
 
-    who = f", {proctree.describe(proctree.snapshot(args.pids, not args.no_children))}" if args.pids else ""
-    print(safe(f"iotrace: --diskstats: {'devices ' + ', '.join(names) if names else 'every disk'}"
-               f"{who}; {NO_PERCENTILES}; Ctrl-C to end"), file=sys.stderr)
-    if os.geteuid() != 0:
-        print("iotrace: not root: /proc/PID/io shows only your own processes", file=sys.stderr)
-    sig = Signals()
-    status = 0
-    try:
-        Live(windows, outputs, Schedule(args.interval, args.duration, args.count), sig, pidfds=pidfds).run()
-    finally:
-        status = outputs.close(status)      # never raises
-        sig.restore()
-    return status
+    run = LiveRun("diskstats", args.options, out, names, alerts)
+    with run:
+        run.open_sinks(whole=windows.whole)
+        who = f", {proctree.describe(proctree.snapshot(args.pids, not args.no_children))}" if args.pids else ""
+        print(safe(f"iotrace: --diskstats: {'devices ' + ', '.join(names) if names else 'every disk'}"
+                   f"{who}; {NO_PERCENTILES}; Ctrl-C to end"), file=sys.stderr)
+        if os.geteuid() != 0:
+            print("iotrace: not root: /proc/PID/io shows only your own processes", file=sys.stderr)
+        run.catch_signals()
+        run.loop(windows, Schedule(args.interval, args.duration, args.count), pidfds=pidfds)
+        run.status = 0      # the status is the outputs' (no command here)
+    return run.status

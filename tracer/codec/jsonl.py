@@ -37,6 +37,13 @@ per pid.
   Latencies in the JSON are microseconds; the hdr histograms count
   nanoseconds (tracer.codec.hdr).
 
+  Beside these core keys a line holds the dump's sections (attach,
+  start_event, coverage, bio_devices, tasks, enclosing, loop, sender_pid,
+  bpf_programs, traced_pids, alerts, verdict): each is a class in
+  tracer.model.sections with its own from_json / to_json, walked here
+  through SECTIONS.  Keys no section claims (a newer iotrace's) are kept on
+  the dump (Dump.unknown) and written back as they were; merges leave them out.
+
 * "diskstats": a window of `iotrace --diskstats` (no BPF), as its -o writes it:
 
     {"schema": 1, "kind": "diskstats", "window": "interval" | "final", "label": null,
@@ -64,10 +71,16 @@ from datetime import datetime
 
 from tracer.codec import hdr
 from tracer.errors import UserError
-from tracer.marker import check_loop
 from tracer.model.diskstats import IOSTAT_COLUMNS, DiskRow, Diskstats, ProcBytes
-from tracer.model.dump import TASK_SUMS, Dump, PhaseStats, Series, duration_of, summarize
+from tracer.model.dump import Dump, PhaseStats, Series, duration_of, summarize
 from tracer.model.histogram import Histogram
+from tracer.model.jsoncheck import array as _list
+from tracer.model.jsoncheck import boolean as _bool
+from tracer.model.jsoncheck import number as _num
+from tracer.model.jsoncheck import obj as _obj
+from tracer.model.jsoncheck import text as _str
+from tracer.model.jsoncheck import whole as _int
+from tracer.model.sections import read_sections, write_sections
 
 SCHEMA = 1
 
@@ -122,7 +135,7 @@ def _encode_dump(d: Dump) -> dict:
         "start": d.start.isoformat(), "end": d.end.isoformat(), "duration_s": round(d.duration_s, 6),
         "host": d.host, "kernel": d.kernel, "dropped": d.dropped, "events": d.events,
     }
-    obj.update({k: v for k, v in d.extra.items() if k != "duration_s"})
+    write_sections(d, obj)
     # every histogram of the dump at once: per-histogram numpy calls would dominate
     summarize(d.series)
     hdrs = iter(hdr.encode_many(st.hist for s in d.series for st in s.phases.values() if st.count))
@@ -162,68 +175,21 @@ def _decode_series(s) -> Series:
 
 def _decode_dump(obj: dict) -> Dump:
     series = [_decode_series(s) for s in _list(obj["series"], "series")]
-    known = {"schema", "kind", "label", "start", "end", "duration_s", "host", "kernel", "dropped", "events", "series"}
-    extra = {k: v for k, v in obj.items() if k not in known}
-    _check_extra(extra)
+    sections, unknown = read_sections(obj, _DUMP_CORE)
     if "duration_s" in obj:
         _num(obj["duration_s"], "duration_s")
     return Dump(kind=obj["kind"], label=_label(obj.get("label")), start=_time(obj["start"], "start"),
                 end=_time(obj["end"], "end"), host=_str(obj.get("host", ""), "host"),
                 kernel=_str(obj.get("kernel", ""), "kernel"), series=series,
                 dropped=_counts(obj.get("dropped", {}), "dropped"), events=_counts(obj.get("events", {}), "events"),
-                extra=extra)
+                unknown=unknown, **sections)
 
 
-# ---- what a line's values may be ---------------------------------------------
-#
-# A saved file may have been cut, hand-edited or written by anything: every value is checked here, so that
-# a bad one is that line's error (ValueError, which read() names with the file and line), never an exception
-# in the report that merges or renders it later.
-
-MAX_INT = 2**63 - 1     # counts, bytes, pids, ids: what the kernel's u64/s64 can hold
-MAX_NUMBER = 1e18       # seconds, microseconds, kB: finite, and far beyond any run
+# a trace-mode line's own keys; the others are sections (tracer.model.sections) or kept as unknown
+_DUMP_CORE = {"schema", "kind", "label", "start", "end", "duration_s", "host", "kernel", "dropped", "events", "series"}
 
 
-def _what(v) -> str:
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _int(v, name: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_INT:
-        raise ValueError(f"{name} is {_what(v)}, not a whole number from 0 to 2**63-1")
-    return v
-
-
-def _num(v, name: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= MAX_NUMBER:   # also NaN, inf
-        raise ValueError(f"{name} is {_what(v)}, not a finite number >= 0")
-    return float(v)
-
-
-def _str(v, name: str) -> str:
-    if not isinstance(v, str):
-        raise ValueError(f"{name} is {_what(v)}, not a string")
-    return v
-
-
-def _bool(v, name: str) -> bool:
-    if not isinstance(v, bool):
-        raise ValueError(f"{name} is {_what(v)}, not true or false")
-    return v
-
-
-def _obj(v, name: str) -> dict:
-    if not isinstance(v, dict):
-        raise ValueError(f"{name} is {_what(v)}, not an object")
-    return v
-
-
-def _list(v, name: str) -> list:
-    if not isinstance(v, list):
-        raise ValueError(f"{name} is {_what(v)}, not a list")
-    return v
-
+# ---- what a line's values may be (tracer.model.jsoncheck) ----------------------
 
 def _label(v) -> str | None:
     return None if v is None else _str(v, "label")
@@ -236,43 +202,6 @@ def _counts(v, name: str) -> dict[str, int]:
 def _time(v, name: str) -> datetime:
     t = datetime.fromisoformat(_str(v, name))
     return t if t.tzinfo else t.astimezone()     # a file's times compare with each other's
-
-
-def _check_extra(extra: dict) -> None:
-    """The sections later features add to a dump, as the merges and views read them."""
-    if extra.get("loop") is not None:
-        why = check_loop(extra["loop"])
-        if why:
-            raise ValueError(why)
-    if extra.get("enclosing") is not None:
-        _str(extra["enclosing"], "enclosing")
-    if "sender_pid" in extra:
-        _int(extra["sender_pid"], "sender_pid")
-    if "attach" in extra:
-        _str(extra["attach"], "attach")
-    if "start_event" in extra:
-        start = _obj(extra["start_event"], "start_event")
-        _str(start.get("event", ""), "start_event.event")
-        for name in _list(start.get("blind", []), "start_event.blind"):
-            _str(name, "start_event.blind")
-    for name in _list(extra.get("bio_devices", []), "bio_devices"):
-        _str(name, "bio_devices")
-    if "coverage" in extra:
-        cov = _obj(extra["coverage"], "coverage")
-        for dev, c in _obj(cov.get("devices", {}), "coverage.devices").items():
-            c = _obj(c, f"coverage.devices.{dev}")
-            for k in ("recorded", "diskstats"):
-                _int(c.get(k, 0), f"coverage.devices.{dev}.{k}")
-    for row in _list(extra.get("tasks", []), "tasks"):
-        row = _obj(row, "a tasks row")
-        _int(row.get("pid"), "tasks pid")
-        if "ppid" in row:
-            _int(row["ppid"], "tasks ppid")
-        for k in TASK_SUMS:
-            if k in row:
-                (_num if k.endswith("_s") else _int)(row[k], f"tasks {k}")
-        if "comm" in row:
-            _str(row["comm"], "tasks comm")
 
 
 for _name in ("interval", "final", "marker"):
@@ -299,7 +228,7 @@ def _encode_diskstats(d: Dump) -> dict:
            "processes": [{"pid": p.pid, "comm": p.comm, "read_bytes": p.read_bytes, "write_bytes": p.write_bytes}
                          for p in disks.processes],
            "unreadable_processes": disks.unreadable}
-    obj.update({k: v for k, v in d.extra.items() if k != "duration_s"})
+    write_sections(d, obj)
     return obj
 
 
@@ -323,17 +252,17 @@ def _decode_diskstats(obj: dict) -> Dump:
         processes.append(ProcBytes(_int(p["pid"], "pid"), _str(p.get("comm", ""), "comm"),
                                    _int(p.get("read_bytes", 0), "read_bytes"),
                                    _int(p.get("write_bytes", 0), "write_bytes")))
-    known = {"schema", "kind", "window", "label", "start", "end", "duration_s", "host", "kernel", "percentiles",
-             "source", "devices", "processes", "unreadable_processes"}
-    extra = {k: v for k, v in obj.items() if k not in known}
-    _check_extra(extra)
-    extra["duration_s"] = _num(obj["duration_s"], "duration_s")     # the window as sampled, not end - start
+    sections, unknown = read_sections(obj, _DISKSTATS_CORE)
     return Dump(kind=_str(obj.get("window", "interval"), "window"), label=_label(obj.get("label")),
                 start=_time(obj["start"], "start"), end=_time(obj["end"], "end"),
                 host=_str(obj.get("host", ""), "host"), kernel=_str(obj.get("kernel", ""), "kernel"),
-                series=[], extra=extra,
+                series=[], window_s=_num(obj["duration_s"], "duration_s"),    # the window as sampled
+                unknown=unknown, **sections,
                 disks=Diskstats(devices, processes, _int(obj.get("unreadable_processes", 0), "unreadable_processes")))
 
+
+_DISKSTATS_CORE = {"schema", "kind", "window", "label", "start", "end", "duration_s", "host", "kernel",
+                   "percentiles", "source", "devices", "processes", "unreadable_processes"}
 
 register(DISKSTATS, _decode_diskstats, _encode_diskstats)
 

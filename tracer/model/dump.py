@@ -15,15 +15,33 @@ exact (kept by the kernel), the percentiles are read from the histograms
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from tracer.errors import UserError
-from tracer.marker import LOOP_KEYS, check_loop
 from tracer.model.diskstats import DiskRow, Diskstats, ProcBytes
 from tracer.model.histogram import Histogram
+from tracer.model.sections import (
+    SECTIONS,
+    Alerts,
+    Attach,
+    BioDevices,
+    BpfPrograms,
+    Coverage,
+    CoverageMerger,
+    Enclosing,
+    Loop,
+    Merger,
+    Section,
+    SenderPid,
+    StartEvent,
+    TaskMerger,
+    TaskRow,
+    Tasks,
+    TracedPids,
+    VerdictSection,
+)
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 PCT_KEYS = ("p50", "p90", "p99", "p99.9")
@@ -118,8 +136,25 @@ class Dump:
     dropped: dict[str, int] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
     label: str | None = None
-    extra: dict = field(default_factory=dict)   # sections added by later features (coverage, ...)
     disks: Diskstats | None = None      # a --diskstats window (it has no series); None for a BPF dump
+    # the window's own length when it is not end - start (a --diskstats sample's, a merge's sum of its windows')
+    window_s: float | None = None
+    # the optional sections (tracer.model.sections: one attribute per class in SECTIONS, named by its key);
+    # None: the dump has none
+    attach: Attach | None = None
+    start_event: StartEvent | None = None
+    coverage: Coverage | None = None
+    bio_devices: BioDevices | None = None
+    tasks: Tasks | None = None
+    enclosing: Enclosing | None = None
+    loop: Loop | None = None
+    sender_pid: SenderPid | None = None
+    bpf_programs: BpfPrograms | None = None
+    traced_pids: TracedPids | None = None
+    alerts: Alerts | None = None
+    verdict: VerdictSection | None = None
+    # a line's keys no section claims (a newer iotrace's): kept, written back with this dump, not merged
+    unknown: dict = field(default_factory=dict)
     # iostat -x rows of the same window (tracer.model.diskstats.IostatRow), sampled once by the pipeline
     # for --csv and --alert; not written to the file
     iostat: list | None = field(default=None, repr=False, compare=False)
@@ -131,6 +166,12 @@ class Dump:
     @property
     def lost(self) -> int:
         return sum(self.dropped.values())
+
+    def put(self, *sections: Section) -> Dump:
+        """Set these sections (each in its own attribute, Section.key)."""
+        for s in sections:
+            setattr(self, s.key, s)
+        return self
 
 
 def merge_series(series: Iterable[Series], key: Callable[[Series], tuple] | None = None) -> list[Series]:
@@ -259,7 +300,9 @@ class DumpMerger:
 
     Memory is bounded by the merged dump (one row per series key, the labels
     seen), not by how many dumps went in; the result is the one merge_dumps
-    gives for the same dumps in the same order, float sums included.
+    gives for the same dumps in the same order, float sums included.  The
+    sections merge by their own mergers (tracer.model.sections.SECTIONS);
+    a section that has none, and keys no section claims, are left out.
     """
 
     def __init__(self) -> None:
@@ -274,16 +317,11 @@ class DumpMerger:
         self.events: dict[str, int] = {}
         self.duration_s = 0
         self.disks = DiskstatsMerger()
-        self.coverage = CoverageMerger()
-        self.bio: set[str] = set()
-        self.labels: set[str | None] = set()
-        self.loop = _LoopMerger()
-        self.enclosing: set = set()
-        self.senders: set[int] = set()
-        self.tasks = TaskMerger()
-        self.attach: set[str] = set()
-        self.start_events: set[str] = set()
-        self.blind: set[str] = set()
+        self.sections: dict[str, Merger] = {}
+        for cls in SECTIONS:
+            m = cls.merger()
+            if m is not None:
+                self.sections[cls.key] = m
 
     def add(self, d: Dump) -> None:
         if self.bpf is None:
@@ -304,157 +342,32 @@ class DumpMerger:
         self.duration_s = self.duration_s + seconds
         if d.disks is not None:
             self.disks.add(d.disks, seconds)
-        extra = d.extra
-        if "coverage" in extra:
-            self.coverage.add(extra["coverage"])
-        self.bio.update(extra.get("bio_devices", []))
-        self.labels.add(d.label)
-        if isinstance(extra.get("loop"), dict):
-            self.loop.add(extra.get("enclosing"), extra["loop"], self.labels)
-        if "enclosing" in extra and len(self.enclosing) < 2:
-            self.enclosing.add(extra.get("enclosing"))
-        if isinstance(extra.get("sender_pid"), int) and len(self.senders) < 2:
-            self.senders.add(extra["sender_pid"])
-        if isinstance(extra.get("tasks"), list):
-            self.tasks.add(extra["tasks"])
-        if "attach" in extra:
-            self.attach.add(extra["attach"])
-        if isinstance(extra.get("start_event"), dict):
-            self.start_events.add(extra["start_event"].get("event", ""))
-            self.blind.update(extra["start_event"].get("blind", ()))
+        for m in self.sections.values():
+            m.add(d)
 
     def result(self, kind: str = "final", label: str | None = None) -> Dump:
         if not self.count:
             raise ValueError("nothing to merge")
         assert self.start is not None and self.end is not None
         merged = Dump(kind=kind, label=label, start=self.start, end=self.end, host=self.host, kernel=self.kernel,
-                      series=self.series.result(), dropped=dict(self.dropped), events=dict(self.events))
-        # the windows' own lengths, not the span: a file may hold several runs
-        merged.extra["duration_s"] = self.duration_s
+                      series=self.series.result(), dropped=dict(self.dropped), events=dict(self.events),
+                      # the windows' own lengths, not the span: a file may hold several runs
+                      window_s=self.duration_s)
         if not self.bpf:
             merged.disks = self.disks.result()
-        cov = self.coverage.result()
-        if cov:
-            merged.extra["coverage"] = cov
-        if self.bio:
-            merged.extra["bio_devices"] = sorted(self.bio)
-        loop = self.loop.result(self.labels)
-        if loop:
-            merged.extra["loop"] = loop
-        if len(self.enclosing) == 1:
-            merged.extra["enclosing"] = next(iter(self.enclosing))
-        if len(self.senders) == 1:
-            merged.extra["sender_pid"] = next(iter(self.senders))
-        tasks = self.tasks.result()
-        if tasks is not None:
-            merged.extra["tasks"] = tasks
-        if self.attach:
-            merged.extra["attach"] = "+".join(sorted(self.attach))     # one, unless runs of both kinds were merged
-        if self.start_events:
-            merged.extra["start_event"] = {"event": "+".join(sorted(self.start_events)),
-                                           **({"blind": sorted(self.blind)} if self.blind else {})}
+        for key, m in self.sections.items():
+            setattr(merged, key, m.result())
         return merged
 
 
-class _LoopMerger:
-    """merge_loops of the loops merge_dumps keeps, in order.
-
-    A window's loop counts the steps of the windows nested in it, so a loop
-    whose enclosing window is among the merged dumps' labels is not added
-    again; whether it is depends on labels still to come, so such loops wait
-    (in order, keeping the float sums bit for bit merge_loops') until their
-    enclosing label shows up, or the merge ends.
-    """
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] | None = None
-        self.waiting: deque[tuple[str, dict]] = deque()
-
-    def _take(self, loop: dict) -> None:
-        if self.sums is None:
-            self.sums = dict.fromkeys(LOOP_KEYS, 0)
-        for k in LOOP_KEYS:
-            self.sums[k] = self.sums[k] + float(loop.get(k, 0) or 0)
-
-    def add(self, enclosing, loop: dict, labels: set) -> None:
-        if check_loop(loop) is not None:
-            return
-        if enclosing is not None and enclosing in labels:
-            return
-        self.waiting.append((enclosing, loop))
-        while self.waiting:
-            enc = self.waiting[0][0]
-            if enc is not None and enc in labels:
-                self.waiting.popleft()
-            elif enc is None:
-                self._take(self.waiting.popleft()[1])
-            else:
-                break
-
-    def result(self, labels: set) -> dict | None:
-        sums = dict(self.sums) if self.sums is not None else None
-        for enc, loop in self.waiting:
-            if enc is not None and enc in labels:
-                continue
-            if sums is None:
-                sums = dict.fromkeys(LOOP_KEYS, 0)
-            for k in LOOP_KEYS:
-                sums[k] = sums[k] + float(loop.get(k, 0) or 0)
-        if sums is None:
-            return None
-        sums["steps"] = int(sums["steps"])
-        return sums
-
-
-TASK_SUMS = ("io_wait_s", "io_waits", "read_bytes", "reads", "disk_read_bytes", "fsync_s", "fsyncs",
-             "throttled_s", "throttles")
-
-
-def merge_tasks(parts: list[list[dict]]) -> list[dict]:
+def merge_tasks(parts: list[list[TaskRow]]) -> list[TaskRow]:
     """Per-process rows of disjoint windows added up by pid (name and parent from the latest; started
-    and exited if in any); rows that are not objects with a pid are left out."""
+    and exited if in any)."""
     acc = TaskMerger()
     for rows in parts:
-        acc.add(rows)
-    return acc.result() or []
-
-
-class TaskMerger:
-    """merge_tasks one window's rows at a time (one row per pid kept)."""
-
-    def __init__(self) -> None:
-        self.out: dict[int, dict] | None = None
-
-    def add(self, rows: list[dict]) -> None:
-        out = self.out = {} if self.out is None else self.out
-        for r in rows:
-            if not isinstance(r, dict) or not isinstance(r.get("pid"), int):
-                continue
-            acc = out.get(r["pid"])
-            if acc is None:
-                out[r["pid"]] = dict(r)
-                continue
-            for k in TASK_SUMS:
-                acc[k] = round(acc.get(k, 0) + r.get(k, 0), 6) if k.endswith("_s") else acc.get(k, 0) + r.get(k, 0)
-            acc["comm"] = r.get("comm") or acc.get("comm", "")
-            acc["ppid"] = r.get("ppid") or acc.get("ppid", 0)
-            acc["started"] = bool(acc.get("started") or r.get("started"))
-            acc["exited"] = bool(acc.get("exited") or r.get("exited"))
-
-    def result(self) -> list[dict] | None:
-        """The rows by pid; None if no window had any (not even an empty list)."""
-        return None if self.out is None else sorted(self.out.values(), key=lambda r: r["pid"])
-
-
-def merge_loops(parts: list[dict]) -> dict | None:
-    """The training loop's timing over several windows: each of data_wait_s, steps and wall_s added up
-    (a part that is not such a timing, as in a hand-edited file, is left out)."""
-    parts = [p for p in parts if check_loop(p) is None]
-    if not parts:
-        return None
-    out = {k: sum(float(p.get(k, 0) or 0) for p in parts) for k in LOOP_KEYS}
-    out["steps"] = int(out["steps"])
-    return out
+        acc.add_rows(rows)
+    got = acc.result()
+    return got.rows if got is not None else []
 
 
 def merge_diskstats(parts: list[tuple[Diskstats, float]]) -> Diskstats:
@@ -523,45 +436,21 @@ class DiskstatsMerger:
         return Diskstats(devices, list(self.procs.values()), self.unreadable)
 
 
-def merge_coverage(parts: list[dict]) -> dict | None:
+def merge_coverage(parts: Iterable[Coverage]) -> Coverage | None:
     """Coverage of disjoint windows added up, device by device."""
     acc = CoverageMerger()
     for part in parts:
-        acc.add(part)
+        acc.add_coverage(part)
     return acc.result()
 
 
-class CoverageMerger:
-    """merge_coverage one window at a time."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.filtered = False
-        self.devs: dict[str, dict[str, int]] = {}
-
-    def add(self, part: dict) -> None:
-        self.n += 1
-        self.filtered = self.filtered or bool(part.get("filtered"))
-        for name, c in part.get("devices", {}).items():
-            acc = self.devs.setdefault(name, {"recorded": 0, "diskstats": 0})
-            acc["recorded"] += int(c.get("recorded", 0))
-            acc["diskstats"] += int(c.get("diskstats", 0))
-
-    def result(self) -> dict | None:
-        if not self.n:
-            return None
-        return {"filtered": self.filtered, "devices": {k: dict(v) for k, v in self.devs.items()}}
-
-
-def unrecorded(coverage: dict | None, device: str | None = None) -> dict[str, int]:
+def unrecorded(coverage: Coverage | None, device: str | None = None) -> dict[str, int]:
     """Requests /proc/diskstats completed that iotrace did not record, per device that is short of them
-    (`device`: that one only), from a "coverage" section (see merge_coverage)."""
-    devs = (coverage or {}).get("devices", {})
-    return {name: c["diskstats"] - c["recorded"] for name, c in devs.items()
-            if (device is None or name == device) and c["diskstats"] > c["recorded"]}
+    (`device`: that one only); none without coverage."""
+    return coverage.unrecorded(device) if coverage is not None else {}
 
 
-def unexplained_loss(coverage: dict | None, dropped: dict[str, int] | int, device: str | None = None) -> int:
+def unexplained_loss(coverage: Coverage | None, dropped: dict[str, int] | int, device: str | None = None) -> int:
     """Requests the kernel completed that iotrace neither recorded nor counted as dropped: the unrecorded
     ones (every device's, or `device`'s) beyond `dropped` (a count, or {reason: n}); 0 if none.
 
@@ -572,7 +461,8 @@ def unexplained_loss(coverage: dict | None, dropped: dict[str, int] | int, devic
 
 
 def duration_of(d: Dump) -> float:
-    return float(d.extra.get("duration_s", d.duration_s))
+    """The window's length: its own (a --diskstats sample's, a merge's sum) when it has one, else end - start."""
+    return float(d.window_s if d.window_s is not None else d.duration_s)
 
 
 def summarize(series: Iterable[Series]) -> None:

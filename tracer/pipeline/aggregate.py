@@ -14,6 +14,7 @@ import numpy as np
 from tracer import contract
 from tracer.model.dump import Dump, PhaseStats, Series
 from tracer.model.histogram import Histogram
+from tracer.model.sections import Attach, BioDevices, Coverage, DeviceCoverage, StartEvent, TaskRow, Tasks
 from tracer.sources import devices
 
 
@@ -90,25 +91,22 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: li
     d = Dump(kind=kind, label=label, start=clock.wall(raw.start_ns), end=clock.wall(raw.end_ns),
              host=socket.gethostname(), kernel=platform.release(), series=series,
              dropped=dropped, events=events)
-    d.extra["attach"] = raw.attach
+    d.attach = Attach(raw.attach)
     if raw.start_event:
-        blind = {"blind": list(raw.start_blind)} if raw.start_blind else {}
-        d.extra["start_event"] = {"event": raw.start_event, **blind}
-    cov = coverage(raw, series)
-    if cov is not None:
-        d.extra["coverage"] = cov
+        d.start_event = StartEvent(raw.start_event, tuple(raw.start_blind or ()))
+    d.coverage = coverage(raw, series)
     if raw.bio_devs:
         # their rows time bios (queue to completion): total phase only
-        d.extra["bio_devices"] = sorted(devices.name_of(dev) for dev in raw.bio_devs)
+        d.bio_devices = BioDevices(tuple(sorted(devices.name_of(dev) for dev in raw.bio_devs)))
     if tasks is not None:
-        d.extra["tasks"] = task_rows(tasks, series)
+        d.tasks = Tasks(task_rows(tasks, series))
     for reason, n in (tasks_dropped or {}).items():
         if n:
             d.dropped[reason] = d.dropped.get(reason, 0) + n
     return d
 
 
-def task_rows(tasks: list, series: list[Series]) -> list[dict]:
+def task_rows(tasks: list, series: list[Series]) -> list[TaskRow]:
     """The dump's "tasks": a row per process of the window (tracer.sources.tasks.TaskRaw), with
     disk_read_bytes from the same window's read series of that process (its tgid: with
     --threads a process's threads are added up).  A process with read series but no row
@@ -124,17 +122,15 @@ def task_rows(tasks: list, series: list[Series]) -> list[dict]:
     rows = []
     for t in tasks:
         c = t.counts
-        rows.append({"pid": t.pid, "ppid": t.ppid, "comm": t.comm,
-                     "io_wait_s": round(c["io_wait_ns"] / 1e9, 6), "io_waits": c["io_waits"],
-                     "read_bytes": c["read_bytes"], "reads": c["reads"], "disk_read_bytes": disk.pop(t.pid, 0),
-                     "fsync_s": round(c["fsync_ns"] / 1e9, 6), "fsyncs": c["fsyncs"],
-                     "throttled_s": round(c["throttle_ns"] / 1e9, 6), "throttles": c["throttles"],
-                     "started": t.started, "exited": t.exited})
+        rows.append(TaskRow(pid=t.pid, ppid=t.ppid, comm=t.comm,
+                            io_wait_s=round(c["io_wait_ns"] / 1e9, 6), io_waits=c["io_waits"],
+                            read_bytes=c["read_bytes"], reads=c["reads"], disk_read_bytes=disk.pop(t.pid, 0),
+                            fsync_s=round(c["fsync_ns"] / 1e9, 6), fsyncs=c["fsyncs"],
+                            throttled_s=round(c["throttle_ns"] / 1e9, 6), throttles=c["throttles"],
+                            started=t.started, exited=t.exited))
     for pid, n in disk.items():
-        rows.append({"pid": pid, "ppid": 0, "comm": comm[pid], "io_wait_s": 0.0, "io_waits": 0, "read_bytes": 0,
-                     "reads": 0, "disk_read_bytes": n, "fsync_s": 0.0, "fsyncs": 0, "throttled_s": 0.0,
-                     "throttles": 0, "started": False, "exited": False})
-    rows.sort(key=lambda r: r["pid"])
+        rows.append(TaskRow(pid=pid, comm=comm[pid], disk_read_bytes=n))
+    rows.sort(key=lambda r: r.pid)
     return rows
 
 
@@ -144,7 +140,7 @@ def task_rows(tasks: list, series: list[Series]) -> list[dict]:
 COUNTED_OPS = ("read", "write", "flush", "discard")
 
 
-def coverage(raw, series: list[Series]) -> dict | None:
+def coverage(raw, series: list[Series]) -> Coverage | None:
     """Per device: requests iotrace recorded vs requests /proc/diskstats completed, same window.
 
     Devices: the --dev ones, else every whole disk either side saw activity
@@ -170,8 +166,8 @@ def coverage(raw, series: list[Series]) -> dict | None:
         end, start = raw.diskstats_end.get(name), raw.diskstats_start.get(name)
         if not same_disk(start, end):
             continue
-        out[name] = {"recorded": recorded.get(name, 0), "diskstats": end.completions - start.completions}
-    return {"filtered": raw.filtered, "devices": out}
+        out[name] = DeviceCoverage(recorded.get(name, 0), end.completions - start.completions)
+    return Coverage(raw.filtered, out)
 
 
 def same_disk(start, end) -> bool:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from tracer import contract
 from tracer.errors import UserError
+from tracer.model.sections import Alerts
 from tracer.text import safe
 
 PHASES = tuple(contract.load().shown_phases)
@@ -225,7 +226,7 @@ class AlertCheck:
     def apply(self, d) -> None:
         """Check the window `d` (a Dump) and record its alerts in it."""
         disk = d.disks.devices if d.disks is not None else (d.iostat or [])
-        d.extra["alerts"] = [a.to_json() for a in self._check(d, disk)]
+        d.alerts = Alerts([a.to_json() for a in self._check(d, disk)])
 
     def _check(self, d, disk) -> list[Alert]:
         what = f"{d.kind}{' ' + repr(d.label) if d.label else ''} ending {d.end:%H:%M:%S}"

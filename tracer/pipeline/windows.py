@@ -23,6 +23,7 @@ from datetime import datetime
 
 from tracer.model.diskstats import Diskstats
 from tracer.model.dump import Dump
+from tracer.model.sections import BpfPrograms, Section, TracedPids
 from tracer.pipeline.aggregate import Clock, build_dump
 
 
@@ -55,12 +56,12 @@ class DumpWindows:
             return raw, None, None, final
         return raw, self.tasks.drain(final), self.tasks.dropped(), final
 
-    def build(self, cut, kind: str, label: str | None = None, fields: dict | None = None):
+    def build(self, cut, kind: str, label: str | None = None, sections: tuple[Section, ...] = ()):
         raw, tasks, dropped, final = cut
         d = build_dump(raw, self.clock, kind, label=label, tasks=tasks, tasks_dropped=dropped)
-        d.extra.update(fields or {})
+        d.put(*sections)
         if final:
-            d.extra.update(self.final_fields())
+            d.put(*self.final_sections())
         if self.containers:
             from tracer.sources.cgroups import resolve_containers
 
@@ -71,13 +72,13 @@ class DumpWindows:
             self.alerts.apply(d)
         return d
 
-    def final_fields(self) -> dict:
+    def final_sections(self) -> list[Section]:
         costs = self.probe.program_costs()
         if self.tasks:
             costs.update({f"tasks:{name}": cost for name, cost in self.tasks.program_costs().items()})
-        out = {"bpf_programs": costs}
+        out: list[Section] = [BpfPrograms(costs)]
         if self.traced:    # the pid filter's size at the end: flat over a long run
-            out["traced_pids"] = len(self.probe.traced_pids())
+            out.append(TracedPids(len(self.probe.traced_pids())))
         return out
 
 
@@ -103,7 +104,7 @@ class DiskWindows:
         self.last = end
         return cut
 
-    def build(self, cut, kind: str, label: str | None = None, fields: dict | None = None) -> Dump:
+    def build(self, cut, kind: str, label: str | None = None, sections: tuple[Section, ...] = ()) -> Dump:
         rows, procs, start, end, seconds = cut
         d = disk_dump(kind, start, end, seconds, self._shown(rows), procs, self.procs.unreadable)
         if self.alerts:
@@ -123,5 +124,5 @@ def disk_dump(kind: str, start: datetime, end: datetime, seconds: float, rows: l
               unreadable: int) -> Dump:
     """A --diskstats window: sampler rows (tracer.model.diskstats.IostatRow) and processes (ProcBytes)."""
     return Dump(kind=kind, start=start, end=end, host=socket.gethostname(), kernel=platform.release(),
-                series=[], extra={"duration_s": seconds},      # the window as sampled, not end - start
+                series=[], window_s=seconds,      # the window as sampled, not end - start
                 disks=Diskstats([r.row() for r in rows], list(procs), unreadable))

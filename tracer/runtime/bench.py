@@ -269,7 +269,7 @@ def rep_from(dumps_path: Path, fio_path: Path | None, dev: Device) -> br.Rep:
     dropped = {k: v for k, v in merged.dropped.items() if v}
     # requests the kernel completed on the device that iotrace neither recorded nor counted as
     # dropped (README, 'Coverage'): a repetition that lost some says so
-    unexplained = dumpmod.unexplained_loss(merged.extra.get("coverage"), dropped, dev.name)
+    unexplained = dumpmod.unexplained_loss(merged.coverage, dropped, dev.name)
     if unexplained > 0:
         dropped["unseen"] = unexplained
     return br.Rep(ops, dropped)

@@ -32,6 +32,7 @@ import tempfile
 from dataclasses import dataclass
 
 from tracer import marker
+from tracer.model.sections import Enclosing, Loop, Section, SenderPid
 from tracer.text import safe
 
 BAD_MESSAGES_SHOWN = 3     # then bad messages are only counted
@@ -59,10 +60,14 @@ class Marker:
     loop: dict | None = None
     sender_pid: int | None = None   # from the kernel (SCM_CREDENTIALS), in the tracer's pid namespace
 
+    def sections(self) -> tuple[Section, ...]:
+        """What the marker adds to its dump, beside the label (tracer.model.sections)."""
+        return (Enclosing(self.enclosing), *((Loop.from_json(self.loop),) if self.loop else ()),
+                *((SenderPid(self.sender_pid),) if self.sender_pid else ()))
+
     def dump_fields(self) -> dict:
-        """What the marker adds to its dump's JSON line, beside the label."""
-        return {"enclosing": self.enclosing, **({"loop": self.loop} if self.loop else {}),
-                **({"sender_pid": self.sender_pid} if self.sender_pid else {})}
+        """The same as its dump's JSON line holds them."""
+        return {s.key: s.to_json() for s in self.sections()}
 
 
 def _usable_run_dir(directory: str) -> bool:

@@ -563,18 +563,29 @@ class PrometheusSink:
     owners the exporter just ranked), which `server` serves; close() stops the server."""
 
     def __init__(self, exporter: Exporter, server, where: str, tasks: taskmetrics.TaskCounters | None = None,
-                 cache: ScrapeCache | None = None):
+                 cache: ScrapeCache | None = None, what: str = "", out=None):
         self.exporter = exporter
         self.server = server
         self.where = where
         self.tasks = tasks
         self.cache = cache
+        self.what = what        # "every 5s on nvme0n1 in /kubepods.slice": said once attached
+        self.out = out          # where the run's summary goes at its end
 
     def attached(self) -> None:
         """The BPF programs are attached: /ready answers 200 and iotrace_attached is 1 from now on."""
         self.exporter.attached = True
         if self.cache:
             self.cache.refresh()
+        print(f"iotrace: serving block I/O metrics on http://{self.where}/metrics{self.what}; "
+              f"SIGTERM or Ctrl-C to end", file=sys.stderr)
+
+    def on_end(self, reason: str) -> None:
+        """The run ended (SIGTERM, Ctrl-C): what was folded, in one line."""
+        if self.out is not None:
+            e = self.exporter
+            self.out.write(f"iotrace serve: {e.drains} intervals folded, {len(e.owners)} labelled owners, "
+                           f"{e.folded} folded into \"{OTHER}\"\n")
 
     def on_dump(self, window) -> None:
         self.exporter.fold(window)
@@ -609,5 +620,8 @@ def from_args(ns, ctx) -> PrometheusSink | None:
     cache = ScrapeCache(exporter, registry, tasks)
     server.set_app(metrics_app(server.get_app(), exporter, cache))
     bound = server.server_address[1]
+    what = (f", every {ns.interval:g}s" if getattr(ns, "interval", None) else "") + \
+        (f" on {', '.join(ns.devs)}" if getattr(ns, "devs", None) else "") + \
+        (f" in {ns.cgroup}" if getattr(ns, "cgroup", None) else "")
     return PrometheusSink(exporter, server, f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}", tasks,
-                          cache)
+                          cache, what, getattr(ctx, "out", None))

@@ -11,11 +11,13 @@ def add_arguments(p, mode: str) -> None:
 
 
 class ScreenSink:
-    """Draws every window on the curses screen `scr`; `lines` is the last screen's text."""
+    """Draws every window on the curses screen `scr`; `lines` is the last screen's text, which goes into
+    `keep` too when the run ends at its deadline (top N COUNT leaves it printed, as biotop does)."""
 
-    def __init__(self, scr, sort: str, interval: float, where: str):
+    def __init__(self, scr, sort: str, interval: float, where: str, keep: list[str] | None = None):
         import curses
 
+        self.keep = keep
         self.scr = scr
         self.sort = sort
         self.interval = interval
@@ -56,6 +58,16 @@ class ScreenSink:
             self.draw()
         return False
 
+    def inputs(self) -> dict:
+        """The terminal's keys, for the live loop to watch."""
+        import sys
+
+        return {sys.stdin.fileno(): self.on_key}
+
+    def on_end(self, reason: str) -> None:
+        if reason == "deadline" and self.keep is not None:
+            self.keep[:] = self.lines
+
     def on_dump(self, window) -> None:
         self.dump = window
         self.draw()
@@ -65,8 +77,9 @@ class ScreenSink:
 
 
 def from_args(ns, ctx) -> ScreenSink | None:
-    """In top only, inside curses.wrapper: ctx.extra holds the screen, the interval and what is traced."""
+    """In top only, inside curses.wrapper: ctx.extra holds the screen, the interval, what is traced, and the
+    list the last screen is kept in."""
     if ctx.mode != "top":
         return None
     e = ctx.extra
-    return ScreenSink(e["scr"], ns.sort, e["interval"], e["where"])
+    return ScreenSink(e["scr"], ns.sort, e["interval"], e["where"], e.get("keep"))

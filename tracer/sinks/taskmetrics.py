@@ -23,10 +23,9 @@ counted since start; an owner that gets labels again starts new series from zero
 
 from __future__ import annotations
 
-import math
 import threading
 
-FIELDS = (  # dump "tasks" field -> (metric name, help)
+FIELDS = (  # TaskRow attribute (tracer.model.sections) -> (metric name, help)
     ("io_wait_s", "iotrace_task_io_wait_seconds_total",
      "Seconds the process's threads spent blocked in I/O wait (delay accounting's block-I/O delay), summed"),
     ("read_bytes", "iotrace_task_read_bytes_total", "Bytes the process's reads of regular files returned, "
@@ -46,12 +45,6 @@ def metric_labels() -> dict[str, tuple[str, ...]]:
     return {name: LABELS for _, name, _ in FIELDS}
 
 
-def _amount(v) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-        return 0.0
-    return float(v)
-
-
 class TaskCounters:
     """Folds dumps' "tasks" rows into cumulative counters; a prometheus_client collector (``collect``).
 
@@ -68,8 +61,7 @@ class TaskCounters:
     def fold(self, dump) -> None:
         from tracer.views.report import row_comm
 
-        tasks = dump.extra.get("tasks")
-        if not isinstance(tasks, list):
+        if dump.tasks is None:
             return
         containers = {}
         for s in dump.series:
@@ -79,13 +71,11 @@ class TaskCounters:
             for key in [k for k in self.owned if k not in labelled]:
                 for i, v in enumerate(self.owned.pop(key)):
                     self.other[i] += v
-            for r in tasks:
-                if not isinstance(r, dict) or not isinstance(r.get("pid"), int):
-                    continue
-                key = (row_comm(str(r.get("comm") or "")), containers.get(r["pid"], ""))
+            for r in dump.tasks.rows:
+                key = (row_comm(r.comm), containers.get(r.pid, ""))
                 acc = self.owned.setdefault(key, [0.0] * len(FIELDS)) if key in labelled else self.other
                 for i, (field, _, _) in enumerate(FIELDS):
-                    acc[i] += _amount(r.get(field))
+                    acc[i] += float(getattr(r, field))
                 self.rows += 1
             self.generation += 1
 

@@ -62,6 +62,29 @@ def whole_disks() -> dict[str, int]:
     return out
 
 
+def _dev_file(path: Path) -> int | None:
+    try:
+        major, minor = path.read_text().strip().split(":")
+        return kdev(int(major), int(minor))
+    except (OSError, ValueError):
+        return None
+
+
+def partitions(sys_block: Path = SYS_BLOCK) -> dict[int, int]:
+    """Kernel dev_t of every partition -> its whole disk's (sysfs: /sys/block/DISK/PART/partition)."""
+    out = {}
+    for disk in sorted(sys_block.iterdir()) if sys_block.is_dir() else []:
+        whole = _dev_file(disk / "dev")
+        try:
+            children = sorted(disk.iterdir())
+        except OSError:
+            continue
+        for part in children:
+            if whole is not None and (part / "partition").is_file() and (dev := _dev_file(part / "dev")) is not None:
+                out[dev] = whole
+    return out
+
+
 def bio_based(name: str) -> bool:
     """A disk whose driver takes bios directly (zram, device-mapper, md): no request events.
 

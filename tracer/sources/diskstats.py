@@ -13,6 +13,7 @@ import time
 
 from tracer.model.diskstats import DiskStats, IostatRow, ProcBytes, window
 from tracer.sources.devices import read_diskstats, whole_disks
+from tracer.sources.proctree import stat_of
 
 DISKSTATS = "/proc/diskstats"
 
@@ -50,15 +51,6 @@ class DiskSampler:
         return self._rows(self.first, self.last)
 
 
-def proc_stat(proc: str, pid: str) -> tuple[str, int, int]:
-    """(comm, ppid, start time in ticks) of a process."""
-    with open(f"{proc}/{pid}/stat") as f:
-        text = f.read()
-    close = text.rfind(")")
-    rest = text[close + 2:].split()
-    return text[text.index("(") + 1:close], int(rest[1]), int(rest[19])
-
-
 def proc_io(proc: str, pid: str) -> tuple[int, int]:
     vals = {}
     with open(f"{proc}/{pid}/io") as f:
@@ -90,15 +82,15 @@ class ProcSampler:
             if not name.isdigit():
                 continue
             try:
-                comm, ppid, start = proc_stat(self.proc, name)
-                parents[int(name)] = ppid
+                st = stat_of(name, self.proc)
+                parents[int(name)] = st.ppid
                 rb, wb = proc_io(self.proc, name)
             except PermissionError:
                 unreadable += 1     # another user's process (only root may read its io)
                 continue
             except (OSError, ValueError, KeyError, IndexError):
                 continue            # exited while we looked
-            procs[(int(name), start)] = (comm, rb, wb)
+            procs[(int(name), st.start_ticks)] = (st.comm, rb, wb)
         self.unreadable = unreadable
         return procs, parents
 

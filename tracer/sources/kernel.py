@@ -22,7 +22,7 @@ BTF_PATH = "/sys/kernel/btf/vmlinux"
 # A head is read into the program's stack in one go: keep it small
 MAX_HEAD_BYTES = 96
 # The request start: the first of these the kernel has (iotrace.h's EVENT table, when "start":
-# block_io_start from 6.5 on, else block_rq_insert), if its arguments fit
+# block_io_start from 6.5 on, else block_getrq), if its arguments fit
 START_EVENTS = tuple(e.name for e in contract.load().events if e.when == "start")
 
 
@@ -33,7 +33,7 @@ class LayoutError(Exception):
 @dataclass(frozen=True)
 class Layout:
     values: dict[str, int]      # NAME -> byte offset, enum value or head length
-    start_event: str            # block_io_start, or block_rq_insert
+    start_event: str            # one of START_EVENTS
     group_dead: bool            # sched_process_exit passes group_dead (its second argument)
 
     def cflags(self) -> list[str]:
@@ -87,7 +87,8 @@ def resolve(btf: Btf, reads: contract.KernelReads, events: Iterable[str],
 
     start = next((ev for ev in start_events if (p := proto(ev)) and _matches(p, reads.raw_tps[ev])), None)
     if start is None and start_events:
-        missing.append(f"raw tracepoint {' or '.join(start_events)} taking a struct request *")
+        missing.append(f"raw tracepoint {' or '.join(start_events)} with the arguments iotrace reads "
+                       f"({'; '.join(f'{ev}: ' + ', '.join(reads.raw_tps[ev]) for ev in start_events)})")
     group_dead = False
     for event in events:
         if event in START_EVENTS:

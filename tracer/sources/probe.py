@@ -1,5 +1,6 @@
-"""The collector: finds kernel headers, loads and attaches the BPF programs
-with bcc, and drains their maps into plain numpy arrays.
+"""The collector: chooses the attach path and start event, loads and attaches
+the BPF programs (through tracer.sources.bpfobject, the loader it shares with
+the per-process tracer), and drains their maps into plain numpy arrays.
 
 It knows nothing about percentiles, tables or files: `Probe.drain()` hands
 over the raw series and bucket counts of one interval (`RawInterval`), and
@@ -8,12 +9,9 @@ the aggregator (tracer.pipeline.aggregate) takes it from there.
 
 from __future__ import annotations
 
-import atexit
 import ctypes as ct
 import errno
 import os
-import platform
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +20,8 @@ import numpy as np
 
 from tracer import contract
 from tracer.errors import UserError
-from tracer.sources import devices, kernel
+from tracer.sources import bpfobject, devices, kernel
+from tracer.sources.bpfobject import BpfObject, ProgStats, Variant
 
 # Programs that began on the old generation finish within microseconds
 # (BPF programs do not sleep); this margin is generous.
@@ -33,7 +32,6 @@ GENERATION_GRACE_S = 0.005
 # fires in the submitter's context, Linux 6.5+; block_rq_insert is the closest older equivalent).
 EVENTS = contract.load().events
 START_EVENTS = kernel.START_EVENTS
-START_FIELDS = next(e.fields for e in EVENTS if e.when == "start")
 # the perf-event programs' tracepoint fields, checked at start: every request's events, the bio ones
 REQUIRED_FIELDS = {e.name: e.fields for e in EVENTS if e.when == "always" and "tracepoint" in e.paths and e.fields}
 CATEGORIES = {e.name: e.category for e in EVENTS}
@@ -94,77 +92,6 @@ class RawInterval:
     start_blind: list[str] = field(default_factory=list)   # disks whose requests it mostly misses (blind_disks)
 
 
-# struct bpf_prog_info of the kernel's UAPI (linux/bpf.h), up to the fields
-# iotrace reads; the kernel fills what it knows and the struct only grows.
-class _BpfProgInfo(ct.Structure):
-    _fields_ = [
-        ("type", ct.c_uint32), ("id", ct.c_uint32), ("tag", ct.c_uint8 * 8),
-        ("jited_prog_len", ct.c_uint32), ("xlated_prog_len", ct.c_uint32),
-        ("jited_prog_insns", ct.c_uint64), ("xlated_prog_insns", ct.c_uint64),
-        ("load_time", ct.c_uint64), ("created_by_uid", ct.c_uint32), ("nr_map_ids", ct.c_uint32),
-        ("map_ids", ct.c_uint64), ("name", ct.c_char * 16), ("ifindex", ct.c_uint32),
-        ("gpl_compatible", ct.c_uint32), ("netns_dev", ct.c_uint64), ("netns_ino", ct.c_uint64),
-        ("nr_jited_ksyms", ct.c_uint32), ("nr_jited_func_lens", ct.c_uint32),
-        ("jited_ksyms", ct.c_uint64), ("jited_func_lens", ct.c_uint64),
-        ("btf_id", ct.c_uint32), ("func_info_rec_size", ct.c_uint32), ("func_info", ct.c_uint64),
-        ("nr_func_info", ct.c_uint32), ("nr_line_info", ct.c_uint32), ("line_info", ct.c_uint64),
-        ("jited_line_info", ct.c_uint64), ("nr_jited_line_info", ct.c_uint32),
-        ("line_info_rec_size", ct.c_uint32), ("jited_line_info_rec_size", ct.c_uint32),
-        ("nr_prog_tags", ct.c_uint32), ("prog_tags", ct.c_uint64),
-        ("run_time_ns", ct.c_uint64), ("run_cnt", ct.c_uint64), ("recursion_misses", ct.c_uint64),
-    ]
-
-
-class _BpfInfoAttr(ct.Structure):
-    _fields_ = [("bpf_fd", ct.c_uint32), ("info_len", ct.c_uint32), ("info", ct.c_uint64)]
-
-
-_SYS_BPF = {"x86_64": 321, "aarch64": 280, "riscv64": 280, "ppc64le": 361, "s390x": 351}.get(platform.machine(), 321)
-_BPF_OBJ_GET_INFO_BY_FD = 15
-
-
-@dataclass(frozen=True)
-class ProgStats:
-    run_time_ns: int        # 0 unless kernel.bpf_stats_enabled
-    run_cnt: int
-    recursion_misses: int   # events skipped: the program was already running on that CPU
-
-
-def prog_stats(fd: int) -> ProgStats:
-    info = _BpfProgInfo()
-    attr = _BpfInfoAttr(fd, ct.sizeof(info), ct.addressof(info))
-    libc = ct.CDLL(None, use_errno=True)
-    if libc.syscall(_SYS_BPF, _BPF_OBJ_GET_INFO_BY_FD, ct.byref(attr), ct.sizeof(attr)) != 0:
-        err = ct.get_errno()
-        raise OSError(err, f"BPF_OBJ_GET_INFO_BY_FD: {os.strerror(err)}")
-    return ProgStats(info.run_time_ns, info.run_cnt, info.recursion_misses)
-
-
-def programs_stats(bpf, name=lambda fn_name: fn_name) -> dict[str, ProgStats]:
-    """Each program of a loaded bcc object, by name(its function's name): the kernel's statistics."""
-    return {name(fn_name.decode() if isinstance(fn_name, bytes) else fn_name): prog_stats(fn.fd)
-            for fn_name, fn in bpf.funcs.items()}
-
-
-def program_costs(bpf, name=lambda fn_name: fn_name) -> dict[str, dict[str, int]]:
-    """Each program of a loaded bcc object: its runs, run time (both 0 unless kernel.bpf_stats_enabled)
-    and the events the kernel skipped."""
-    return {n: {"runs": st.run_cnt, "run_time_ns": st.run_time_ns, "missed": st.recursion_misses}
-            for n, st in programs_stats(bpf, name).items()}
-
-
-def tracepoint_of(fn_name: str) -> str:
-    """bcc's program name -> its tracepoint: tracepoint__block__block_rq_issue, raw_tracepoint__block_rq_issue."""
-    return fn_name.rsplit("__", 1)[-1]
-
-
-def unload(bpf) -> None:
-    """Detach and free a bcc object, once."""
-    bpf.cleanup()
-    # bcc registered the same cleanup at exit; running it twice fails loudly
-    atexit.unregister(bpf.cleanup)
-
-
 def tracefs() -> Path:
     for d in TRACEFS_DIRS:
         if (d / "events").is_dir():
@@ -202,6 +129,16 @@ def start_events() -> tuple[str, ...]:
     return (forced,)
 
 
+def starts_at_bio(start_event: str) -> bool:
+    """Whether `start_event` gives a bio, not a request (block_getrq): then the programs carry the start
+    from the bio to its request (IOTRACE_START_BIO), and block_getrq names a partition's dev."""
+    return contract.load().kernel.raw_tps[start_event][:1] == ["struct bio *"]
+
+
+# The one start event that sees only the requests passing an I/O scheduler (blind_disks).
+SCHEDULED_START = "block_rq_insert"
+
+
 def blind_disks(start_event: str, devs: list[int]) -> list[str]:
     """The traced disks (every whole disk, without --dev) on which `start_event` misses most requests.
 
@@ -213,7 +150,7 @@ def blind_disks(start_event: str, devs: list[int]) -> list[str]:
     onto block_rq_insert: fio 4 KiB O_DIRECT on a none loop device, 11% of
     requests seen.  Not a guess from the version: the scheduler is read now.
     """
-    if start_event == START_EVENTS[0]:
+    if start_event != SCHEDULED_START:
         return []
     disks = devices.whole_disks()
     names = {dev: name for name, dev in disks.items()}
@@ -223,12 +160,14 @@ def blind_disks(start_event: str, devs: list[int]) -> list[str]:
 
 
 def choose_start_event() -> str:
-    for ev in start_events():
-        fields = tracepoint_fields(ev)
-        if fields is not None and all(f in fields for f in START_FIELDS):
-            return ev
-    raise UserError("this kernel has neither block:block_io_start nor block:block_rq_insert "
-                    "with fields dev, sector, bytes, rwbs; iotrace needs Linux 5.0 or later")
+    wanted = [e for name in start_events() for e in EVENTS if e.name == name]
+    for ev in wanted:
+        fields = tracepoint_fields(ev.name)
+        if fields is not None and all(f in fields for f in ev.fields):
+            return ev.name
+    raise UserError("this kernel has none of the tracepoints "
+                    + "; ".join(f"block:{e.name} with fields {', '.join(e.fields)}" for e in wanted)
+                    + "; iotrace needs Linux 5.0 or later")
 
 
 def check_tracepoints(required: dict[str, tuple[str, ...]] = REQUIRED_FIELDS) -> None:
@@ -261,59 +200,6 @@ def choose_attach(mode: str, bio: bool) -> tuple[str, kernel.Layout | None, str]
         return "tracepoint", None, str(exc)
 
 
-SHARED_INCLUDE = re.compile(r'^#include "(\w+\.bpf\.h)"$', re.M)
-
-
-def bpf_source(src_dir: Path, name: str) -> str:
-    """The text bcc compiles for bpf/`name`: its `#include "x.bpf.h"` lines replaced by those files.
-
-    bcc rewrites map calls (`table.lookup(&k)`) in the main text only: in an
-    included header they would compile to indirect calls the verifier
-    refuses.  So the shared core is pasted in, with #line directives that
-    keep compiler messages naming the right file and line.
-    """
-    def paste(m: re.Match) -> str:
-        line = text.count("\n", 0, m.start()) + 2
-        return f'#line 1 "{m.group(1)}"\n{(src_dir / m.group(1)).read_text()}\n#line {line} "{name}"'
-
-    text = (src_dir / name).read_text()
-    return SHARED_INCLUDE.sub(paste, text)
-
-
-def kernel_headers() -> Path:
-    """The header tree bcc will compile against, or a UserError saying how to get one.
-
-    bcc looks in /lib/modules/$(uname -r)/build (and source).  Where the
-    distribution has no headers for this kernel, `make setup` links its
-    generic header package there; that is sound only because the BPF code
-    reads tracepoint fields alone, never kernel structs.
-    """
-    override = os.environ.get("BCC_KERNEL_SOURCE")
-    release = platform.release()
-    # bcc itself uses BCC_KERNEL_SOURCE alone when it is set
-    tried = [Path(override)] if override else [Path("/lib/modules") / release / "build"]
-    for p in tried:
-        if (p / "include").is_dir() or (p / "Makefile").is_file():
-            return p
-    raise UserError(f"no kernel headers for {release} (tried {', '.join(map(str, tried))}); "
-                    f"run 'make setup', or 'apt-get install linux-headers-{release}'")
-
-
-def import_bcc():
-    try:
-        import bcc  # noqa: PLC0415 - optional until tracing actually starts
-    except ImportError:
-        raise UserError("bcc is not installed for this Python: run 'apt-get install python3-bpfcc' "
-                        "and use a venv made with '/usr/bin/python3 -m venv --system-site-packages'") from None
-    return bcc
-
-
-def check_privileges() -> None:
-    if os.geteuid() == 0:
-        return
-    raise UserError("tracing needs root (or CAP_BPF and CAP_PERFMON): run it with sudo")
-
-
 def _batch_drain(table, keys: np.ndarray, vals: np.ndarray, lib) -> tuple[np.ndarray, np.ndarray]:
     """Look up and delete every element of a per-CPU hash in a few syscalls.
 
@@ -344,10 +230,6 @@ def _batch_drain(table, keys: np.ndarray, vals: np.ndarray, lib) -> tuple[np.nda
         if count.value == 0:
             break
     return keys[:total].copy(), vals[:total].copy()
-
-
-COMPILER_LIBS = ("libLLVM", "libclang")
-MADV_DONTNEED = 4
 
 
 def bio_level_devices(devs: list[int]) -> list[int]:
@@ -387,32 +269,6 @@ def _diskstats() -> dict | None:
         return None
 
 
-def _return_compiler_memory() -> None:
-    """Give back what the one-time BPF compile left resident.
-
-    clang's working memory is freed but kept by malloc: trim it.  And the
-    compiler's code (libLLVM, libclang-cpp: ~90 MB of pages touched while
-    compiling) stays mapped for nothing: drop those pages from this process.
-    Only executable, read-only mappings qualify: they are private file
-    mappings never written, so a page needed again is simply read back from
-    the file.  (Read-only data may hold relocated pointers; it is left alone.)
-    A long-running tracer goes from ~150 MB resident to ~40 MB.
-    """
-    try:
-        libc = ct.CDLL("libc.so.6", use_errno=True)
-        libc.malloc_trim(0)
-        libc.madvise.argtypes = (ct.c_void_p, ct.c_size_t, ct.c_int)
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.split()
-                if len(fields) < 6 or fields[1] != "r-xp" or not any(n in fields[5] for n in COMPILER_LIBS):
-                    continue
-                lo, hi = (int(x, 16) for x in fields[0].split("-"))
-                libc.madvise(lo, hi - lo, MADV_DONTNEED)
-    except (OSError, AttributeError, ValueError):
-        pass    # not glibc or no /proc: only memory, never correctness
-
-
 def _drain_cells(table, start: int, idx: np.ndarray, cells: np.ndarray, lib) -> tuple[np.ndarray, np.ndarray]:
     """Read every CPU's histogram cells of one generation (from index `start`), zero the populated ones,
     return (keys, counts).
@@ -447,8 +303,9 @@ def _fold_series(vals: np.ndarray) -> np.ndarray:
     folded = mins.min(axis=1)
     folded[np.isinf(folded)] = 0
     out["min_ns"] = folded.astype(np.uint64)
-    # identity of the submitter: from a CPU that saw this series
-    seen = np.argmax(vals["count"] > 0, axis=1)
+    # identity of the submitter: from the CPU that completed this series' latest request (a process's
+    # name changes at exec: each CPU keeps the name of its own latest request)
+    seen = np.argmax(np.where(vals["count"] > 0, vals["last_ns"], 0), axis=1)
     rows = np.arange(len(vals))
     for name in ("cgroup", "tgid", "comm"):
         out[name] = vals[name][rows, seen]
@@ -459,9 +316,7 @@ class Probe:
     """The BPF side of iotrace, loaded and attached; `close()` detaches."""
 
     def __init__(self, opts: ProbeOptions):
-        check_privileges()
-        bcc = import_bcc()
-        kernel_headers()
+        bpfobject.preflight()
         self.contract = contract.load()
         src_dir = contract.bpf_dir()
         cflags = [f"-I{src_dir}"]
@@ -484,10 +339,13 @@ class Probe:
                 cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
         # the disks whose requests this start event mostly misses (said at start and in every dump)
         self.start_blind = blind_disks(self.start_event, opts.devs)
-        text = bpf_source(src_dir, SOURCES[self.attach])
+        start_bio = starts_at_bio(self.start_event)
+        if start_bio:
+            cflags.append("-DIOTRACE_START_BIO")
+        text = bpfobject.source(src_dir, SOURCES[self.attach])
         start = next(e for e in EVENTS if e.name == self.start_event)
         text = text.replace("IOTRACE_START_CATEGORY", start.category).replace("IOTRACE_START_EVENT", self.start_event)
-        possible = bcc.utils.get_possible_cpus()
+        possible = bpfobject.possible_cpus()
         self.ncpu = len(possible)       # values per key of a per-CPU map
         cflags.append(f"-DIOTRACE_CPUS={max(possible) + 1}")
         for name, value in (("INFLIGHT_SLOTS", opts.inflight_slots), ("HIST_ENTRIES", opts.hist_entries),
@@ -498,15 +356,10 @@ class Probe:
                                    ("--hist-cells", opts.hist_cells, self.contract.const("HIST_CELL_PROBES"))):
             if value is not None and (value < least or value & (value - 1)):
                 raise UserError(f"{flag} must be a power of two of at least {least}, not {value}")
-        try:
-            self.bpf = bcc.BPF(text=text, cflags=cflags)
-        except Exception as exc:  # bcc raises bare Exception for compile/load errors
-            raise UserError(f"could not load the BPF programs: {str(exc).strip().splitlines()[-1]}") from None
-        self._lib = bcc.libbcc.lib
-        _return_compiler_memory()
+        self.bpf: BpfObject | None = BpfObject(text, [Variant(self.attach, tuple(cflags))], "the BPF programs")
+        self._lib = self.bpf.lib
         self.gen = 0
         self._reasons_seen = np.zeros(len(self.contract.reasons), dtype=np.uint64)
-        self._misses_seen: dict[str, int] = {}
         hist = self.bpf["hist0"]
         series = self.bpf["series0"]
         self._hist_key = np.dtype(hist.Key)
@@ -522,7 +375,6 @@ class Probe:
             "hist": (np.zeros(hist.max_entries, self._hist_key),
                      np.zeros((hist.max_entries, self.ncpu), np.uint64)),
         }
-        self._config = self.bpf["config"]
         slots = self.bpf["inflight"]
         self._slot_buffers = (np.zeros(slots.max_entries, np.uint32), np.zeros(slots.max_entries, np.uint64),
                               np.zeros(slots.max_entries, np.dtype(slots.Leaf)))
@@ -536,6 +388,10 @@ class Probe:
             bio = self.bpf["bio_devs"]
             for d in self.bio_devs:
                 bio[bio.Key(d)] = ct.c_uint8(1)
+        if start_bio and self.attach == "tracepoint":
+            parts = self.bpf["parts"]
+            for part, disk in list(devices.partitions().items())[:parts.max_entries]:
+                parts[parts.Key(part)] = parts.Leaf(disk)
         # last: the programs record nothing until the config says enabled
         self._write_config(opts)
         self._interval_start = time.monotonic_ns()
@@ -552,16 +408,10 @@ class Probe:
                 f"'echo mq-deadline > /sys/block/DISK/queue/scheduler' lets iotrace see them")
 
     def _write_config(self, opts: ProbeOptions) -> None:
-        cfg = self._config.Leaf()
-        cfg.gen = self.gen
-        cfg.filter_pids = 1 if opts.pids else 0
-        cfg.follow_children = 1 if opts.follow_children else 0
-        cfg.per_thread = 1 if opts.per_thread else 0
-        cfg.filter_devs = 1 if opts.devs else 0
-        cfg.filter_cgroup = opts.cgroup_id
-        cfg.cgroup_level = opts.cgroup_level
-        cfg.enabled = 1
-        self._config[ct.c_int(0)] = cfg
+        self.bpf.write_config("config", gen=self.gen, filter_pids=1 if opts.pids else 0,
+                              follow_children=1 if opts.follow_children else 0,
+                              per_thread=1 if opts.per_thread else 0, filter_devs=1 if opts.devs else 0,
+                              filter_cgroup=opts.cgroup_id, cgroup_level=opts.cgroup_level, enabled=1)
         self._opts = opts
 
     def add_pid(self, pid: int) -> None:
@@ -573,8 +423,7 @@ class Probe:
 
     def reason_totals(self) -> np.ndarray:
         """Events per reason since load (per-CPU counters summed)."""
-        table = self.bpf["reasons"]
-        return np.array([sum(table[ct.c_int(i)]) for i in range(len(self._reasons_seen))], dtype=np.uint64)
+        return np.array(self.bpf.counters("reasons", len(self._reasons_seen)), dtype=np.uint64)
 
     def drain(self, final: bool = False) -> RawInterval:
         """Close the current interval and return everything recorded in it.
@@ -584,9 +433,7 @@ class Probe:
         """
         old = self.gen
         self.gen ^= 1
-        cfg = self._config[ct.c_int(0)]
-        cfg.gen = self.gen
-        self._config[ct.c_int(0)] = cfg
+        self.bpf.update_config("config", gen=self.gen)
         end = time.monotonic_ns()
         time.sleep(GENERATION_GRACE_S)
         # after the grace period: the old generation's last completions are in the kernel's counters too
@@ -621,11 +468,11 @@ class Probe:
 
     def prog_stats(self) -> dict[str, ProgStats]:
         """Per-program kernel statistics, by tracepoint name."""
-        return programs_stats(self.bpf, tracepoint_of)
+        return self.bpf.stats()
 
     def program_costs(self) -> dict[str, dict[str, int]]:
         """Each program's events, time spent (both 0 unless kernel.bpf_stats_enabled) and events skipped."""
-        return program_costs(self.bpf, tracepoint_of)
+        return self.bpf.costs()
 
     def _skipped(self) -> dict[str, int]:
         """Events the kernel skipped since the last drain, per program: {"drop_skipped_<name>": n}.
@@ -642,15 +489,11 @@ class Probe:
         upper bound.  On the tracepoint path skipped completions are left to
         _lost_completions(), which also finds those lost without a count.
         """
-        totals: dict[str, int] = {}
-        for event, st in self.prog_stats().items():
+        def short(event: str) -> str | None:
             name = PROGRAMS.get(event)
-            if name is None or (name == "complete" and self.attach == "tracepoint"):
-                continue
-            totals[name] = totals.get(name, 0) + st.recursion_misses
-        out = {f"drop_skipped_{name}": n - self._misses_seen.get(name, 0) for name, n in totals.items()}
-        self._misses_seen = totals
-        return out
+            return None if name is None or (name == "complete" and self.attach == "tracepoint") else name
+
+        return {f"drop_skipped_{name}": n for name, n in self.bpf.skipped(short).items()}
 
     def _taken_slots(self) -> tuple[np.ndarray, np.ndarray]:
         """(indices, slots) of the in-flight table's taken slots."""
@@ -710,5 +553,5 @@ class Probe:
 
     def close(self) -> None:
         if self.bpf is not None:
-            unload(self.bpf)
+            self.bpf.close()
             self.bpf = None

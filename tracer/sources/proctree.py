@@ -19,7 +19,9 @@ children follow by the same argument one round later.  A process that exits
 while we look is simply not found, or found and added as a dead pid (the
 exit hook already ran: harmless, a pid can only be reused after a full wrap).
 
-Raw readers take the /proc path, so tests feed them a fake tree.
+Raw readers take the /proc path, so tests feed them a fake tree.  This module
+also owns the one parser of /proc/PID/stat (parse_stat, stat_of), which the
+--diskstats sampler and the per-process tracer use too.
 """
 
 from __future__ import annotations
@@ -34,13 +36,33 @@ PROC = "/proc"
 MAX_ROUNDS = 64     # reads of /proc before giving up on a tree that keeps changing faster than we read it
 
 
-def read_stat(text: str) -> tuple[str, int, str]:
-    """(state, ppid, comm) from the text of /proc/PID/stat; comm may hold spaces and parentheses."""
+@dataclass(frozen=True)
+class ProcStat:
+    """What iotrace reads of /proc/PID/stat (proc(5): fields 2, 3, 4 and 22)."""
+
+    comm: str
+    state: str          # R, S, D, Z, X, ...
+    ppid: int
+    start_ticks: int    # when the process started, in clock ticks after boot: a pid and it tell processes apart
+
+
+def parse_stat(text: str) -> ProcStat:
+    """The fields of a /proc/PID/stat text; ValueError if it is not one.  comm (between the first "(" and the
+    last ")") may hold spaces and parentheses."""
     close = text.rfind(")")
-    if close < 0:
+    open_ = text.find("(")
+    if close < 0 or open_ < 0 or open_ > close:
         raise ValueError("no comm in stat")
-    state, ppid = text[close + 2:].split()[:2]
-    return state, int(ppid), text[text.index("(") + 1:close]
+    rest = text[close + 2:].split()     # rest[0] is field 3
+    if len(rest) < 20:
+        raise ValueError(f"stat has {len(rest) + 2} fields, not 22 or more")
+    return ProcStat(text[open_ + 1:close], rest[0], int(rest[1]), int(rest[19]))
+
+
+def stat_of(pid: int | str, proc: str = PROC) -> ProcStat:
+    """parse_stat of a process's stat file; OSError if it cannot be read (it exited), ValueError if it is bad."""
+    with open(f"{proc}/{pid}/stat") as f:
+        return parse_stat(f.read())
 
 
 def read_tree(proc: str = PROC) -> dict[int, tuple[int, str]]:
@@ -56,12 +78,11 @@ def read_tree(proc: str = PROC) -> dict[int, tuple[int, str]]:
         if not name.isdigit():
             continue
         try:
-            with open(f"{proc}/{name}/stat") as f:
-                state, ppid, comm = read_stat(f.read())
-        except (OSError, ValueError, IndexError):
+            st = stat_of(name, proc)
+        except (OSError, ValueError):
             continue
-        if state not in ("Z", "X"):
-            out[int(name)] = (ppid, comm)
+        if st.state not in ("Z", "X"):
+            out[int(name)] = (st.ppid, st.comm)
     return out
 
 

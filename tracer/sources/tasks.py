@@ -39,7 +39,9 @@ from pathlib import Path
 
 from tracer import contract
 from tracer.errors import UserError
-from tracer.sources import kernel
+from tracer.sources import bpfobject, kernel
+from tracer.sources.bpfobject import BpfObject, Variant, function_name
+from tracer.sources.proctree import PROC, stat_of
 
 COUNTERS = ("io_wait_ns", "io_waits", "read_bytes", "reads", "fsync_ns", "fsyncs", "throttle_ns", "throttles")
 RAW_EVENTS = ("sched_switch", "sched_wakeup", "balance_dirty_pages", "sched_process_fork", "sched_process_exit")
@@ -182,11 +184,11 @@ def choose_syscalls(mode: str, btf, con: contract.Contract, headers: Path,
                       *(f"-DIOTRACE_NR_{name.upper()}={nr}" for name, nr in sorted(numbers.items()))], ""
 
 
-def _proc_ppid(pid: int) -> int:
+def _proc_ppid(pid: int, proc: str = PROC) -> int:
+    """A process's parent from /proc, 0 if it cannot be read (it exited)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
+        return stat_of(pid, proc).ppid
+    except (OSError, ValueError):
         return 0
 
 
@@ -205,10 +207,7 @@ class TaskTracer:
         """`syscalls`: how the read and sync syscalls are timed, "auto" or one of SYSCALL_MODES
         (choose_syscalls); the one taken is `self.syscalls`, and `self.syscalls_note` says why
         "auto" did not take raw_tp."""
-        from tracer.sources.probe import import_bcc, kernel_headers
-
-        bcc = import_bcc()
-        headers = kernel_headers()
+        headers = bpfobject.preflight()
         try:
             con = contract.load()
             # one read of the BTF for the members, raw tracepoints and one-bit fields alike
@@ -220,33 +219,24 @@ class TaskTracer:
         cflags = [f"-I{contract.bpf_dir()}", *layout.cflags()]
         if layout.group_dead:
             cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
-        text = (contract.bpf_dir() / "tasks.bpf.c").read_text()
-        try:
-            self.bpf = bcc.BPF(text=text, cflags=cflags + syscall_flags)
-        except Exception as exc:  # bcc raises bare Exception for compile/load/attach errors
-            why = str(exc).strip().splitlines()[-1]
-            if self.syscalls != "raw_tp" or syscalls != "auto":
-                raise UserError(f"could not load the per-process programs: {why}") from None
-            # the kernel refused the raw variant: "auto" still has the perf-event one
-            self.syscalls, self.syscalls_note = "tracepoint", f"the raw sys_enter/sys_exit programs did not load: {why}"
-            try:
-                self.bpf = bcc.BPF(text=text, cflags=cflags)
-            except Exception as exc2:
-                raise UserError("could not load the per-process programs: "
-                                f"{str(exc2).strip().splitlines()[-1]}") from None
+        variants = [Variant(self.syscalls, (*cflags, *syscall_flags))]
+        if self.syscalls == "raw_tp" and syscalls == "auto":
+            # should the kernel refuse the raw variant, "auto" still has the perf-event one
+            variants.append(Variant("tracepoint", tuple(cflags)))
+        self.bpf: BpfObject | None = BpfObject(bpfobject.source(contract.bpf_dir(), "tasks.bpf.c"), variants,
+                                               "the per-process programs")
+        if self.bpf.refused:
+            self.syscalls = self.bpf.variant.name
+            self.syscalls_note = f"the raw sys_enter/sys_exit programs did not load: {self.bpf.refused[0][1]}"
         self.reasons = reason_names()
         self.filtered = bool(pids)
         self._window = Window()
         self._reasons_seen = [0] * len(self.reasons)
-        self._misses_seen: dict[str, int] = {}
         self._start_ns = time.monotonic_ns()
         for pid in pids or ():
             self.add_pid(pid)
-        cfg = self.bpf["tconfig"].Leaf()
-        cfg.enabled = 1
-        cfg.filter_pids = 1 if pids else 0
-        cfg.follow_children = 1 if follow_children else 0
-        self.bpf["tconfig"][ct.c_int(0)] = cfg
+        self.bpf.write_config("tconfig", enabled=1, filter_pids=1 if pids else 0,
+                              follow_children=1 if follow_children else 0)
 
     def add_pid(self, pid: int) -> None:
         """Trace process `pid` (and, with follow_children, what it forks from now on)."""
@@ -285,31 +275,21 @@ class TaskTracer:
     def dropped(self) -> dict[str, int]:
         """Events lost since the last call, by reason ("tasks_<reason>"), non-zero ones only; the kernel's
         skips of these programs (recursion misses) as "tasks_skipped_<program>"."""
-        from tracer.sources.probe import programs_stats, tracepoint_of
-
-        table = self.bpf["treasons"]
-        totals = [sum(table[ct.c_int(i)]) for i in range(len(self.reasons))]
+        totals = self.bpf.counters("treasons", len(self.reasons))
         out = {f"tasks_{name}": t - s for name, t, s in zip(self.reasons, totals, self._reasons_seen, strict=True)
                if t - s}
         self._reasons_seen = totals
-        for name, st in programs_stats(self.bpf, tracepoint_of).items():
-            misses = st.recursion_misses
-            if misses - self._misses_seen.get(name, 0):
-                out[f"tasks_skipped_{name}"] = misses - self._misses_seen.get(name, 0)
-            self._misses_seen[name] = misses
+        out.update({f"tasks_skipped_{name}": n for name, n in self.bpf.skipped().items() if n})
         return out
 
     def program_costs(self) -> dict[str, dict[str, int]]:
-        """Each program's runs, time (both 0 unless kernel.bpf_stats_enabled) and skipped events."""
-        from tracer.sources.probe import program_costs
-
-        return program_costs(self.bpf)
+        """Each program's runs, time (both 0 unless kernel.bpf_stats_enabled) and skipped events, by its
+        function's name (as the final dump's bpf_programs has them, "tasks:" before each)."""
+        return self.bpf.costs(function_name)
 
     def close(self) -> None:
-        from tracer.sources.probe import unload
-
         if self.bpf is not None:
-            unload(self.bpf)
+            self.bpf.close()
             self.bpf = None
 
 

@@ -21,8 +21,8 @@ from tracer.model.dump import (
     merge_dumps,
     summarize,
     unexplained_loss,
-    unrecorded,
 )
+from tracer.model.sections import VerdictSection
 from tracer.text import safe
 from tracer.units import fmt_latency, fmt_ns, fmt_size
 from tracer.views.verdict import Verdict, judge_dump
@@ -69,36 +69,35 @@ def series_row(s: Series, seconds: float) -> list[str]:
 
 
 def _coverage_line(d: Dump, out: TextIO) -> None:
-    cov = d.extra.get("coverage")
-    if not cov or not cov.get("devices"):
+    cov = d.coverage
+    if cov is None or not cov.devices:
         return
     parts = []
-    for name, c in cov["devices"].items():
-        rec, ker = c["recorded"], c["diskstats"]
+    for name, c in cov.devices.items():
+        rec, ker = c.recorded, c.diskstats
         pct = f" ({100 * rec / ker:.1f}%)" if ker else ""
         parts.append(f"{safe(name)} {rec}/{ker}{pct}")
-    why = "; a pid or cgroup filter leaves the rest out" if cov.get("filtered") else ""
+    why = "; a pid or cgroup filter leaves the rest out" if cov.filtered else ""
     out.write(f"coverage: requests recorded / completed per /proc/diskstats: {', '.join(parts)}{why}\n")
-    missing = unrecorded(cov)
+    missing = cov.unrecorded()
     # requests counted as dropped are missing for a known reason (the next line names it)
-    if unexplained_loss(cov, d.dropped) and not cov.get("filtered") and d.kind == "final":
+    if unexplained_loss(cov, d.dropped) and not cov.filtered and d.kind == "final":
         out.write("WARNING: the kernel completed requests iotrace neither saw nor counted as dropped: "
                   + ", ".join(f"{safe(n)} {k}" for n, k in missing.items()) + " (see README, 'Coverage')\n")
 
 
 def _bio_line(d: Dump, out: TextIO) -> None:
-    bio = d.extra.get("bio_devices")
+    bio = d.bio_devices.names if d.bio_devices is not None else ()
     if bio and any(s.device in bio for s in d.series):
         out.write(f"bio-based: {', '.join(map(safe, bio))} timed per bio, queue to completion "
                   f"(total only, no Q:/D: split)\n")
 
 
 def _start_line(d: Dump, out: TextIO) -> None:
-    start = d.extra.get("start_event")
-    blind = start.get("blind") if isinstance(start, dict) else None
-    if blind:
-        out.write(f"WARNING: requests started on block:{safe(start.get('event', '?'))}, which fires only for "
-                  f"requests that pass an I/O scheduler: most of {', '.join(map(safe, blind))}'s (scheduler "
+    start = d.start_event
+    if start is not None and start.blind:
+        out.write(f"WARNING: requests started on block:{safe(start.event or '?')}, which fires only for "
+                  f"requests that pass an I/O scheduler: most of {', '.join(map(safe, start.blind))}'s (scheduler "
                   f"none) are not in these rows (see README, 'Kernels')\n")
 
 
@@ -206,10 +205,7 @@ def fmt_stat(key: str, v: float | None) -> str:
 
 def loop_share(d: Dump) -> float | None:
     """The share of a window's wall time its training loop waited for batches ("loop"), or None."""
-    loop = d.extra.get("loop")
-    if not isinstance(loop, dict) or not loop.get("steps") or not loop.get("wall_s"):
-        return None
-    return min(1.0, float(loop.get("data_wait_s", 0.0)) / float(loop["wall_s"]))
+    return d.loop.wait_share if d.loop is not None else None
 
 
 @dataclass
@@ -242,7 +238,7 @@ def windows_by_label(dumps: Iterable[Dump]) -> list[Window]:
     windows = [Window(k, groups[k].count, groups[k].result(kind=groups[k].kind or "final", label=k)) for k in order]
     for w in windows:
         if judged(w.merged):    # so that --json carries it too
-            w.merged.extra["verdict"] = judge_dump(w.merged).to_json()
+            w.merged.verdict = VerdictSection(judge_dump(w.merged).to_json())
     return windows
 
 
@@ -274,7 +270,7 @@ def render_windows(windows: list[Window], out: TextIO, layout: str = "auto", per
     for w in shown:
         m = w.merged
         share = loop_share(m)
-        loop = "" if not timed else (f" {m.extra['loop']['steps']:>6} {share:>8.1%}" if share is not None
+        loop = "" if not timed else (f" {m.loop.steps:>6} {share:>8.1%}" if share is not None and m.loop
                                      else f" {'-':>6} {'-':>9}")
         out.write(f"  {w.name[:lw]:<{lw}} {w.dumps:>5} {duration_of(m):>8.1f}  {m.start:%H:%M:%S}  "
                   f"{m.end:%H:%M:%S} {len(rows_of(m.series, per_pid)):>5}{loop}\n")
@@ -353,7 +349,7 @@ def _render_long(windows: list[Window], table: list[list[Series | None]], out: T
 
 def judged(d: Dump) -> bool:
     """Whether a window has anything to judge: per-process rows or the loop's timing."""
-    return isinstance(d.extra.get("tasks"), list) or isinstance(d.extra.get("loop"), dict)
+    return d.tasks is not None or d.loop is not None
 
 
 def _share(v: float | None) -> str:
@@ -402,7 +398,7 @@ def render_waits(windows: list[tuple[str, Dump]], out: TextIO) -> None:
 
 def _tasks_line(d: Dump, out: TextIO) -> None:
     """One dump's per-process rows, summed up in a line (the verdict needs the whole window: see render_waits)."""
-    if not isinstance(d.extra.get("tasks"), list):
+    if d.tasks is None:
         return
     v = judge_dump(d)
     if not v.processes:

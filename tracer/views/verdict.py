@@ -57,6 +57,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from tracer.model.sections import Loop, TaskRow
+
 DATA_WAIT_MIN = 0.10        # the loop waited at least this share of the window for its batches
 IO_WAIT_MIN = 0.20          # readers' I/O wait share that makes the disk the reason for the wait
 IO_WAIT_DISK_MIN = 0.05     # ... or this much, when most bytes came from disk
@@ -111,40 +113,31 @@ class Verdict:
         return out
 
 
-def _num(v, default: float = 0.0) -> float:
-    """A finite non-negative number from a row's field (a hand-edited file may hold anything)."""
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-        return default
-    return float(v)
+def _num(v: float) -> float:
+    """A finite number, 0 if not (the wall time of a window: a hand-made dump may hold NaN)."""
+    return float(v) if math.isfinite(v) and v >= 0 else 0.0
 
 
-def _rows(tasks) -> list[dict]:
-    if not isinstance(tasks, list):
-        return []
-    return [r for r in tasks if isinstance(r, dict) and isinstance(r.get("pid"), int)
-            and not isinstance(r.get("pid"), bool)]
-
-
-def family(rows: list[dict], trainer_pid: int | None = None) -> tuple[dict | None, list[dict]]:
+def family(rows: list[TaskRow], trainer_pid: int | None = None) -> tuple[TaskRow | None, list[TaskRow]]:
     """(the trainer's row or None, its loaders' rows): see the module docstring for who is who."""
-    by_pid = {r["pid"]: r for r in rows}
+    by_pid = {r.pid: r for r in rows}
     trainer = by_pid.get(trainer_pid) if trainer_pid is not None else None
     if trainer is None:
-        roots = [r for r in rows if r.get("ppid") not in by_pid or r.get("ppid") == r["pid"]]
+        roots = [r for r in rows if r.ppid not in by_pid or r.ppid == r.pid]
         trainer = roots[0] if len(roots) == 1 else None
     if trainer is None:
         return None, []
-    children: dict[int, list[dict]] = {}
+    children: dict[int, list[TaskRow]] = {}
     for r in rows:
-        if r is not trainer and isinstance(r.get("ppid"), int):
-            children.setdefault(r["ppid"], []).append(r)
-    loaders, todo, seen = [], [trainer["pid"]], {trainer["pid"]}
+        if r is not trainer:
+            children.setdefault(r.ppid, []).append(r)
+    loaders, todo, seen = [], [trainer.pid], {trainer.pid}
     while todo:
         for r in children.get(todo.pop(), []):
-            if r["pid"] not in seen:
-                seen.add(r["pid"])
+            if r.pid not in seen:
+                seen.add(r.pid)
                 loaders.append(r)
-                todo.append(r["pid"])
+                todo.append(r.pid)
     return trainer, loaders
 
 
@@ -180,38 +173,38 @@ def _stalls(v: Verdict) -> str:
     return f"; checkpoint stalls: {', '.join(parts)}"
 
 
-def judge(wall_s: float, loop: dict | None = None, tasks: list | None = None, trainer_pid: int | None = None,
-          noun: str = "window") -> Verdict:
+def judge(wall_s: float, loop: Loop | None = None, tasks: list[TaskRow] | None = None,
+          trainer_pid: int | None = None, noun: str = "window") -> Verdict:
     """The verdict on one window: `wall_s` seconds, the loop's timing (or None), its rows (or None), the
     trainer's pid if known (the marker sender).  `noun` names the window in the line ("epoch")."""
     wall = _num(wall_s)
-    rows = _rows(tasks)
-    has_rows = isinstance(tasks, list) and bool(rows)
+    rows = tasks or []
+    has_rows = bool(rows)
     dw = steps = None
-    if isinstance(loop, dict) and _num(loop.get("wall_s")) > 0 and _num(loop.get("steps")) > 0:
-        dw = min(1.0, _num(loop.get("data_wait_s")) / _num(loop.get("wall_s")))
-        steps = int(_num(loop.get("steps")))
+    if loop is not None and loop.wall_s > 0 and loop.steps > 0:
+        dw = min(1.0, loop.data_wait_s / loop.wall_s)
+        steps = loop.steps
     trainer, loaders = family(rows, trainer_pid)
     judged = ([trainer] + loaders) if trainer is not None else rows
     fields: dict = {"wall_s": wall, "data_wait": dw, "steps": steps, "processes": len(judged)}
     if has_rows and wall > 0:
-        fields["read_bytes"] = int(sum(_num(r.get("read_bytes")) for r in judged))
-        fields["disk_read_bytes"] = int(sum(_num(r.get("disk_read_bytes")) for r in judged))
-        fields["fsync_s"] = round(sum(_num(r.get("fsync_s")) for r in judged), 6)
-        fields["throttled_s"] = round(sum(_num(r.get("throttled_s")) for r in judged), 6)
+        fields["read_bytes"] = sum(r.read_bytes for r in judged)
+        fields["disk_read_bytes"] = sum(r.disk_read_bytes for r in judged)
+        fields["fsync_s"] = round(sum(r.fsync_s for r in judged), 6)
+        fields["throttled_s"] = round(sum(r.throttled_s for r in judged), 6)
         if fields["read_bytes"]:
             fields["from_disk"] = min(1.0, fields["disk_read_bytes"] / fields["read_bytes"])
         elif fields["disk_read_bytes"]:
             fields["from_disk"] = 1.0
         if trainer is not None:
-            fields["trainer_pid"] = trainer["pid"]
-            fields["trainer_io_wait"] = _num(trainer.get("io_wait_s")) / wall
+            fields["trainer_pid"] = trainer.pid
+            fields["trainer_io_wait"] = trainer.io_wait_s / wall
             fields["loaders"] = len(loaders)
             if loaders:
-                fields["loader_io_wait"] = sum(_num(r.get("io_wait_s")) for r in loaders) / len(loaders) / wall
+                fields["loader_io_wait"] = sum(r.io_wait_s for r in loaders) / len(loaders) / wall
         elif rows:
             # no trainer known: the busiest process speaks for them
-            fields["busiest_io_wait"] = max(_num(r.get("io_wait_s")) for r in rows) / wall
+            fields["busiest_io_wait"] = max(r.io_wait_s for r in rows) / wall
     v = Verdict(UNKNOWN, "", **fields)
     state, line = _rule(v, has_rows and wall > 0, noun)
     return Verdict(state, f"{state}: {line}", **fields)
@@ -249,6 +242,5 @@ def judge_dump(d) -> Verdict:
     """The verdict on a dump (tracer.model.dump.Dump: one window, or one label's dumps merged)."""
     from tracer.model.dump import duration_of
 
-    sender = d.extra.get("sender_pid")
-    return judge(duration_of(d), d.extra.get("loop"), d.extra.get("tasks"),
-                 sender if isinstance(sender, int) and not isinstance(sender, bool) else None, noun_of(d.label))
+    return judge(duration_of(d), d.loop, d.tasks.rows if d.tasks is not None else None,
+                 d.sender_pid.pid if d.sender_pid is not None else None, noun_of(d.label))

@@ -1,0 +1,174 @@
+"""The dump's typed sections (tracer.model.sections): one table, each section round-trips, merges, refuses bad
+values; files written by main before the sections were typed read and write back unchanged."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import fields
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from tracer.cli import report as reportcli
+from tracer.codec import jsonl
+from tracer.model.dump import Dump, merge_dumps
+from tracer.model.sections import BY_KEY, SECTIONS, Section
+
+DATA = Path(__file__).parent / "data"
+T0 = datetime(2026, 5, 4, 10, 0, 0, tzinfo=UTC)
+
+ROW = {"pid": 7, "ppid": 1, "comm": "python", "io_wait_s": 0.25, "io_waits": 3, "read_bytes": 8192, "reads": 2,
+       "disk_read_bytes": 4096, "fsync_s": 0.125, "fsyncs": 1, "throttled_s": 0.0, "throttles": 0, "started": True,
+       "exited": False}
+
+# key: (a value as a line holds it, another, the two merged: None when a merged dump has none of it)
+TABLE = {
+    "attach": ("raw_tp", "tracepoint", "raw_tp+tracepoint"),
+    "start_event": ({"event": "block_rq_insert", "blind": ["nvme0n1"]}, {"event": "block_rq_insert"},
+                    {"event": "block_rq_insert", "blind": ["nvme0n1"]}),
+    "coverage": ({"filtered": False, "devices": {"sda": {"recorded": 9, "diskstats": 10}}},
+                 {"filtered": True, "devices": {"sda": {"recorded": 1, "diskstats": 1},
+                                                "sdb": {"recorded": 2, "diskstats": 3}}},
+                 {"filtered": True, "devices": {"sda": {"recorded": 10, "diskstats": 11},
+                                                "sdb": {"recorded": 2, "diskstats": 3}}}),
+    "bio_devices": (["dm-1"], ["dm-0", "dm-1"], ["dm-0", "dm-1"]),
+    "tasks": ([ROW], [dict(ROW, comm="py2", io_wait_s=0.5, started=False, exited=True), dict(ROW, pid=3, ppid=7)],
+              [dict(ROW, pid=3, ppid=7),
+               dict(ROW, comm="py2", io_wait_s=0.75, io_waits=6, read_bytes=16384, reads=4, disk_read_bytes=8192,
+                    fsync_s=0.25, fsyncs=2, exited=True)]),
+    "enclosing": ("epoch 1", "epoch 1", "epoch 1"),
+    "loop": ({"data_wait_s": 0.5, "steps": 10, "wall_s": 2.0}, {"data_wait_s": 0.25, "steps": 6, "wall_s": 1.0},
+             {"data_wait_s": 0.75, "steps": 16, "wall_s": 3.0}),
+    "sender_pid": (100, 101, None),     # two senders: none is the merged window's
+    "bpf_programs": ({"block_rq_issue": {"runs": 4, "run_time_ns": 100, "missed": 0}},
+                     {"block_rq_issue": {"runs": 1, "run_time_ns": 9, "missed": 0}}, None),
+    "traced_pids": (3, 4, None),
+    "alerts": ([{"rule": "p99>1ms", "metric": "total.p99", "device": "sda", "op": "read", "value": 1500.0,
+                 "threshold": 1000.0, "unit": "us"}], [], None),
+    "verdict": ({"state": "I/O-bound", "line": "I/O-bound: ..."}, {"state": "no verdict", "line": "..."}, None),
+}
+
+# key: values a hand-edited line may hold that its section refuses (ValueError: that line's error)
+BAD = {
+    "attach": [3, None],
+    "start_event": ["block_rq_insert", {"event": 1}, {"event": "x", "blind": "sda"}, {"event": "x", "blind": [1]}],
+    "coverage": [[], {"devices": []}, {"devices": {"sda": {"recorded": -1}}}, {"devices": {"sda": 3}}],
+    "bio_devices": ["dm-0", [1]],
+    "tasks": [{}, ["junk"], [{"pid": "7"}], [{"pid": True}], [{"pid": 7, "io_wait_s": float("nan")}],
+              [{"pid": 7, "read_bytes": -5}], [{"pid": 7, "comm": 3}], [{"comm": "no pid"}]],
+    "enclosing": [3, ["epoch 1"]],
+    "loop": [{"data_wait_s": "?", "steps": 3, "wall_s": 10}, "loop?", {"steps": 2},
+             {"data_wait_s": 1, "steps": 10**900, "wall_s": 1}, {"data_wait_s": 1, "steps": 1.5, "wall_s": 1}],
+    "sender_pid": ["100", -1, True, None],
+    "bpf_programs": [[], "x"],
+    "traced_pids": [-1, 1.5],
+    "alerts": [{}, [3]],
+    "verdict": [[], "I/O-bound"],
+}
+
+
+def bare(label: str | None = None, at: float = 0) -> Dump:
+    return Dump("marker" if label else "interval", T0 + timedelta(seconds=at), T0 + timedelta(seconds=at + 1), "h",
+                "6.18", [], label=label)
+
+
+def test_the_table_covers_every_section_and_every_section_is_a_dump_attribute():
+    assert set(TABLE) == set(BY_KEY) == set(BAD) and len(SECTIONS) == len(BY_KEY)
+    attrs = {f.name for f in fields(Dump)}
+    assert set(BY_KEY) <= attrs
+    for cls in SECTIONS:
+        assert issubclass(cls, Section) and BY_KEY[cls.key] is cls
+
+
+@pytest.mark.parametrize("key", sorted(TABLE))
+def test_each_section_round_trips(key):
+    cls = BY_KEY[key]
+    for value in TABLE[key][:2]:
+        s = cls.from_json(value)
+        assert s.to_json() == value
+        assert cls.from_json(json.loads(json.dumps(s.to_json()))) == s
+        # and through a whole line
+        back = jsonl.from_json(json.loads(json.dumps(jsonl.to_json(bare().put(s)))))
+        assert getattr(back, key) == s and back.unknown == {}
+
+
+@pytest.mark.parametrize("key", sorted(TABLE))
+def test_each_section_merges(key):
+    cls = BY_KEY[key]
+    a, b, want = TABLE[key]
+    merged = merge_dumps([bare().put(cls.from_json(a)), bare(at=1).put(cls.from_json(b))])
+    got = getattr(merged, key)
+    assert (got.to_json() if got is not None else None) == want
+    # a dump without it changes nothing
+    alone = getattr(merge_dumps([bare().put(cls.from_json(a)), bare(at=1)]), key)
+    assert alone is None if cls.merger() is None else alone == cls.from_json(a)
+
+
+@pytest.mark.parametrize("key", sorted(BAD))
+def test_each_section_refuses_bad_values_as_the_lines_error(key, tmp_path):
+    from tracer.errors import UserError
+
+    for value in BAD[key]:
+        with pytest.raises(ValueError):
+            BY_KEY[key].from_json(value)
+        line = dict(jsonl.to_json(bare()), **{key: value})
+        path = tmp_path / "bad.jsonl"
+        path.write_text(json.dumps(line) + "\n")
+        with pytest.raises(UserError, match=r"bad\.jsonl:1: not an iotrace dump"):
+            list(jsonl.read(str(path)))
+
+
+def test_a_null_loop_reads_as_none_and_a_null_enclosing_is_the_top_level():
+    line = dict(jsonl.to_json(bare("epoch 1")), loop=None, enclosing=None)
+    d = jsonl.from_json(line)
+    assert d.loop is None and d.enclosing is not None and d.enclosing.label is None
+    assert jsonl.to_json(d)["enclosing"] is None and "loop" not in jsonl.to_json(d)
+
+
+def test_unknown_sections_are_kept_written_back_and_not_merged():
+    """A newer iotrace's section: kept on its dump as it is, written back with it; a merge leaves it out."""
+    line = dict(jsonl.to_json(bare()), writeback={"dirty_pages": 12, "by": ["kworker"]}, attach="raw_tp")
+    d = jsonl.from_json(line)
+    assert d.unknown == {"writeback": {"dirty_pages": 12, "by": ["kworker"]}} and d.attach.path == "raw_tp"
+    assert jsonl.to_json(d) == line
+    merged = merge_dumps([d, d])
+    assert merged.unknown == {} and "writeback" not in jsonl.to_json(merged)
+
+
+# ---- files written by main (df49ae4) before the sections were typed -------------------------------
+#
+# data/main-df49ae4.jsonl: a trace's dumps with every section as main's writer wrote them (an interval with
+# tasks, coverage, start_event, bio_devices and alerts; marker dumps with enclosing, loop, sender_pid; a final
+# one with bpf_programs, traced_pids); data/main-df49ae4-diskstats.jsonl a --diskstats window with alerts;
+# data/main-df49ae4-report.jsonl what main's `iotrace report --by label --json` then `report --json` wrote for
+# the first file (merged windows with verdicts, the whole run).
+
+def lines(name: str) -> list[str]:
+    return (DATA / name).read_text().splitlines()
+
+
+@pytest.mark.parametrize("name", ["main-df49ae4.jsonl", "main-df49ae4-diskstats.jsonl"])
+def test_mains_files_read_and_write_back_byte_for_byte(name):
+    dumps = list(jsonl.read(str(DATA / name)))
+    assert len(dumps) == len(lines(name))
+    for d, line in zip(dumps, lines(name), strict=True):
+        out = io.StringIO()
+        jsonl.write(out, d)
+        assert out.getvalue() == line + "\n"
+        assert d.unknown == {}
+
+
+def test_mains_file_has_every_section():
+    seen = {k for line in lines("main-df49ae4.jsonl") + lines("main-df49ae4-report.jsonl")
+            for k in json.loads(line) if k in BY_KEY}
+    assert seen == set(BY_KEY)
+
+
+def test_report_json_of_mains_file_is_mains():
+    out = io.StringIO()
+    assert reportcli.run([str(DATA / "main-df49ae4.jsonl"), "--by", "label", "--json"], out) == 0
+    assert reportcli.run([str(DATA / "main-df49ae4.jsonl"), "--json"], out) == 0
+    got = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert got == [json.loads(x) for x in lines("main-df49ae4-report.jsonl")]

@@ -1,0 +1,555 @@
+"""The optional sections of a dump, each a type: how it reads from JSON, writes to JSON, and merges.
+
+A dump (tracer.model.dump.Dump) has its core (times, host, series, drops)
+and optional sections that features add: the attach path, the start event,
+coverage, per-process rows, the training loop's timing, ... .  Each is one
+class here, registered once in SECTIONS; the class's ``key`` is both its
+JSON key in a dump's line (tracer.codec.jsonl) and the Dump attribute that
+holds it (None when the dump has none).  The codec, DumpMerger and the views
+walk SECTIONS or use the attributes; nothing spells a section's keys
+elsewhere.
+
+A class provides:
+  from_json(value) -> section   the JSON value of its key, checked (ValueError
+                                names the bad value; see tracer.model.jsoncheck)
+  to_json() -> value            what is written under its key
+  merger() -> Merger | None     how the sections of disjoint windows merge
+                                (None: a merged dump has none, e.g. alerts)
+
+A Merger sees every merged dump in order (``add(dump)``, whether or not it
+has the section: the loop's merge needs every label) and gives the merged
+section or None (``result()``).
+
+A line's keys that no class claims (written by a newer iotrace) are kept as
+they are on that dump (Dump.unknown) and written back with it; a merge, which
+cannot know how to add them up, leaves them out.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Protocol
+
+from tracer.marker import LOOP_KEYS, check_loop
+from tracer.model.jsoncheck import array, number, obj, text, whole
+
+
+class Merger(Protocol):
+    # d: a tracer.model.dump.Dump (not imported: dump imports this module)
+    def add(self, d) -> None: ...
+
+    def result(self) -> Section | None: ...
+
+
+class Section:
+    """Base of the section classes (see the module docstring)."""
+
+    key: ClassVar[str]
+    null_is_absent: ClassVar[bool] = False     # a JSON null under its key reads as no section
+
+    @classmethod
+    def from_json(cls, v: Any) -> Section:
+        raise NotImplementedError
+
+    def to_json(self) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def merger(cls) -> Merger | None:
+        return None
+
+
+class _Agreed:
+    """The merged section is the one every dump that has it agrees on (up to 2 distinct ones are kept)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.seen: set = set()
+
+    def add(self, d) -> None:
+        s = getattr(d, self.key)
+        if s is not None and len(self.seen) < 2:
+            self.seen.add(s)
+
+    def result(self) -> Section | None:
+        return next(iter(self.seen)) if len(self.seen) == 1 else None
+
+
+# ---- the attach path and the start event ---------------------------------------
+
+@dataclass(frozen=True)
+class Attach(Section):
+    """The attach path the BPF programs used ("raw_tp", "tracepoint"; "raw_tp+tracepoint" for merged runs)."""
+
+    key: ClassVar[str] = "attach"
+    path: str
+
+    @classmethod
+    def from_json(cls, v) -> Attach:
+        return cls(text(v, "attach"))
+
+    def to_json(self) -> str:
+        return self.path
+
+    @classmethod
+    def merger(cls) -> Merger:
+        return _AttachMerger()
+
+
+class _AttachMerger:
+    def __init__(self) -> None:
+        self.paths: set[str] = set()
+
+    def add(self, d) -> None:
+        if d.attach is not None:
+            self.paths.add(d.attach.path)
+
+    def result(self) -> Attach | None:
+        return Attach("+".join(sorted(self.paths))) if self.paths else None   # one, unless runs of both kinds
+
+
+@dataclass(frozen=True)
+class StartEvent(Section):
+    """The block event requests start on, and the disks it is blind to (scheduler none, before block_io_start)."""
+
+    key: ClassVar[str] = "start_event"
+    event: str
+    blind: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, v) -> StartEvent:
+        v = obj(v, "start_event")
+        return cls(text(v.get("event", ""), "start_event.event"),
+                   tuple(text(n, "start_event.blind") for n in array(v.get("blind", []), "start_event.blind")))
+
+    def to_json(self) -> dict:
+        return {"event": self.event, **({"blind": list(self.blind)} if self.blind else {})}
+
+    @classmethod
+    def merger(cls) -> Merger:
+        return _StartEventMerger()
+
+
+class _StartEventMerger:
+    def __init__(self) -> None:
+        self.events: set[str] = set()
+        self.blind: set[str] = set()
+
+    def add(self, d) -> None:
+        if d.start_event is not None:
+            self.events.add(d.start_event.event)
+            self.blind.update(d.start_event.blind)
+
+    def result(self) -> StartEvent | None:
+        return StartEvent("+".join(sorted(self.events)), tuple(sorted(self.blind))) if self.events else None
+
+
+# ---- coverage ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeviceCoverage:
+    recorded: int       # requests iotrace recorded
+    diskstats: int      # requests /proc/diskstats completed, same window
+
+    def to_json(self) -> dict:
+        return {"recorded": self.recorded, "diskstats": self.diskstats}
+
+
+@dataclass
+class Coverage(Section):
+    """Per device: requests recorded vs completed per /proc/diskstats; `filtered`: a pid or cgroup filter
+    was on (iotrace's share is partial by design)."""
+
+    key: ClassVar[str] = "coverage"
+    filtered: bool
+    devices: dict[str, DeviceCoverage] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, v) -> Coverage:
+        v = obj(v, "coverage")
+        devices = {}
+        for dev, c in obj(v.get("devices", {}), "coverage.devices").items():
+            c = obj(c, f"coverage.devices.{dev}")
+            devices[dev] = DeviceCoverage(*(whole(c.get(k, 0), f"coverage.devices.{dev}.{k}")
+                                            for k in ("recorded", "diskstats")))
+        return cls(bool(v.get("filtered")), devices)
+
+    def to_json(self) -> dict:
+        return {"filtered": self.filtered, "devices": {name: c.to_json() for name, c in self.devices.items()}}
+
+    @classmethod
+    def merger(cls) -> Merger:
+        return CoverageMerger()
+
+    def unrecorded(self, device: str | None = None) -> dict[str, int]:
+        """Requests /proc/diskstats completed that iotrace did not record, per device that is short of them
+        (`device`: that one only)."""
+        return {name: c.diskstats - c.recorded for name, c in self.devices.items()
+                if (device is None or name == device) and c.diskstats > c.recorded}
+
+
+class CoverageMerger:
+    """Coverage of disjoint windows added up, device by device."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.filtered = False
+        self.devs: dict[str, list[int]] = {}
+
+    def add(self, d) -> None:
+        if d.coverage is not None:
+            self.add_coverage(d.coverage)
+
+    def add_coverage(self, part: Coverage) -> None:
+        self.n += 1
+        self.filtered = self.filtered or part.filtered
+        for name, c in part.devices.items():
+            acc = self.devs.setdefault(name, [0, 0])
+            acc[0] += c.recorded
+            acc[1] += c.diskstats
+
+    def result(self) -> Coverage | None:
+        if not self.n:
+            return None
+        return Coverage(self.filtered, {k: DeviceCoverage(*v) for k, v in self.devs.items()})
+
+
+@dataclass(frozen=True)
+class BioDevices(Section):
+    """Bio-based devices among the traced ones: their rows time bios (queue to completion), total phase only."""
+
+    key: ClassVar[str] = "bio_devices"
+    names: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, v) -> BioDevices:
+        return cls(tuple(text(n, "bio_devices") for n in array(v, "bio_devices")))
+
+    def to_json(self) -> list[str]:
+        return list(self.names)
+
+    @classmethod
+    def merger(cls) -> Merger:
+        return _BioMerger()
+
+
+class _BioMerger:
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def add(self, d) -> None:
+        if d.bio_devices is not None:
+            self.names.update(d.bio_devices.names)
+
+    def result(self) -> BioDevices | None:
+        return BioDevices(tuple(sorted(self.names))) if self.names else None
+
+
+# ---- per-process rows (--tasks) ------------------------------------------------
+
+@dataclass
+class TaskRow:
+    """One traced process in a window (tracer.sources.tasks; README, 'Per-process waits')."""
+
+    pid: int
+    ppid: int = 0
+    comm: str = ""
+    io_wait_s: float = 0.0      # its threads' time blocked in I/O wait (delay accounting's block-I/O delay)
+    io_waits: int = 0
+    read_bytes: int = 0         # returned by reads of regular files, page cache included
+    reads: int = 0
+    disk_read_bytes: int = 0    # its read series' bytes
+    fsync_s: float = 0.0        # in fsync, fdatasync, sync_file_range
+    fsyncs: int = 0
+    throttled_s: float = 0.0    # blocked by dirty-page throttling
+    throttles: int = 0
+    started: bool = False
+    exited: bool = False
+
+    @classmethod
+    def from_json(cls, v) -> TaskRow:
+        v = obj(v, "a tasks row")
+        row = cls(whole(v.get("pid"), "tasks pid"), whole(v.get("ppid", 0), "tasks ppid"),
+                  text(v.get("comm", ""), "tasks comm"))
+        for k in TASK_SUMS:
+            if k in v:
+                setattr(row, k, (number if k.endswith("_s") else whole)(v[k], f"tasks {k}"))
+        row.started, row.exited = bool(v.get("started")), bool(v.get("exited"))
+        return row
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def add(self, r: TaskRow) -> None:
+        """`r`, the same process's row of a later window, added in (name and parent from the latest)."""
+        for k in TASK_SUMS:
+            v = getattr(self, k) + getattr(r, k)
+            setattr(self, k, round(v, 6) if k.endswith("_s") else v)
+        self.comm = r.comm or self.comm
+        self.ppid = r.ppid or self.ppid
+        self.started = self.started or r.started
+        self.exited = self.exited or r.exited
+
+
+# the counters a row adds up over windows
+TASK_SUMS = ("io_wait_s", "io_waits", "read_bytes", "reads", "disk_read_bytes", "fsync_s", "fsyncs",
+             "throttled_s", "throttles")
+
+
+@dataclass
+class Tasks(Section):
+    """A row per traced process of the window, exited ones included (an empty list: none ran)."""
+
+    key: ClassVar[str] = "tasks"
+    rows: list[TaskRow] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, v) -> Tasks:
+        return cls([TaskRow.from_json(r) for r in array(v, "tasks")])
+
+    def to_json(self) -> list[dict]:
+        return [r.to_json() for r in self.rows]
+
+    @classmethod
+    def merger(cls) -> Merger:
+        return TaskMerger()
+
+
+class TaskMerger:
+    """Rows of disjoint windows added up by pid (one row per pid kept), sorted by pid."""
+
+    def __init__(self) -> None:
+        self.out: dict[int, TaskRow] | None = None
+
+    def add(self, d) -> None:
+        if d.tasks is not None:
+            self.add_rows(d.tasks.rows)
+
+    def add_rows(self, rows: list[TaskRow]) -> None:
+        out = self.out = {} if self.out is None else self.out
+        for r in rows:
+            acc = out.get(r.pid)
+            if acc is None:
+                out[r.pid] = TaskRow(**{f.name: getattr(r, f.name) for f in fields(r)})
+            else:
+                acc.add(r)
+
+    def result(self) -> Tasks | None:
+        """None if no window had rows (not even an empty list)."""
+        return None if self.out is None else Tasks(sorted(self.out.values(), key=lambda r: r.pid))
+
+
+# ---- markers: the enclosing window, the training loop's timing, the sender ------------
+
+@dataclass(frozen=True)
+class Enclosing(Section):
+    """A marker dump's enclosing window: its label, or None at the top level (or from `iotrace mark`)."""
+
+    key: ClassVar[str] = "enclosing"
+    label: str | None
+
+    @classmethod
+    def from_json(cls, v) -> Enclosing:
+        return cls(None if v is None else text(v, "enclosing"))
+
+    def to_json(self) -> str | None:
+        return self.label
+
+    @classmethod
+    def merger(cls) -> Merger:
+        return _Agreed(cls.key)
+
+
+@dataclass(frozen=True)
+class Loop(Section):
+    """The training loop's timing over a marker's window: seconds it waited for batches, batches, wall time."""
+
+    key: ClassVar[str] = "loop"
+    null_is_absent: ClassVar[bool] = True
+    data_wait_s: float
+    steps: int
+    wall_s: float
+
+    @classmethod
+    def from_json(cls, v) -> Loop:
+        why = check_loop(v)
+        if why:
+            raise ValueError(why)
+        return cls(float(v["data_wait_s"]), int(v["steps"]), float(v["wall_s"]))
+
+    def to_json(self) -> dict:
+        return {"data_wait_s": self.data_wait_s, "steps": self.steps, "wall_s": self.wall_s}
+
+    @property
+    def wait_share(self) -> float | None:
+        """The share of its wall time the loop waited for batches, or None without steps or wall time."""
+        if not self.steps or not self.wall_s:
+            return None
+        return min(1.0, self.data_wait_s / self.wall_s)
+
+    @classmethod
+    def merger(cls) -> Merger:
+        return LoopMerger()
+
+
+class LoopMerger:
+    """The loops of merged dumps added up, in order.
+
+    A window's loop counts the steps of the windows nested in it, so a loop
+    whose enclosing window is among the merged dumps' labels is not added
+    again; whether it is depends on labels still to come, so such loops wait
+    (in order, keeping the float sums bit for bit merge_loops') until their
+    enclosing label shows up, or the merge ends.
+    """
+
+    def __init__(self) -> None:
+        self.sums: list[float] | None = None
+        self.labels: set[str | None] = set()
+        self.waiting: deque[tuple[str | None, Loop]] = deque()
+
+    def add(self, d) -> None:
+        self.labels.add(d.label)
+        if d.loop is None:
+            return
+        enclosing = d.enclosing.label if d.enclosing is not None else None
+        if enclosing is not None and enclosing in self.labels:
+            return
+        self.waiting.append((enclosing, d.loop))
+        while self.waiting:
+            enc = self.waiting[0][0]
+            if enc is not None and enc in self.labels:
+                self.waiting.popleft()
+            elif enc is None:
+                self.sums = _add_loop(self.sums, self.waiting.popleft()[1])
+            else:
+                break
+
+    def result(self) -> Loop | None:
+        sums = self.sums
+        for enc, loop in self.waiting:
+            if enc is None or enc not in self.labels:
+                sums = _add_loop(sums, loop)
+        return None if sums is None else Loop(sums[0], int(sums[1]), sums[2])
+
+
+def _add_loop(sums: list[float] | None, loop: Loop) -> list[float]:
+    sums = [0, 0, 0] if sums is None else sums
+    return [sums[i] + float(getattr(loop, k)) for i, k in enumerate(LOOP_KEYS)]
+
+
+def merge_loops(parts: list[Loop]) -> Loop | None:
+    """The training loop's timing over several windows: each of data_wait_s, steps and wall_s added up."""
+    sums = None
+    for p in parts:
+        sums = _add_loop(sums, p)
+    return None if sums is None else Loop(sums[0], int(sums[1]), sums[2])
+
+
+@dataclass(frozen=True)
+class SenderPid(Section):
+    """The process that sent a marker dump's marker (the trainer; tracer.views.verdict tells its rows by it)."""
+
+    key: ClassVar[str] = "sender_pid"
+    pid: int
+
+    @classmethod
+    def from_json(cls, v) -> SenderPid:
+        return cls(whole(v, "sender_pid"))
+
+    def to_json(self) -> int:
+        return self.pid
+
+    @classmethod
+    def merger(cls) -> Merger:
+        return _Agreed(cls.key)
+
+
+# ---- what the final dump says about the tracer, and per-window findings (not merged) -------------
+
+@dataclass
+class BpfPrograms(Section):
+    """The final dump's BPF program costs, per program name ("tasks:NAME" for the per-process tracer's)."""
+
+    key: ClassVar[str] = "bpf_programs"
+    costs: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, v) -> BpfPrograms:
+        return cls(obj(v, "bpf_programs"))
+
+    def to_json(self) -> dict:
+        return self.costs
+
+
+@dataclass(frozen=True)
+class TracedPids(Section):
+    """The final dump's pid filter size (a pid filter was on): flat over a long run."""
+
+    key: ClassVar[str] = "traced_pids"
+    count: int
+
+    @classmethod
+    def from_json(cls, v) -> TracedPids:
+        return cls(whole(v, "traced_pids"))
+
+    def to_json(self) -> int:
+        return self.count
+
+
+@dataclass
+class Alerts(Section):
+    """The --alert rules a window crossed (tracer.pipeline.alerts.Alert.to_json each)."""
+
+    key: ClassVar[str] = "alerts"
+    items: list[dict]
+
+    @classmethod
+    def from_json(cls, v) -> Alerts:
+        return cls([obj(a, "an alert") for a in array(v, "alerts")])
+
+    def to_json(self) -> list[dict]:
+        return self.items
+
+
+@dataclass
+class VerdictSection(Section):
+    """A merged window's verdict as `report --json` writes it (tracer.views.verdict.Verdict.to_json)."""
+
+    key: ClassVar[str] = "verdict"
+    value: dict
+
+    @classmethod
+    def from_json(cls, v) -> VerdictSection:
+        return cls(obj(v, "verdict"))
+
+    def to_json(self) -> dict:
+        return self.value
+
+
+# Every section, in the order a line holds them.
+SECTIONS: tuple[type[Section], ...] = (Attach, StartEvent, Coverage, BioDevices, Tasks, Enclosing, Loop, SenderPid,
+                                       BpfPrograms, TracedPids, Alerts, VerdictSection)
+BY_KEY: dict[str, type[Section]] = {cls.key: cls for cls in SECTIONS}
+
+
+def read_sections(obj_: dict, known: set[str]) -> tuple[dict[str, Section], dict[str, Any]]:
+    """A line's sections ({key: section}, for Dump(**...)) and the keys nothing claims (`known`: the core's)."""
+    sections, unknown = {}, {}
+    for k, v in obj_.items():
+        cls = BY_KEY.get(k)
+        if cls is not None:
+            if v is not None or not cls.null_is_absent:
+                sections[k] = cls.from_json(v)
+        elif k not in known:
+            unknown[k] = v
+    return sections, unknown
+
+
+def write_sections(d, out: dict) -> None:
+    """`d`'s sections into its line's object `out`, in SECTIONS order, then its unknown keys."""
+    for cls in SECTIONS:
+        s = getattr(d, cls.key)
+        if s is not None:
+            out[cls.key] = s.to_json()
+    out.update(d.unknown)
