@@ -11,6 +11,7 @@
  * (block_io_start, or block_rq_insert on kernels before 6.5).
  */
 #include "core.bpf.h"
+#include "writeback.bpf.h"
 
 /*
  * ---- raw tracepoints: a request is its struct request * -----------------

@@ -16,6 +16,7 @@
  * raw_tp.bpf.c, and substitutes IOTRACE_START_CATEGORY / IOTRACE_START_EVENT.
  */
 #include "core.bpf.h"
+#include "writeback.bpf.h"
 
 /*
  * ---- perf-event tracepoints: a request is its (dev, sector) --------------

@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * writeback.bpf.h - write-back under its writer, the events' side: who
+ * dirtied an inode (writeback_dirty_folio, in the dirtier's context) and
+ * which inode a flusher thread is writing back (between
+ * writeback_single_inode_start and writeback_single_inode).  The maps
+ * (wb_inodes, wb_threads, wb_busy) and the request side (wb_writing,
+ * wb_charge: a flusher's request is its inode's last traced dirtier's) are
+ * in core.bpf.h; each path file includes this after it and wraps these in
+ * its programs.
+ */
+#ifndef IOTRACE_WRITEBACK_BPF_H
+#define IOTRACE_WRITEBACK_BPF_H
+
+/* A folio of the inode `inode` (its key) was dirtied, in the dirtier's context. */
+static __always_inline void wb_dirtied(u64 inode)
+{
+	u64 id = bpf_get_current_pid_tgid(), now;
+	struct iotrace_dirtier nd = {}, *d;
+	struct iotrace_who *w;
+
+	/* a flusher dirtying as it writes back is no writer */
+	if (!inode || wb_writing((u32)id))
+		return;
+	if (!task_wanted(id >> 32)) {
+		/* the last dirtier is untraced: this inode's write-back is no traced process's */
+		if (wb_inodes.lookup(&inode))
+			wb_inodes.delete(&inode);
+		return;
+	}
+	now = bpf_ktime_get_ns();
+	d = wb_inodes.lookup(&inode);
+	/* the same writer lately: nothing new (a process dirties many folios in a row) */
+	if (d && d->tid == (u32)id && now - d->ns < IOTRACE_COMM_REUSE_NS)
+		return;
+	nd.tgid = id >> 32;
+	nd.tid = (u32)id;
+	nd.ns = now;
+	w = who_is((u32)id, now);
+	if (w) {
+		nd.cgroup = w->cgroup;
+		__builtin_memcpy(nd.comm, w->comm, sizeof(nd.comm));
+	} else {
+		nd.cgroup = bpf_get_current_cgroup_id();
+		bpf_get_current_comm(nd.comm, sizeof(nd.comm));
+	}
+	if (d)
+		*d = nd;
+	else if (wb_inodes.update(&inode, &nd))
+		count_reason(IOTRACE_NOTE_WB_UNKEPT);
+}
+
+/* The current thread stops writing back an inode (or never did: then this is one array read). */
+static __always_inline void wb_end(void)
+{
+	u32 tid = bpf_get_current_pid_tgid(), zero = 0, *busy = wb_busy.lookup(&zero);
+
+	if (busy && *busy && wb_threads.delete(&tid) == 0)
+		__sync_fetch_and_add(busy, -1);	/* BPF has no atomic sub */
+}
+
+/*
+ * The current thread (a flusher) starts writing back the inode `inode`:
+ * until wb_end() its requests are its last traced dirtier's.  Not when the
+ * dirtier's own process writes it back itself (a filesystem's fsync that
+ * goes through writeback_single_inode): that I/O stays its direct I/O.
+ */
+static __always_inline void wb_begin(u64 inode)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tid = (u32)id, zero = 0, *busy;
+	struct iotrace_dirtier *d, copy, *old;
+
+	wb_end();	/* an end never seen (attached in between): not the previous inode's any more */
+	d = inode ? wb_inodes.lookup(&inode) : 0;
+	if (!d || d->tgid == id >> 32)
+		return;
+	copy = *d;
+	busy = wb_busy.lookup(&zero);
+	if (!busy)
+		return;
+	if (wb_threads.insert(&tid, &copy) == 0) {
+		__sync_fetch_and_add(busy, 1);
+		return;
+	}
+	old = wb_threads.lookup(&tid);	/* another program of this thread's put one there meanwhile */
+	if (old)
+		*old = copy;
+	else
+		count_reason(IOTRACE_NOTE_WB_UNKEPT);
+}
+
+#endif /* IOTRACE_WRITEBACK_BPF_H */
