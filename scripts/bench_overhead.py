@@ -65,9 +65,11 @@ TARGET_MIN_ROUNDS = 5
 TARGET_WORKLOAD = "qd32"
 
 # The bpftrace peer: the same question iotrace answers (latency per pid and device, from the
-# request's start to its completion), written the way a bpftrace user would.
+# request's start to its completion), written the way a bpftrace user would.  START_EVENT, here and
+# in the programs below, is the start event iotrace uses (start_event()): block_io_start, or
+# block_getrq before Linux 6.5 (whose dev and sector are read alike; it has nr_sector, not bytes).
 BPFTRACE_PROG = r"""
-tracepoint:block:block_io_start { @start[args->dev, args->sector] = nsecs; @who[args->dev, args->sector] = pid; }
+tracepoint:block:START_EVENT { @start[args->dev, args->sector] = nsecs; @who[args->dev, args->sector] = pid; }
 tracepoint:block:block_rq_complete /@start[args->dev, args->sector]/ {
     @usecs[@who[args->dev, args->sector], args->dev] = hist((nsecs - @start[args->dev, args->sector]) / 1000);
     delete(@start[args->dev, args->sector]); delete(@who[args->dev, args->sector]);
@@ -78,7 +80,7 @@ tracepoint:block:block_rq_complete /@start[args->dev, args->sector]/ {
 # The floor: programs on the same three tracepoints that only read the clock, which any latency
 # tracer must do; what iotrace costs beyond this is its own work.
 FLOOR_PROG = r"""
-tracepoint:block:block_io_start, tracepoint:block:block_rq_issue, tracepoint:block:block_rq_complete {
+tracepoint:block:START_EVENT, tracepoint:block:block_rq_issue, tracepoint:block:block_rq_complete {
     $t = nsecs; if ($t == 1) { printf("never\\n"); }
 }
 """
@@ -327,12 +329,13 @@ class BccTracer(Tracer):
     """Programs built with bcc in this process, loaded once, attached for each run."""
 
     bpf = True
-    text = ""
-    events: tuple[str, ...] = ("block_io_start", "block_rq_issue", "block_rq_complete")
+    text = ""               # START_EVENT stands for the start event
     raw = False
 
-    def __init__(self) -> None:
+    def __init__(self, start: str) -> None:
         super().__init__()
+        self.start_event = start
+        self.events: tuple[str, ...] = (start, "block_rq_issue", "block_rq_complete")
         self.b = None
         self._why: str | None = None
 
@@ -344,7 +347,8 @@ class BccTracer(Tracer):
             try:
                 import bcc  # noqa: PLC0415 - only these tracers need it
 
-                self.b = bcc.BPF(text=self.text)    # bcc attaches *_PROBE programs as it loads them
+                # bcc attaches *_PROBE programs as it loads them
+                self.b = bcc.BPF(text=self.text.replace("START_EVENT", self.start_event))
                 self._detach()
                 for ev in self.events:
                     fd = self.b.load_func(self._fn(ev).encode(), self._prog_type(bcc)).fd
@@ -389,7 +393,7 @@ class BccTracer(Tracer):
 class Empty(BccTracer):
     name = "empty"
     text = """
-TRACEPOINT_PROBE(block, block_io_start) { return 0; }
+TRACEPOINT_PROBE(block, START_EVENT) { return 0; }
 TRACEPOINT_PROBE(block, block_rq_issue) { return 0; }
 TRACEPOINT_PROBE(block, block_rq_complete) { return 0; }
 """
@@ -399,7 +403,7 @@ class EmptyRaw(BccTracer):
     name = "empty_raw"
     raw = True
     text = """
-RAW_TRACEPOINT_PROBE(block_io_start) { return 0; }
+RAW_TRACEPOINT_PROBE(START_EVENT) { return 0; }
 RAW_TRACEPOINT_PROBE(block_rq_issue) { return 0; }
 RAW_TRACEPOINT_PROBE(block_rq_complete) { return 0; }
 """
@@ -423,7 +427,7 @@ static __always_inline int stamp(void)
         *t = bpf_ktime_get_ns();
     return 0;
 }
-RAW_TRACEPOINT_PROBE(block_io_start) { return stamp(); }
+RAW_TRACEPOINT_PROBE(START_EVENT) { return stamp(); }
 RAW_TRACEPOINT_PROBE(block_rq_issue) { return stamp(); }
 RAW_TRACEPOINT_PROBE(block_rq_complete) { return stamp(); }
 """
@@ -502,13 +506,22 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 
 
 class Reference(BccTracer):
+    """Always on block_io_start: the design keys a request by the struct request its start is given,
+    which block_getrq (the start before Linux 6.5) does not give (it names the bio)."""
+
     name = "reference"
     raw = True
     text = REFERENCE_PROG
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__("block_io_start")
         self._base = 0
+
+    def why_not(self) -> str | None:
+        if _probe().tracepoint_fields(self.start_event) is None:
+            return (f"needs block:{self.start_event} (Linux 6.5+): it keys a request by the struct request "
+                    "its start gives, which block_getrq (a bio) does not")
+        return super().why_not()
 
     def _total(self) -> int:
         hists = self.b["hists"]
@@ -608,11 +621,34 @@ TRACERS = ("none", "empty", "empty_raw", "clock_raw", "floor", "reference", "iot
            "blktrace")
 
 
-def make_tracers(shm: Path) -> list[Tracer]:
-    return [Untraced(), Empty(), EmptyRaw(), ClockRaw(), BPFTrace(FLOOR_PROG, "floor"), Reference(),
+def _probe():
+    """iotrace's tracer.sources.probe, from this tree (imported only when the bench runs)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tracer.sources import probe  # noqa: PLC0415 - not needed for --help
+
+    return probe
+
+
+def start_event() -> str:
+    """The start event iotrace uses on this kernel, by its own choice (honouring $IOTRACE_START_EVENT):
+    block_io_start from Linux 6.5 on, block_getrq before."""
+    probe = _probe()
+    from tracer.errors import UserError  # noqa: PLC0415
+
+    try:
+        return probe.choose_start_event()
+    except UserError as exc:
+        raise RuntimeError(str(exc)) from None
+
+
+def make_tracers(shm: Path, start: str) -> list[Tracer]:
+    """Every tracer; those with programs of their own start requests on `start` (iotrace's start event)."""
+    return [Untraced(), Empty(start), EmptyRaw(start), ClockRaw(start),
+            BPFTrace(FLOOR_PROG.replace("START_EVENT", start), "floor"), Reference(),
             IOTrace(shm / "iotrace.jsonl"),
             IOTrace(shm / "iotrace-tp.jsonl", ["--attach", "tracepoint"], name="iotrace_tp"),
-            BPFTrace(), BlkTrace(shm)]
+            BPFTrace(BPFTRACE_PROG.replace("START_EVENT", start)), BlkTrace(shm)]
 
 
 # ---- signals -------------------------------------------------------------------
@@ -723,7 +759,12 @@ def bench(args) -> Result:
         device = subprocess.run(["losetup", "--find", "--show", str(backing)], check=True, capture_output=True,
                                 text=True).stdout.strip()
         res.environment["device"] = f"{device} over {backing} (tmpfs)"
-        tracers = [t for t in make_tracers(shm) if t.name in args.tracers]
+        start = args.start_event
+        res.environment["start_event"] = start
+        tracers = [t for t in make_tracers(shm, start) if t.name in args.tracers]
+        if start != "block_io_start" and "reference" in args.tracers:
+            res.notes.append(f"the tracers start requests on block:{start}, reference (by design) on "
+                             "block:block_io_start where the kernel has it")
         workloads = [w for w in WORKLOADS if w.name in args.workloads]
         for t in tracers:
             if isinstance(t, BlkTrace):
@@ -876,7 +917,8 @@ def _mark(ok: bool | None) -> str:
 def print_table(res: Result, rows: list[dict], costs: dict[str, dict], checks: list[dict], out=sys.stdout) -> None:
     env = res.environment
     out.write(f"\niotrace overhead bench: {env['kernel']}, {env['nproc']} CPUs, {env['cpu']}\n"
-              f"device {env.get('device', '?')}; fio randread 4k direct=1 libaio, {res.seconds:g} s x {res.reps} "
+              f"device {env.get('device', '?')}, start event {env.get('start_event', '?')}; "
+              f"fio randread 4k direct=1 libaio, {res.seconds:g} s x {res.reps} "
               f"interleaved repetitions\n")
     if res.stats_rounds:
         out.write(f"BPF ns/req: kernel.bpf_stats_enabled=1, separate pass: {res.stats_ios} requests of "
@@ -966,6 +1008,11 @@ def main() -> int:
         if not shutil.which(tool):
             print(f"bench_overhead: {tool} not found: {how}", file=sys.stderr)
             return 2
+    try:
+        args.start_event = start_event()
+    except RuntimeError as exc:
+        print(f"bench_overhead: {exc}", file=sys.stderr)
+        return 2
     res = bench(args)
     costs = summarize_costs(res)
     rows = summarize(res, costs)
