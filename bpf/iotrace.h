@@ -160,11 +160,12 @@ KMEMBER(RQ_SECTOR, request, __sector, 8)	/* the ground-truth stamper only */
 KMEMBER(Q_DISK, request_queue, disk, 8)
 KMEMBER(DISK_MAJOR, gendisk, major, 4)
 KMEMBER(DISK_FIRST_MINOR, gendisk, first_minor, 4)	/* read with major: must follow it */
-KMEMBER(RQ_BIO, request, bio, 8)	/* block_getrq starts only */
-KMEMBER(BIO_NEXT, bio, bi_next, 8)	/* block_getrq starts only */
+KMEMBER(RQ_BIO, request, bio, 8)	/* block_getrq starts only (and the ground-truth stamper) */
+KMEMBER(BIO_NEXT, bio, bi_next, 8)	/* block_getrq starts only (and the ground-truth stamper) */
 KMEMBER(BIO_BDEV, bio, bi_bdev, 8)
 KMEMBER(BIO_OPF, bio, bi_opf, 4)
 KMEMBER(BIO_SIZE, bio, bi_iter.bi_size, 4)
+KMEMBER(BIO_SECTOR, bio, bi_iter.bi_sector, 8)	/* the ground-truth stamper only (block_getrq starts) */
 KMEMBER(BDEV_DEV, block_device, bd_dev, 4)
 KMEMBER(TASK_PID, task_struct, pid, 4)
 KENUM(REQ_OP_READ, REQ_OP_READ)

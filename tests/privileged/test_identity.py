@@ -21,12 +21,15 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, ROOT, fio_cmd, read_dumps, reaped, series_of
 
+from tracer.sources import probe
+
 bpf = pytest.mark.bpf
 REQUESTS = 16384
 
-# The question iotrace answers, as a bpftrace user would write it: on the same three tracepoints
+# The question iotrace answers, as a bpftrace user would write it: on the same three tracepoints (the start
+# is iotrace's: START_EVENT)
 BPFTRACE_PEER = r"""
-tracepoint:block:block_io_start { @start[args->dev, args->sector] = nsecs; @who[args->dev, args->sector] = pid; }
+tracepoint:block:START_EVENT { @start[args->dev, args->sector] = nsecs; @who[args->dev, args->sector] = pid; }
 tracepoint:block:block_rq_issue { @issue[args->dev, args->sector] = nsecs; }
 tracepoint:block:block_rq_complete /@start[args->dev, args->sector]/ {
     @usecs[@who[args->dev, args->sector], args->dev] = hist((nsecs - @start[args->dev, args->sector]) / 1000);
@@ -34,6 +37,12 @@ tracepoint:block:block_rq_complete /@start[args->dev, args->sector]/ {
     delete(@issue[args->dev, args->sector]);
 }
 """
+
+
+def bpftrace_peer(start_event: str) -> str:
+    """BPFTRACE_PEER starting requests where iotrace does: block_io_start (Linux 6.5+), else block_getrq (whose
+    dev and sector it reads alike: the bio's, on a whole disk the disk's)."""
+    return BPFTRACE_PEER.replace("START_EVENT", start_event)
 
 
 def started(argv: list[str], ready: str, log: Path, timeout: float = 60) -> subprocess.Popen:
@@ -63,6 +72,7 @@ def traced_workload(loop, out: Path, attach: str) -> list[dict]:
 def assert_every_request(dumps: list[dict], loop, attach: str) -> None:
     final = dumps[-1]
     assert final["attach"] == attach
+    assert final["start_event"]["event"] == probe.choose_start_event()    # honours $IOTRACE_START_EVENT
     rows = series_of(final, comm="fio", device=loop.name)
     assert {s["op"] for s in rows} == {"read", "write"}
     assert len({s["pid"] for s in rows}) == 2, rows            # each job process is its own series
@@ -99,7 +109,8 @@ def test_every_request_under_load(shm_loop, tmp_path):
 @pytest.mark.skipif(shutil.which("bpftrace") is None, reason="bpftrace is not installed (make setup installs it)")
 def test_every_request_beside_other_tracers(shm_loop, tmp_path):
     """bpftrace, a second iotrace on the perf-event path and `iotrace serve` trace the same tracepoints."""
-    peer = started(["bpftrace", "-e", BPFTRACE_PEER], "Attaching", tmp_path / "bpftrace.log")
+    peer = started(["bpftrace", "-e", bpftrace_peer(probe.choose_start_event())], "Attaching",
+                   tmp_path / "bpftrace.log")
     other = started([PYTHON, "-m", "tracer.cli", "--attach", "tracepoint", "-o", str(tmp_path / "other.jsonl")],
                     "tracing block I/O", tmp_path / "other.log")
     serve = started([PYTHON, "-m", "tracer.cli", "serve", "--listen", "127.0.0.1:0", "--interval", "1"],

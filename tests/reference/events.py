@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tracer.sources import kernel
+
 
 class TruthError(RuntimeError):
     """The reference could not be recorded exactly (lost events, bad decode, no tracefs)."""
@@ -37,16 +39,35 @@ class Stamp:
     was unusually wide because something ran in between (an interrupt, the
     hypervisor).  `rq` is the struct request's address where the stamper ran
     on raw tracepoints (0 otherwise): it tells apart requests in flight at
-    the same sector, which ftrace's fields cannot.
+    the same sector, which ftrace's fields cannot.  A block_getrq start
+    (before Linux 6.5) names the bio instead: its `rq` is 0 and `bio` the
+    bio's address, and the raw issue then gives, besides the request, its
+    first bio and the one after it (`bio`, `bio_next`: a front merge puts
+    another bio first), by which the matcher finds that request's start.
     """
 
     ts: int | None
     slack: int = 0
     rq: int = 0
+    bio: int = 0
+    bio_next: int = 0
 
 
-#: Stamper programs, in the order of stamps.bpf.c's enum stamp_event.
-STAMPED = ("block_io_start", "block_rq_issue", "block_rq_complete")
+#: The request's start: iotrace's start events, newest first (bpf/iotrace.h's event table).  The
+#: reference records and stamps the one iotrace uses (recorder.iotrace_start_event(), the choice
+#: iotrace makes, $IOTRACE_START_EVENT included): block_io_start on Linux 6.5+, block_getrq before.
+START_EVENTS = kernel.START_EVENTS
+#: The start where none is named: the newest
+DEFAULT_START = START_EVENTS[0]
+
+
+def stamped(start_event: str = DEFAULT_START) -> tuple[str, str, str]:
+    """The stamper's programs, in the order of stamps.bpf.c's enum stamp_event, for a start event."""
+    if start_event not in START_EVENTS:
+        raise ValueError(f"{start_event!r} is not a start event ({', '.join(START_EVENTS)})")
+    return (start_event, "block_rq_issue", "block_rq_complete")
+
+
 #: A bracket wider than the usual one for its event by more than this means
 #: something ran in it (an interrupt, the hypervisor): iotrace's stamp is
 #: then known only to lie within it.  The bracket also holds iotrace's whole

@@ -45,14 +45,15 @@ from .comparison import (
     render,
     within,
 )
-from .events import STAMPED, Event, Stamp, TruthError
+from .events import START_EVENTS, Event, Stamp, TruthError, stamped
 from .matcher import Request, Truth, op_of
-from .recorder import Stamper, TruthRecorder, attach_stamps, kdev_of_path
+from .recorder import Stamper, TruthRecorder, attach_stamps, iotrace_start_event, kdev_of_path
 
 __all__ = [
-    "STAMPED", "Check", "Comparison", "Event", "Request", "Run", "Scope", "SeriesResult", "Stamp", "Stamper",
-    "Truth", "TruthError", "TruthRecorder", "TruthSeries", "aggregate", "attach_stamps", "compare",
-    "kdev_of_path", "nearest_rank", "op_of", "render", "run_command", "run_system", "within",
+    "START_EVENTS", "Check", "Comparison", "Event", "Request", "Run", "Scope", "SeriesResult", "Stamp", "Stamper",
+    "Truth", "TruthError", "TruthRecorder", "TruthSeries", "aggregate", "attach_stamps", "check_start_event", "compare",
+    "iotrace_start_event", "kdev_of_path", "nearest_rank", "op_of", "render", "run_command", "run_system",
+    "stamped", "within",
 ]
 
 
@@ -218,6 +219,15 @@ def _attach_of(iotrace_args: Sequence[str]) -> str:
     return os.environ.get("IOTRACE_ATTACH", "auto")
 
 
+def check_start_event(truth: Truth, dumps: Sequence[dict]) -> None:
+    """The reference started its requests where iotrace did (block_io_start, or block_getrq before 6.5),
+    else a TruthError: the two would be timing different things."""
+    used = {d["start_event"]["event"] for d in dumps if "start_event" in d}
+    if used - {truth.start_event}:
+        raise TruthError(f"iotrace started requests on {', '.join(sorted(used))}, the reference on "
+                         f"{truth.start_event} ($IOTRACE_START_EVENT, --attach and the kernel choose it)")
+
+
 def _attach_args(rec: TruthRecorder) -> list[str]:
     """iotrace attaches as the stamper did, so that the stamps bracket its programs."""
     return ["--attach", rec.stamper.attach] if rec.stamper else []
@@ -256,6 +266,7 @@ def run_command(iotrace_args: Sequence[str], command: Sequence[str], devs: Seque
             raise TruthError(f"iotrace exited {proc.returncode}:\n{stderr}")
         truth = rec.stop()
     dumps = load_jsonl(out)
+    check_start_event(truth, dumps)
     scope = command_scope(truth, stderr, launched, dumps, devs)
     return Run(compare(truth.requests, dumps, scope, truth.notes), truth, dumps, rec.text, stderr)
 
@@ -289,6 +300,7 @@ def run_system(iotrace_args: Sequence[str], command: Sequence[str], devs: Sequen
             raise TruthError(f"iotrace exited {rc}:\n{it.stderr}")
         truth = rec.stop()
     dumps = load_jsonl(out)
+    check_start_event(truth, dumps)
     scope = system_scope(it.launched_ns, it.ready_ns, it.stop_ns, dumps, devs)
     return Run(compare(truth.requests, dumps, scope, truth.notes), truth, dumps, rec.text, it.stderr)
 

@@ -1,10 +1,16 @@
 """Matching the recorded events into one exact record per request.
 
 Matching, per request (the semantics iotrace promises, done exactly):
-  start       block_io_start (submitter context: its tgid, tid and comm);
-              op from its rwbs: a leading F with 0 bytes is a flush, else
-              the op letter after an optional leading F: R/W/D = read,
-              write, discard, anything else "other"
+  start       the start event iotrace uses (`start_event`): block_io_start
+              (Linux 6.5+), or block_getrq before it, which fires for the
+              same requests in the same place (right before
+              blk_mq_bio_to_request) but names the bio: its bytes are
+              nr_sector * 512, its dev is a partition's where the bio was
+              sent to one (the tests trace whole disks, where it is the
+              disk's, as at issue and completion); submitter context: its
+              tgid, tid and comm; op from its rwbs: a leading F with 0
+              bytes is a flush, else the op letter after an optional
+              leading F: R/W/D = read, write, discard, anything else "other"
   issue       the last block_rq_issue of that (dev, sector); its bytes are
               the request's bytes left (back merges grow it before issue)
   complete    the block_rq_complete that brings the bytes left to 0; a
@@ -39,7 +45,7 @@ from dataclasses import dataclass
 
 from tracer import contract
 
-from .events import Event, Stamp
+from .events import DEFAULT_START, Event, Stamp
 
 SECTOR = contract.load().const("SECTOR_SIZE")   # bytes per sector in the tracepoints' nr_sector
 
@@ -112,7 +118,8 @@ class Request:
 
 
 class _Live:
-    __slots__ = ("comm", "dev", "dirtier", "done", "issue_ns", "issue_stamp", "issued", "op", "remaining", "rq",
+    __slots__ = ("bio", "comm", "dev", "dirtier", "done", "issue_ns", "issue_stamp", "issued", "op", "remaining",
+                 "rq",
                  "rwbs", "sector", "start_ns", "start_sector", "start_stamp", "tgid", "tid")
 
     def __init__(self, ev: Event):
@@ -122,15 +129,18 @@ class _Live:
         self.comm = f.get("comm", "")
         self.dev = f["dev"]
         self.rwbs = f["rwbs"]
-        self.op = op_of(f["rwbs"], f["bytes"])
+        # block_io_start gives the request's bytes; block_getrq, the bio's sectors (the same, at that point)
+        nbytes = f["bytes"] if "bytes" in f else f["nr_sector"] * SECTOR
+        self.op = op_of(f["rwbs"], nbytes)
         self.sector = self.start_sector = f["sector"]
         self.start_ns = ev.ts
         self.start_stamp = ev.stamp
         self.rq = ev.stamp.rq if ev.stamp else 0
+        self.bio = ev.stamp.bio if ev.stamp else 0     # a block_getrq start's bio (raw tracepoints)
         self.issue_ns: int | None = None
         self.issue_stamp: Stamp | None = None   # of the last issue a BPF program saw
         self.issued = False            # issued and not requeued since
-        self.remaining = f["bytes"]
+        self.remaining = nbytes
         self.done = 0
         self.dirtier: tuple[int, int, str] | None = None
 
@@ -147,10 +157,11 @@ class Truth:
     started_ns: int
     stopped_ns: int
     events: int = 0
+    start_event: str = DEFAULT_START   # the event the requests were started on
 
     @classmethod
     def from_events(cls, events: Sequence[Event], devs: Sequence[int] = (), started_ns: int = 0,
-                    stopped_ns: int = 0) -> Truth:
+                    stopped_ns: int = 0, start_event: str = DEFAULT_START) -> Truth:
         pending: dict[tuple[int, int], list[_Live]] = defaultdict(list)
         done: list[Request] = []
         forks = []
@@ -163,6 +174,11 @@ class Truth:
             if stamp is not None and stamp.rq:
                 # the request's own address, where the stamps carry it: exact
                 same = [r for r in pending.get(key, ()) if r.rq == stamp.rq]
+                if not same and (stamp.bio or stamp.bio_next):
+                    # a start that named its bio (block_getrq): the issued request's first bio, or the
+                    # one after it where a front merge put another first
+                    same = [r for r in pending.get(key, ()) if not r.rq and r.bio
+                            and r.bio in (stamp.bio, stamp.bio_next)]
                 if same:
                     if len(pending[key]) > 1:
                         notes["same_sector_by_request"] += 1
@@ -202,9 +218,9 @@ class Truth:
                 continue
             if devs and f["dev"] not in devs:
                 continue
-            if ev.tgid is None and ev.name == "block_io_start":
+            if ev.tgid is None and ev.name == start_event:
                 notes["unknown_tgid"] += 1
-            if ev.name == "block_io_start":
+            if ev.name == start_event:
                 r = _Live(ev)
                 r.dirtier = writing.get(ev.pid)
                 pending[(r.dev, r.sector)].append(r)
@@ -222,6 +238,10 @@ class Truth:
                 r.issue_ns = ev.ts
                 if ev.stamp is not None and ev.stamp.ts is not None:
                     r.issue_stamp = ev.stamp
+                if not r.rq and ev.stamp is not None:
+                    # a start that named no request (block_getrq gives the bio): from its issue on, the
+                    # request's address tells it from another at the same sector
+                    r.rq = ev.stamp.rq
                 r.issued = True
                 r.remaining = f["bytes"]
             elif ev.name == "block_rq_complete":
@@ -280,7 +300,7 @@ class Truth:
                     issued[0].issued = False
         left = [Request(r.tgid, r.tid, r.comm, r.dev, r.op, r.rwbs, r.start_sector, r.done, r.start_ns,
                         r.issue_ns, stopped_ns, dirtier=r.dirtier) for lst in pending.values() for r in lst]
-        return cls(done, left, forks, notes, list(devs), started_ns, stopped_ns, len(events))
+        return cls(done, left, forks, notes, list(devs), started_ns, stopped_ns, len(events), start_event)
 
     def descendants(self, root_tgid: int) -> set[int]:
         """root_tgid and every process (and thread id) forked from it or its descendants, as recorded."""

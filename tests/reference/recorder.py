@@ -2,11 +2,17 @@
 
 Recording.  A tracefs instance ``instances/iotrace-truth-<pid>`` with
 ``trace_clock`` mono (the clock of bpf_ktime_get_ns), ``record-tgid`` on, a
-large per-CPU buffer and the events block_io_start, block_rq_issue,
-block_rq_complete, block_rq_merge, block_bio_frontmerge, block_rq_requeue (filtered to
-the devices given), sched_process_fork (to know a command's process tree) and
+large per-CPU buffer and the events block_rq_issue, block_rq_complete,
+block_rq_merge, block_bio_frontmerge, block_rq_requeue and the start event
+iotrace uses (iotrace_start_event(): block_io_start on Linux 6.5+, block_getrq
+before it, or what $IOTRACE_START_EVENT forces), filtered to the devices given,
+sched_process_fork (to know a command's process tree) and
 writeback_dirty_folio, writeback_single_inode_start, writeback_single_inode
 (filtered to the devices' bdi names: whose write-back a flusher's request is).
+The devices are whole disks: block_getrq's dev is the bio's, a partition's
+where the bio was sent to one, so on a partition the filter would drop its
+starts (the tests trace whole loop devices, where it is the disk's, as at
+issue and completion).
 The text ``trace`` file prints times in microseconds only, so the events
 are read in binary from ``per_cpu/cpuN/trace_pipe_raw`` (nanoseconds) and
 the text file is used for the tgid column and as a cross-check of the
@@ -48,14 +54,34 @@ from tracer.errors import UserError
 from tracer.sources import bpfobject, probe
 from tracer.sources.devices import kdev
 
-from .events import DISTURBED_NS, STAMPED, Event, Stamp, TruthError
+from .events import DEFAULT_START, DISTURBED_NS, Event, Stamp, TruthError, stamped
 from .matcher import Truth
 
-BLOCK_EVENTS = ("block_io_start", "block_rq_issue", "block_rq_complete", "block_rq_merge",
-                "block_bio_frontmerge", "block_rq_requeue")
+#: The block events recorded besides the start
+OTHER_BLOCK_EVENTS = ("block_rq_issue", "block_rq_complete", "block_rq_merge", "block_bio_frontmerge",
+                      "block_rq_requeue")
 FORK_EVENT = ("sched", "sched_process_fork")
 WRITEBACK_EVENTS = ("writeback_dirty_folio", "writeback_single_inode_start", "writeback_single_inode")
 DEFAULT_BUFFER_KB = 64 * 1024          # per CPU
+
+
+def block_events(start_event: str) -> tuple[str, ...]:
+    """The block events the recorder enables, for a start event."""
+    return (start_event, *OTHER_BLOCK_EVENTS)
+
+
+def iotrace_start_event(attach: str = "auto") -> str:
+    """The start event iotrace uses when attached as `attach`, chosen as its Probe chooses it.
+
+    On raw tracepoints the first start of the kernel's BTF whose arguments
+    fit (probe.choose_attach's layout), on the perf-event path the first
+    whose tracepoint has the fields read (probe.choose_start_event); both
+    honour $IOTRACE_START_EVENT.  block_io_start on Linux 6.5+, block_getrq
+    before it: the reference then takes the start from block_getrq, as
+    iotrace does.
+    """
+    _, layout, _ = probe.choose_attach(attach, bio=False)
+    return layout.start_event if layout is not None else probe.choose_start_event()
 
 
 def kdev_of_path(path: str) -> int:
@@ -232,7 +258,12 @@ class Stamper:
         self._bcc = bpfobject.import_bcc()
         # the way iotrace attaches (probe.ATTACH_MODES): programs run in attach order only among their kind
         self.attach, layout, _ = probe.choose_attach(attach, bio=False)
+        # the start iotrace will use (iotrace_start_event): the stamps' first program
+        self.start_event = layout.start_event if layout is not None else probe.choose_start_event()
+        self.stamped = stamped(self.start_event)
         self._cflags = ["-DSTAMP_RAW_TP", *layout.cflags()] if layout else []
+        if layout and probe.starts_at_bio(self.start_event):
+            self._cflags.append("-DSTAMP_START_BIO")     # its argument is the bio, not the request
         self.devs = list(devs)
         self.per_cpu = per_cpu
         self.ncpu = max(self._bcc.utils.get_possible_cpus()) + 1
@@ -242,7 +273,8 @@ class Stamper:
     def _attach(self, side: str) -> None:
         try:
             devs = " || ".join(f"dev == {d}" for d in self.devs) or "1"
-            b = self._bcc.BPF(src_file=str(self.src).encode(),
+            text = self.src.read_text().replace("STAMP_START_EVENT", self.start_event)
+            b = self._bcc.BPF(text=text.encode(),
                               cflags=[f"-DSTAMP_SIDE={int(side == 'after')}", f"-DSTAMP_PER_CPU={self.per_cpu}",
                                       f"-DSTAMP_CPUS={self.ncpu}", f"-DSTAMP_DEVS=({devs})", *self._cflags])
         except Exception as exc:  # bcc raises bare Exception for compile/load errors
@@ -278,7 +310,7 @@ class Stamper:
     def detach(self) -> None:
         """Stop stamping; the records stay readable until close()."""
         for b in self.sides.values():
-            for tp in STAMPED:
+            for tp in self.stamped:
                 if self.attach == "raw_tp":
                     b.detach_raw_tracepoint(tp.encode())
                 else:
@@ -290,30 +322,34 @@ class Stamper:
         self.sides.clear()
 
 
-def attach_stamps(events: Sequence[Event], before: np.ndarray,
-                  after: np.ndarray | None) -> tuple[list[Event], Counter]:
+def attach_stamps(events: Sequence[Event], before: np.ndarray, after: np.ndarray | None,
+                  start_event: str = DEFAULT_START) -> tuple[list[Event], Counter]:
     """The ftrace events with their BPF stamps (Stamp) joined on; notes on the join.
 
     Both observers record the same tracepoint call on the same CPU, so a
     stamp belongs to the ftrace event with its event, device, sector and
     CPU that it follows (or leads by at most STAMP_LEAD_NS).  An ftrace
     event with no before-stamp is one the kernel ran no BPF program for.
+    `start_event` is the event the stamper's start program ran on.
     """
     notes: Counter = Counter()
+    names = stamped(start_event)     # the stamper's programs, by enum stamp_event
 
-    def index(recs: np.ndarray | None) -> dict[tuple, list[tuple[int, int, int]]]:
-        out: dict[tuple, list[tuple[int, int, int]]] = defaultdict(list)
-        has_rq = recs is not None and "rq" in recs.dtype.names
+    def index(recs: np.ndarray | None) -> dict[tuple, list[tuple[int, ...]]]:
+        """(event, dev, sector, cpu) -> (ts, end, rq, bio, bio_next) in time order"""
+        out: dict[tuple, list[tuple[int, ...]]] = defaultdict(list)
+        ids = [n for n in ("rq", "bio", "bio_next") if recs is not None and n in recs.dtype.names]
         for r in ([] if recs is None else np.sort(recs, order="ts")):
-            key = (STAMPED[r["event"]], int(r["dev"]), int(r["sector"]), int(r["cpu"]))
-            out[key].append((int(r["ts"]), int(r["end"]), int(r["rq"]) if has_rq else 0))
+            key = (names[r["event"]], int(r["dev"]), int(r["sector"]), int(r["cpu"]))
+            out[key].append((int(r["ts"]), int(r["end"]),
+                             *(int(r[n]) if n in ids else 0 for n in ("rq", "bio", "bio_next"))))
         return out
 
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i, ev in enumerate(events):
-        if ev.name in STAMPED:
+        if ev.name in names:
             groups[(ev.name, ev.f["dev"], ev.f["sector"], ev.cpu)].append(i)
-    found: list[dict[int, tuple[int, int, int]]] = [{}, {}]
+    found: list[dict[int, tuple[int, ...]]] = [{}, {}]
     for side, stamps in enumerate((index(before), index(after))):
         unmatched = f"stamp_unmatched_{('before', 'after')[side]}"
         notes[unmatched] += sum(len(pool) for key, pool in stamps.items() if key not in groups)
@@ -333,12 +369,12 @@ def attach_stamps(events: Sequence[Event], before: np.ndarray,
     # iotrace's stamp lies between the before-copy's return and the after-copy's entry
     width = {i: found[1][i][0] - b[1] for i, b in found[0].items() if i in found[1]}
     usual = {}
-    for name in STAMPED:
+    for name in names:
         w = [v for i, v in width.items() if events[i].name == name]
         usual[name] = int(np.median(w)) if w else 0
     out = list(events)
     for i, ev in enumerate(events):
-        if ev.name not in STAMPED:
+        if ev.name not in names:
             continue
         if i not in found[0]:
             notes[f"bpf_unseen_{ev.name}"] += 1
@@ -348,7 +384,8 @@ def attach_stamps(events: Sequence[Event], before: np.ndarray,
         if i in width and width[i] > usual[ev.name] + DISTURBED_NS:
             slack = width[i]
             notes["stamp_disturbed"] += 1
-        out[i] = replace(ev, stamp=Stamp(found[0][i][1], slack, found[0][i][2]))
+        _, end, rq, bio, bio_next = found[0][i]
+        out[i] = replace(ev, stamp=Stamp(end, slack, rq, bio, bio_next))
     return out, notes
 
 
@@ -364,6 +401,9 @@ class TruthRecorder:
         self.devs = sorted(set(devs))
         # BPF stamps at iotrace's instant (Stamper, attached as iotrace is); needs devs, and bcc
         self.stamper: Stamper | None = Stamper(self.devs, attach=attach) if stamps and self.devs else None
+        # the start iotrace will use: recorded and matched as the request's start
+        self.start_event = self.stamper.start_event if self.stamper else iotrace_start_event(attach)
+        self.block_events = block_events(self.start_event)
         self.buffer_kb = buffer_kb
         try:
             self.tracefs = Path(tracefs) if tracefs is not None else probe.tracefs()   # the one iotrace uses
@@ -410,7 +450,7 @@ class TruthRecorder:
         self._write("options/record-tgid", "1")
         self._write("buffer_size_kb", str(self.buffer_kb))
         flt = " || ".join(f"dev == {d}" for d in self.devs)
-        for ev in BLOCK_EVENTS:
+        for ev in self.block_events:
             if flt:
                 self._write(f"events/block/{ev}/filter", flt)
             self._write(f"events/block/{ev}/enable", "1")
@@ -442,9 +482,10 @@ class TruthRecorder:
         events = self._read_all()
         notes: Counter = Counter()
         if self.stamper:
-            events, notes = attach_stamps(events, self.stamper.read("before"), self.stamper.read("after"))
+            events, notes = attach_stamps(events, self.stamper.read("before"), self.stamper.read("after"),
+                                          self.start_event)
             self.stamper.close()
-        self.result = Truth.from_events(events, self.devs, self.started_ns, self.stopped_ns)
+        self.result = Truth.from_events(events, self.devs, self.started_ns, self.stopped_ns, self.start_event)
         self.result.notes.update(notes)
         return self.result
 
@@ -459,7 +500,7 @@ class TruthRecorder:
         # disable first: rmdir of an instance with enabled events is refused on some kernels
         try:
             (self.dir / "tracing_on").write_text("0")
-            for ev in BLOCK_EVENTS:
+            for ev in self.block_events:
                 (self.dir / f"events/block/{ev}/enable").write_text("0")
             (self.dir / f"events/{FORK_EVENT[0]}/{FORK_EVENT[1]}/enable").write_text("0")
             for ev in WRITEBACK_EVENTS:
@@ -475,7 +516,7 @@ class TruthRecorder:
 
     def _formats(self) -> dict[int, EventFormat]:
         out = {}
-        for system, name in [("block", e) for e in BLOCK_EVENTS] + [FORK_EVENT] + \
+        for system, name in [("block", e) for e in self.block_events] + [FORK_EVENT] + \
                 [("writeback", e) for e in WRITEBACK_EVENTS]:
             fmt = EventFormat.parse(system, name, (self.dir / "events" / system / name / "format").read_text())
             out[fmt.id] = fmt

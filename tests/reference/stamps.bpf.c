@@ -25,6 +25,17 @@
  * which also record the request's address.  Each CPU fills its own part of the array,
  * so the stamps cost no shared cache line; STAMP_DEVS is the device
  * filter, a C expression of `dev`.
+ *
+ * The start is stamped on the start event iotrace uses (recorder.Stamper
+ * writes its name for STAMP_START_EVENT): block_io_start (Linux 6.5+), or
+ * block_getrq before it, whose argument is the struct bio (STAMP_START_BIO):
+ * its device and sector are read from the bio as block_getrq's own fields
+ * are (bi_bdev->bd_dev: on a partition, the partition's dev; bi_sector:
+ * already the whole disk's), and the bio's address is recorded instead of
+ * the request's; the issue then records rq->bio and the bio after it (a
+ * front merge puts another first), which is how the matcher finds the
+ * start of the request issued, as iotrace does; the request's address
+ * from the issue on.
  */
 
 #ifndef STAMP_SIDE
@@ -50,7 +61,9 @@ struct stamp {
 	u64 ts;			/* bpf_ktime_get_ns() on entry */
 	u64 end;		/* and on return */
 	u64 sector;
-	u64 rq;			/* the struct request's address (raw tracepoints), else 0 */
+	u64 rq;			/* the struct request's address (raw tracepoints, not a bio start), else 0 */
+	u64 bio;		/* raw, STAMP_START_BIO: the start's bio; an issue's rq->bio; else 0 */
+	u64 bio_next;		/* raw, STAMP_START_BIO: an issue's rq->bio->bi_next; else 0 */
 	u32 dev;		/* kernel dev_t, as the tracepoint gives it */
 	u16 cpu;
 	u8 event;		/* enum stamp_event */
@@ -62,7 +75,7 @@ BPF_ARRAY(stamps, struct stamp, STAMP_CPUS * STAMP_PER_CPU);
 /* [0] -> u64 stamps this CPU claimed, including those that did not fit (per CPU) */
 BPF_PERCPU_ARRAY(claimed, u64, 1);
 
-static __always_inline int stamp(u64 now, u8 event, u32 dev, u64 sector, u64 rq)
+static __always_inline int stamp(u64 now, u8 event, u32 dev, u64 sector, u64 rq, u64 bio, u64 bio_next)
 {
 	u32 zero = 0, cpu = bpf_get_smp_processor_id(), idx;
 	struct stamp *s;
@@ -84,6 +97,8 @@ static __always_inline int stamp(u64 now, u8 event, u32 dev, u64 sector, u64 rq)
 	s->ts = now;
 	s->sector = sector;
 	s->rq = rq;
+	s->bio = bio;
+	s->bio_next = bio_next;
 	s->dev = dev;
 	s->cpu = cpu;
 	s->event = event;
@@ -96,7 +111,7 @@ static __always_inline int stamp(u64 now, u8 event, u32 dev, u64 sector, u64 rq)
 /* The request's disk and sector, read as iotrace reads them; then the stamp. */
 static __always_inline int stamp_rq(u64 now, u8 event, u64 rq)
 {
-	u64 q = 0, disk = 0, sector = 0;
+	u64 q = 0, disk = 0, sector = 0, bio = 0, bio_next = 0;
 	u32 mm[2] = {};		/* gendisk.major, gendisk.first_minor */
 
 	bpf_probe_read_kernel(&q, sizeof(q), (void *)(rq + IOTRACE_K_RQ_Q));
@@ -105,13 +120,41 @@ static __always_inline int stamp_rq(u64 now, u8 event, u64 rq)
 		bpf_probe_read_kernel(&disk, sizeof(disk), (void *)(q + IOTRACE_K_Q_DISK));
 	if (disk)
 		bpf_probe_read_kernel(mm, sizeof(mm), (void *)(disk + IOTRACE_K_DISK_MAJOR));
-	return stamp(now, event, (mm[0] << 20) | mm[1], sector, rq);
+#ifdef STAMP_START_BIO
+	/* the bios the start may have named (before the end stamp: they cost iotrace's bracket nothing) */
+	if (event == STAMP_ISSUE) {
+		bpf_probe_read_kernel(&bio, sizeof(bio), (void *)(rq + IOTRACE_K_RQ_BIO));
+		if (bio)
+			bpf_probe_read_kernel(&bio_next, sizeof(bio_next), (void *)(bio + IOTRACE_K_BIO_NEXT));
+	}
+#endif
+	return stamp(now, event, (mm[0] << 20) | mm[1], sector, rq, bio, bio_next);
 }
 
-RAW_TRACEPOINT_PROBE(block_io_start)
+#ifdef STAMP_START_BIO
+/* The bio's device and sector, as block_getrq's tracepoint fields give them */
+static __always_inline int stamp_bio(u64 now, u8 event, u64 bio)
+{
+	u64 bdev = 0, sector = 0;
+	u32 dev = 0;
+
+	bpf_probe_read_kernel(&bdev, sizeof(bdev), (void *)(bio + IOTRACE_K_BIO_BDEV));
+	bpf_probe_read_kernel(&sector, sizeof(sector), (void *)(bio + IOTRACE_K_BIO_SECTOR));
+	if (bdev)
+		bpf_probe_read_kernel(&dev, sizeof(dev), (void *)(bdev + IOTRACE_K_BDEV_DEV));
+	return stamp(now, event, dev, sector, 0, bio, 0);
+}
+
+RAW_TRACEPOINT_PROBE(STAMP_START_EVENT)
+{
+	return stamp_bio(bpf_ktime_get_ns(), STAMP_START, ctx->args[0]);
+}
+#else
+RAW_TRACEPOINT_PROBE(STAMP_START_EVENT)
 {
 	return stamp_rq(bpf_ktime_get_ns(), STAMP_START, ctx->args[0]);
 }
+#endif
 
 RAW_TRACEPOINT_PROBE(block_rq_issue)
 {
@@ -123,18 +166,18 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 	return stamp_rq(bpf_ktime_get_ns(), STAMP_COMPLETE, ctx->args[0]);
 }
 #else
-TRACEPOINT_PROBE(block, block_io_start)
+TRACEPOINT_PROBE(block, STAMP_START_EVENT)
 {
-	return stamp(bpf_ktime_get_ns(), STAMP_START, args->dev, args->sector, 0);
+	return stamp(bpf_ktime_get_ns(), STAMP_START, args->dev, args->sector, 0, 0, 0);
 }
 
 TRACEPOINT_PROBE(block, block_rq_issue)
 {
-	return stamp(bpf_ktime_get_ns(), STAMP_ISSUE, args->dev, args->sector, 0);
+	return stamp(bpf_ktime_get_ns(), STAMP_ISSUE, args->dev, args->sector, 0, 0, 0);
 }
 
 TRACEPOINT_PROBE(block, block_rq_complete)
 {
-	return stamp(bpf_ktime_get_ns(), STAMP_COMPLETE, args->dev, args->sector, 0);
+	return stamp(bpf_ktime_get_ns(), STAMP_COMPLETE, args->dev, args->sector, 0, 0, 0);
 }
 #endif

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
+import pytest
 from reference import groundtruth as gt
 
 # ---- the reference's matching, on event sequences seen on a loop device (no root) ----
@@ -24,9 +27,24 @@ def complete(ts, sector, nr_sector, rwbs):
     return ev(ts, "block_rq_complete", 2, sector=sector, nr_sector=nr_sector, rwbs=rwbs)
 
 
+def as_getrq(events: list[gt.Event]) -> list[gt.Event]:
+    """The same requests started on block_getrq (kernels before 6.5): it names the bio, whose fields give
+    nr_sector but no bytes."""
+    return [replace(e, name="block_getrq", f={k: v for k, v in e.f.items() if k != "bytes"})
+            if e.name == "block_io_start" else e for e in events]
+
+
+def truth(events: list[gt.Event]) -> gt.Truth:
+    """The matcher's result, checked to be the same when the requests start on block_getrq."""
+    t = gt.Truth.from_events(events)
+    g = gt.Truth.from_events(as_getrq(events), start_event="block_getrq")
+    assert (g.requests, g.in_flight, g.notes) == (t.requests, t.in_flight, t.notes)
+    return t
+
+
 def test_truth_zero_byte_flush_has_only_total():
     # FWS start, the flush machinery's own FF request, then the 0-byte completion of the original
-    t = gt.Truth.from_events([start(100, 0, 0, "FWS"), issue(110, 0, 0, "FF"), complete(500, 2**64 - 1, 0, "FF"),
+    t = truth([start(100, 0, 0, "FWS"), issue(110, 0, 0, "FF"), complete(500, 2**64 - 1, 0, "FF"),
                               complete(507, 0, 0, "WS")])
     [r] = t.requests
     assert (r.op, r.bytes, r.issue_ns, r.total_ns) == ("flush", 0, None, 407)
@@ -34,7 +52,7 @@ def test_truth_zero_byte_flush_has_only_total():
 
 
 def test_truth_preflush_write_and_its_tail():
-    t = gt.Truth.from_events([start(100, 98328, 1024, "FWFSM"), issue(110, 0, 0, "FF"),
+    t = truth([start(100, 98328, 1024, "FWFSM"), issue(110, 0, 0, "FF"),
                               complete(300, 2**64 - 1, 0, "FF"), issue(310, 98328, 1024, "WSM"),
                               complete(350, 98328, 2, "WSM"), issue(360, 0, 0, "FF"),
                               complete(600, 2**64 - 1, 0, "FF"), complete(602, 98328, 0, "WSM")])
@@ -44,7 +62,7 @@ def test_truth_preflush_write_and_its_tail():
 
 
 def test_truth_back_merge_partial_and_front_merge():
-    t = gt.Truth.from_events([
+    t = truth([
         start(100, 1000, 4096, "W"),                         # back merges grow it to 16 KiB by its issue
         start(105, 2000, 4096, "W"),
         ev(106, "block_bio_frontmerge", sector=1992, nr_sector=8, rwbs="W"),   # now starts at 1992
@@ -58,7 +76,7 @@ def test_truth_back_merge_partial_and_front_merge():
 
 
 def test_truth_merged_request_is_not_accounted():
-    t = gt.Truth.from_events([start(100, 8, 4096, "R"), start(101, 16, 4096, "R"),
+    t = truth([start(100, 8, 4096, "R"), start(101, 16, 4096, "R"),
                               ev(102, "block_rq_merge", sector=16, nr_sector=8, bytes=4096, rwbs="R"),
                               issue(103, 8, 8192, "R"), complete(150, 8, 16, "R")])
     [r] = t.requests
@@ -67,7 +85,7 @@ def test_truth_merged_request_is_not_accounted():
 
 def test_truth_two_requests_at_one_sector_are_issued_in_turn():
     # two processes read the same block at once: each issue belongs to a different request
-    t = gt.Truth.from_events([start(100, 5088, 4096, "R", pid=1), issue(102, 5088, 4096, "R"),
+    t = truth([start(100, 5088, 4096, "R", pid=1), issue(102, 5088, 4096, "R"),
                               start(146, 5088, 4096, "R", pid=2), issue(148, 5088, 4096, "R"),
                               complete(223, 5088, 8, "R"), complete(239, 5088, 8, "R")])
     by_pid = {r.tgid: r for r in t.requests}
@@ -84,11 +102,14 @@ def test_truth_percentiles_are_nearest_rank():
 # ---- joining the BPF stamps onto ftrace's events (no root) ----
 
 def stamps(*rows) -> np.ndarray:
-    """Stamper records: (event name, sector, ts, end[, request address]) on CPU 0 of device 7:0."""
+    """Stamper records: (event name, sector, ts, end[, request address[, bio[, next bio]]]) on CPU 0 of 7:0."""
     out = np.zeros(len(rows), dtype=[("ts", "<u8"), ("end", "<u8"), ("sector", "<u8"), ("rq", "<u8"),
-                                     ("dev", "<u4"), ("cpu", "<u2"), ("event", "u1"), ("side", "u1")])
-    for i, (name, sector, ts, end, *rq) in enumerate(rows):
-        out[i] = (ts, end, sector, rq[0] if rq else 0, 7 << 20, 0, gt.STAMPED.index(name), 0)
+                                     ("bio", "<u8"), ("bio_next", "<u8"), ("dev", "<u4"), ("cpu", "<u2"),
+                                     ("event", "u1"), ("side", "u1")])
+    for i, (name, sector, ts, end, *ids) in enumerate(rows):
+        rq, bio, bio_next = (*ids, 0, 0, 0)[:3]
+        event = 0 if name in gt.START_EVENTS else gt.stamped().index(name)     # enum stamp_event
+        out[i] = (ts, end, sector, rq, bio, bio_next, 7 << 20, 0, event, 0)
     return out
 
 
@@ -133,6 +154,48 @@ def test_request_addresses_tell_twins_at_one_sector_apart():
     t = gt.Truth.from_events(gt.attach_stamps(events, before[["ts", "end", "sector", "dev", "cpu", "event",
                                                                 "side"]], None)[0])
     assert {r.tgid: r for r in t.requests}[1].phase_bounds("total") == (9600 - 1600,) * 3
+
+
+def test_a_block_getrq_start_is_found_by_its_bio_at_issue():
+    # block_getrq (before 6.5) names the bio: the raw stamper records the start's bio (0x1, 0x2), and at
+    # issue the request's first bio and the one after it (as after a front merge), by which each issue
+    # finds its own start; the one started second is issued and completed first
+    events = as_getrq([start(1000, 8, 4096, "R", pid=1), start(1700, 8, 4096, "R", pid=2),
+                       issue(3000, 8, 4096, "R"), issue(3700, 8, 4096, "R"),
+                       complete(9000, 8, 8, "R"), complete(20000, 8, 8, "R")])
+    before = stamps(("block_getrq", 8, 1500, 1600, 0, 0x1), ("block_getrq", 8, 2200, 2300, 0, 0x2),
+                    ("block_rq_issue", 8, 3500, 3600, 0xb, 0x2), ("block_rq_issue", 8, 4200, 4300, 0xa, 0x9, 0x1),
+                    ("block_rq_complete", 8, 9500, 9600, 0xb), ("block_rq_complete", 8, 20500, 20600, 0xa))
+    joined, notes = gt.attach_stamps(events, before, None, "block_getrq")
+    assert all(e.stamp.ts is not None for e in joined) and not notes["stamp_unmatched_before"]
+    t = gt.Truth.from_events(joined, start_event="block_getrq")
+    by_pid = {r.tgid: r for r in t.requests}
+    assert (by_pid[1].bytes, by_pid[1].op) == (4096, "read")
+    assert by_pid[2].phase_bounds("queue") == (3600 - 2300,) * 3
+    assert by_pid[2].phase_bounds("total") == (9600 - 2300,) * 3
+    assert by_pid[1].phase_bounds("queue") == (4300 - 1600,) * 3
+    assert by_pid[1].phase_bounds("total") == (20600 - 1600,) * 3
+    assert t.notes["same_sector_by_request"] == 3 and not t.notes["same_sector_overlap"]
+    # the start event is named, not guessed: taken for block_io_start's, the start stamps join nothing
+    unnamed, notes = gt.attach_stamps(events, before, None)
+    assert notes["stamp_unmatched_before"] == 2 and unnamed[0].stamp is None
+
+
+def test_without_its_bio_a_block_getrq_start_is_paired_in_order_and_its_completion_by_request():
+    # no bios in the stamps: twins at one sector are paired with their issues in order, and each issue's
+    # request address then gives its completion to the right one: the device time is the request's own
+    events = as_getrq([start(1000, 8, 4096, "R", pid=1), start(1700, 8, 4096, "R", pid=2),
+                       issue(3000, 8, 4096, "R"), issue(3700, 8, 4096, "R"),
+                       complete(9000, 8, 8, "R"), complete(20000, 8, 8, "R")])
+    before = stamps(("block_getrq", 8, 1500, 1600), ("block_getrq", 8, 2200, 2300),
+                    ("block_rq_issue", 8, 3500, 3600, 0xb), ("block_rq_issue", 8, 4200, 4300, 0xa),
+                    ("block_rq_complete", 8, 9500, 9600, 0xa), ("block_rq_complete", 8, 20500, 20600, 0xb))
+    t = gt.Truth.from_events(gt.attach_stamps(events, before, None, "block_getrq")[0], start_event="block_getrq")
+    by_pid = {r.tgid: r for r in t.requests}
+    assert by_pid[1].phase_bounds("queue") == (3600 - 1600,) * 3           # first started, first issued (0xb)
+    assert by_pid[1].phase_bounds("device") == (20600 - 3600,) * 3         # 0xb's completion
+    assert by_pid[2].phase_bounds("device") == (9600 - 4300,) * 3          # 0xa's
+    assert t.notes["same_sector_overlap"] and t.notes["same_sector_by_request"]
 
 
 def test_a_missing_stamp_marks_the_event_unseen_and_its_request_out_of_reach():
@@ -198,3 +261,11 @@ def test_truth_a_flushers_request_names_the_last_dirtier_of_the_inode_it_writes_
     t = gt.Truth.from_events(events, [7 << 20])
     assert [(r.tid, r.dirtier) for r in t.requests] == [(flusher, (a, a, "")), (flusher, None), (flusher, (a, a, "")),
                                                         (a, None)]
+
+
+def test_the_reference_must_start_requests_where_iotrace_did():
+    t = gt.Truth.from_events(as_getrq([start(100, 8, 4096, "R")]), start_event="block_getrq")
+    assert t.start_event == "block_getrq" and len(t.in_flight) == 1
+    gt.check_start_event(t, [{"start_event": {"event": "block_getrq"}}, {}])
+    with pytest.raises(gt.TruthError, match="iotrace started requests on block_io_start, the reference on block_getrq"):
+        gt.check_start_event(t, [{"start_event": {"event": "block_io_start"}}])
