@@ -17,9 +17,11 @@ import pytest
 from conftest import PYTHON, ROOT, reaped
 from unit.test_serve import (
     by_comm,
+    children_of,
     exposition,
     free_port,
     get,
+    gone,
 )
 
 from tracer.sinks import prometheus as serve
@@ -47,6 +49,28 @@ def test_real_serve_goes_from_0_to_1_and_ready():
     assert (200, 0) not in states and {r for r, _ in states} <= {200, 503}, states
     attached = [a for _, a in states]
     assert attached == sorted(attached) and attached[-1] == 1
+
+
+@pytest.mark.bpf
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_real_serves_server_process_ends_with_it(how):
+    """/metrics is answered by a process of serve's own (tracer.sinks.promserver): it is gone once serve has
+    exited, whether serve ended normally (SIGTERM: its final dump, then the server) or was killed."""
+    port = free_port()
+    proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "serve", "--listen", f"127.0.0.1:{port}", "--interval", "1"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with reaped(proc):
+        deadline = time.monotonic() + 120
+        while get(port, serve.READY_PATH)[0] != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.1)
+        servers = children_of(proc.pid)
+        assert len(servers) == 1, servers
+        proc.send_signal(getattr(signal, how))
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == (0 if how == "SIGTERM" else -signal.SIGKILL), stderr
+    assert gone(servers[0]), f"serve's server process {servers[0]} outlived it ({how})"
+    assert get(port, "/metrics")[0] == 0
 
 
 @pytest.mark.bpf
