@@ -70,27 +70,29 @@ class Snapshot:
     folded: int
     attached: int
     tasks: list | None = None   # with --tasks: (comm, container, [value per taskmetrics.FIELDS])
+    bounds: tuple | None = None  # the buckets' `le` in seconds, if not BOUNDS_S (scripts/bench_scrape.py's
+                                 # comparison with another layout)
 
     def wire(self) -> tuple:
         return (self.latency, self.io, self.dropped, self.drains, self.labelled, self.folded, self.attached,
-                self.tasks)
+                self.tasks, self.bounds)
 
     @classmethod
     def from_wire(cls, t: tuple) -> Snapshot:
         return cls(*t)
 
 
-def _les() -> list[str]:
+def _les(snap: Snapshot) -> list[str]:
     from prometheus_client.utils import floatToGoString
 
-    return [floatToGoString(b) for b in BOUNDS_S] + ["+Inf"]
+    return [floatToGoString(b) for b in snap.bounds or BOUNDS_S] + ["+Inf"]
 
 
 def families(snap: Snapshot):
     """The exporter's metric families (prometheus_client's), for its encoders other than the text format."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-    les = _les()
+    les = _les(snap)
     lat = HistogramMetricFamily(LATENCY, HELP[LATENCY], labels=LATENCY_LABELS)
     ios = CounterMetricFamily(IOS, HELP[IOS], labels=IO_LABELS)
     nbytes = CounterMetricFamily(BYTES, HELP[BYTES], labels=IO_LABELS)
@@ -122,7 +124,7 @@ def render_text(snap: Snapshot) -> str:
         # floatToGoString's own result for the common case (an int below 10**6), without its call
         return f"{v}.0" if type(v) is int and 0 <= v < 1_000_000 else floatToGoString(v)
 
-    les = _les()
+    les = _les(snap)
     out = [_head(LATENCY, "histogram")]
     for (device, op, phase, comm, ctr), cum, sum_s in snap.latency:
         first = f'comm="{_esc(comm)}",container="{_esc(ctr)}",device="{_esc(device)}"'
