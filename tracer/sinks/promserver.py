@@ -470,14 +470,20 @@ class _Server:
                 self._to_tracer(("stats", self.cache.renders))
 
     def _refresh(self, ack: bool) -> None:
-        """Render again every body asked for so far; ack the tracer once they are ready (its next scrape
-        sees this snapshot); scrapes meanwhile get the bodies of the one before."""
-        wanted = list(self.wanted.items())
+        """Render again every body asked for so far, the plain text format first; ack the tracer once that
+        one is ready (a scrape after its on_dump sees this snapshot), then the others (OpenMetrics, as
+        Prometheus asks, takes prometheus_client ~100 ms for a few hundred series); scrapes meanwhile get
+        the bodies of the snapshot before."""
+        first, *others = list(self.wanted.items())
 
-        def job():
-            for (content_type, gzipped), encoder in wanted:
-                self.cache.body(content_type, encoder, gzipped)
-        self.renderer.submit(job, ("ack",) if ack else ("nothing",))
+        def render(which):
+            def job():
+                for (content_type, gzipped), encoder in which:
+                    self.cache.body(content_type, encoder, gzipped)
+            return job
+        self.renderer.submit(render([first]), ("ack",) if ack else ("nothing",))
+        if others:
+            self.renderer.submit(render(others), ("nothing",))
 
     def _to_tracer(self, msg) -> None:
         self.chan.setblocking(True)
