@@ -452,6 +452,8 @@ class _Server:
             data = self.chan.recv(1 << 20)
         except BlockingIOError:
             return
+        except OSError:
+            data = b""
         if not data:
             self._end()
             return
@@ -486,14 +488,20 @@ class _Server:
             self.renderer.submit(render(others), ("nothing",))
 
     def _to_tracer(self, msg) -> None:
+        if self.ending:
+            return
         self.chan.setblocking(True)
         try:
             _send(self.chan, msg)
-        finally:
-            self.chan.setblocking(False)
+        except OSError:
+            self._end()         # the tracer is gone
+            return
+        self.chan.setblocking(False)
 
     def _end(self) -> None:
         """The tracer is gone or ends us: no new connections; those open get FINISH_S."""
+        if self.ending:
+            return
         self.ending = True
         for s in (self.listener, self.chan):
             self.sel.unregister(s)
