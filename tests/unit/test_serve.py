@@ -27,6 +27,7 @@ from tracer.errors import UserError  # noqa: E402
 from tracer.model.dump import Dump, PhaseStats, Series  # noqa: E402
 from tracer.model.histogram import Histogram, bucket_index, bucket_lower  # noqa: E402
 from tracer.sinks import prometheus as serve  # noqa: E402
+from tracer.sinks import promserver  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -436,6 +437,31 @@ def test_render_text_is_what_prometheus_client_writes():
     registry = prometheus_client.CollectorRegistry(auto_describe=False)
     registry.register(fresh)
     assert fresh.render_text() == prometheus_client.generate_latest(registry).decode()
+
+
+def test_render_openmetrics_is_what_prometheus_client_writes():
+    """Prometheus asks for OpenMetrics 1.0.0: the exporter writes it itself (prometheus_client took ~100 ms for a
+    few hundred series), byte for byte as prometheus_client would, task counters included."""
+    from prometheus_client.exposition import choose_encoder
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+
+    for e in (busy_exporter(), serve.Exporter()):
+        tasks = serve.taskmetrics.TaskCounters(e)
+        tasks.fold(Dump("interval", datetime(2026, 1, 3, tzinfo=UTC), datetime(2026, 1, 3, 0, 0, 1, tzinfo=UTC), "h",
+                        "k", [], extra={"tasks": [{"pid": 1, "comm": "job1", "io_wait_s": 1.0}]}))
+        for with_tasks in (False, True):
+            registry = prometheus_client.CollectorRegistry(auto_describe=False)
+            registry.register(e)
+            if with_tasks:
+                registry.register(tasks)
+            cache = serve.ScrapeCache(e, registry, tasks if with_tasks else None)
+            for accept in ("application/openmetrics-text; version=1.0.0; charset=utf-8",
+                           "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+                           "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",       # Prometheus 2.42's
+                           "application/openmetrics-text"):
+                encoder, content_type = choose_encoder(accept)
+                assert promserver._is_openmetrics_1(encoder), accept
+                assert cache.body(content_type, encoder) == openmetrics(registry) == encoder(registry)
 
 
 def test_the_cache_renders_once_per_change_and_serves_every_format():

@@ -118,14 +118,28 @@ def render_text(snap: Snapshot) -> str:
     """What prometheus_client's generate_latest writes for `families(snap)` (text format 0.0.4), byte for
     byte, but formatted here: the labels of a series once, not once per bucket, so that a scrape of a
     busy node's thousands of buckets costs milliseconds.  The task counters are not in it."""
+    return _render(snap, openmetrics=False)
+
+
+def render_openmetrics(snap: Snapshot) -> str:
+    """What prometheus_client's OpenMetrics 1.0.0 generate_latest writes for `families(snap)`, byte for byte,
+    without its closing "# EOF" line (the task counters' part, if any, comes before it).  It differs from
+    the text format in the counters' family names (no _total), a double quote escaped in HELP, and the EOF."""
+    return _render(snap, openmetrics=True)
+
+
+def _render(snap: Snapshot, openmetrics: bool) -> str:
     from prometheus_client.utils import floatToGoString
 
     def num(v) -> str:
         # floatToGoString's own result for the common case (an int below 10**6), without its call
         return f"{v}.0" if type(v) is int and 0 <= v < 1_000_000 else floatToGoString(v)
 
+    def head(name: str, kind: str) -> str:
+        return _head_om(name, kind) if openmetrics else _head(name, kind)
+
     les = _les(snap)
-    out = [_head(LATENCY, "histogram")]
+    out = [head(LATENCY, "histogram")]
     for (device, op, phase, comm, ctr), cum, sum_s in snap.latency:
         first = f'comm="{_esc(comm)}",container="{_esc(ctr)}",device="{_esc(device)}"'
         last = f'op="{_esc(op)}",phase="{_esc(phase)}"'
@@ -134,15 +148,15 @@ def render_text(snap: Snapshot) -> str:
         out.append(f"{LATENCY}_count{{{first},{last}}} {num(cum[-1])}\n")
         out.append(f"{LATENCY}_sum{{{first},{last}}} {num(sum_s)}\n")
     for name, col in ((IOS, 1), (BYTES, 2)):
-        out.append(_head(name, "counter"))
+        out.append(head(name, "counter"))
         for (device, op, comm, ctr), *values in snap.io:
             out.append(f'{name}{{comm="{_esc(comm)}",container="{_esc(ctr)}",device="{_esc(device)}",'
                        f'op="{_esc(op)}"}} {num(values[col - 1])}\n')
-    out.append(_head(DROPPED, "counter"))
+    out.append(head(DROPPED, "counter"))
     out.extend(f'{DROPPED}{{reason="{_esc(reason)}"}} {num(n)}\n' for reason, n in snap.dropped)
     for name, kind, v in ((DRAINS, "counter", snap.drains), (LABELLED, "gauge", snap.labelled),
                           (FOLDED, "counter", snap.folded), (ATTACHED, "gauge", snap.attached)):
-        out.append(f"{_head(name, kind)}{name} {num(v)}\n")
+        out.append(f"{head(name, kind)}{name} {num(v)}\n")
     return "".join(out)
 
 
@@ -154,3 +168,10 @@ def _esc(value: str) -> str:
 
 def _head(name: str, kind: str) -> str:
     return f"# HELP {name} {HELP[name].replace(chr(92), chr(92) * 2)}\n# TYPE {name} {kind}\n"
+
+
+def _head_om(name: str, kind: str) -> str:
+    """OpenMetrics' HELP and TYPE lines: a counter's family is named without its samples' _total."""
+    family = name.removesuffix("_total") if kind == "counter" else name
+    text = HELP[name].replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+    return f"# HELP {family} {text}\n# TYPE {family} {kind}\n"

@@ -74,6 +74,7 @@ from tracer.sinks.exposition import (  # noqa: F401 - the metric names are also 
     READY_PATH,
     Snapshot,
     families,
+    render_openmetrics,
     render_text,
 )
 from tracer.sinks.promserver import LISTEN_BACKLOG, ScrapeCache, ServerGone, ServerProcess  # noqa: F401
@@ -297,6 +298,10 @@ class Exporter:
     def render_text(self) -> str:
         """What prometheus_client's generate_latest writes for this collector (exposition.render_text)."""
         return render_text(self.snapshot())
+
+    def render_openmetrics(self) -> str:
+        """Its OpenMetrics 1.0.0 writer's, without the closing # EOF (exposition.render_openmetrics)."""
+        return render_openmetrics(self.snapshot())
 
 
 def drop_reasons() -> list[str]:

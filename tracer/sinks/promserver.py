@@ -42,7 +42,7 @@ import threading
 import time
 
 from tracer.sinks import taskmetrics
-from tracer.sinks.exposition import READY_PATH, Snapshot, families, render_text
+from tracer.sinks.exposition import READY_PATH, Snapshot, families, render_openmetrics, render_text
 
 LISTEN_BACKLOG = 128
 # the server's threads: the one that renders a new snapshot yields the GIL to those answering scrapes this often
@@ -63,10 +63,11 @@ class ScrapeCache:
     """The /metrics body, rendered once per change of the metrics and served as bytes to every scrape
     until the next one.
 
-    `exporter` has `generation` (bumped at every change a scrape can see)
-    and `render_text()`; `tasks` (or None) `generation` and `collect()`.
-    Each format a client asks for (text 0.0.4, written by render_text;
-    OpenMetrics, by prometheus_client from `registry`) and its gzip are made
+    `exporter` has `generation` (bumped at every change a scrape can see),
+    `render_text()` and `render_openmetrics()`; `tasks` (or None)
+    `generation` and `collect()`.  Each format a client asks for (text 0.0.4
+    and OpenMetrics 1.0.0, written by the exporter; others, by
+    prometheus_client from `registry`) and its gzip are made
     at most once per change, under a lock, so that concurrent scrapes after a
     change wait for one rendering, not do eight.
     """
@@ -83,14 +84,19 @@ class ScrapeCache:
     def generation(self) -> tuple[int, int]:
         return self.exporter.generation, self.tasks.generation if self.tasks else 0
 
-    def _text(self) -> bytes:
-        text = self.exporter.render_text()
-        if self.tasks:
-            from prometheus_client import CollectorRegistry, generate_latest
+    def _text(self, openmetrics: bool = False) -> bytes:
+        """The text format (or OpenMetrics 1.0.0) written by the exporter's own renderer; the few task
+        counters by prometheus_client's."""
+        from prometheus_client import CollectorRegistry, generate_latest
+        from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
+        text = self.exporter.render_openmetrics() if openmetrics else self.exporter.render_text()
+        if self.tasks:
             only = CollectorRegistry(auto_describe=False)
             only.register(self.tasks)
-            text += generate_latest(only).decode()
+            text += (generate_openmetrics if openmetrics else generate_latest)(only).decode()
+        elif openmetrics:
+            text += "# EOF\n"
         return text.encode()
 
     def body(self, content_type: str, encoder, gzipped: bool = False) -> bytes:
@@ -132,7 +138,11 @@ class ScrapeCache:
 
         self.renders += 1
         # rendered for the key read before: a change meanwhile makes the next scrape render anew
-        return self._text() if encoder is generate_latest else encoder(self.registry)
+        if encoder is generate_latest:
+            return self._text()
+        if _is_openmetrics_1(encoder):
+            return self._text(openmetrics=True)
+        return encoder(self.registry)
 
     @staticmethod
     def _gzip(data: bytes) -> bytes:
@@ -149,6 +159,18 @@ class ScrapeCache:
 
 
 # ---- what the server serves: the last snapshot the tracer sent ----------------------------------------
+
+def _is_openmetrics_1(encoder) -> bool:
+    """`encoder` (choose_encoder's) is prometheus_client's OpenMetrics 1.0.0 writer, as Prometheus asks for it:
+    the one exposition.render_openmetrics writes (the escaping of names changes nothing: iotrace's names
+    and label names are plain)."""
+    import functools
+
+    from prometheus_client.openmetrics.exposition import generate_latest
+
+    return (isinstance(encoder, functools.partial) and encoder.func is generate_latest and not encoder.args
+            and encoder.keywords.get("version") == "1.0.0" and set(encoder.keywords) <= {"version", "escaping"})
+
 
 class Mirror:
     """The last snapshot received, with its generations ((exporter, tasks), the ScrapeCache's key), as one
@@ -174,6 +196,9 @@ class MirrorExporter:
 
     def render_text(self) -> str:
         return render_text(self.mirror.state[1])
+
+    def render_openmetrics(self) -> str:
+        return render_openmetrics(self.mirror.state[1])
 
     def collect(self):
         yield from families(self.mirror.state[1])
