@@ -160,8 +160,8 @@ OwnerKey = tuple[str, str]   # (comm, container)
 class Exporter:
     """Folds dumps into cumulative metrics; a prometheus_client collector (``collect``).
 
-    `fold` runs in the serve loop, `collect` in the HTTP server's threads: a
-    lock keeps a scrape from seeing half a dump.
+    `fold` runs in the serve loop; `snapshot` (what the server process gets after each fold) and `collect`
+    may run in other threads: a lock keeps them from seeing half a dump.
     """
 
     def __init__(self, top: int = 20, idle_s: float = 600.0, half_life_s: float = HALF_LIFE_S, clock=time.monotonic):

@@ -1,23 +1,31 @@
 """The /metrics server of `iotrace serve`: a small process of its own, forked at start, ended with the tracer.
 
 Why a process: the tracer's loop drains the kernel's maps, builds the dump
-and folds it (~100-150 ms of Python per interval with a few hundred series
-on a 2-CPU VM under load), and HTTP threads in the same interpreter wait for
-the GIL meanwhile: a scrape that overlapped a drain took 3-10 times as long
-as one that did not (scripts/bench_scrape.py).  In a process of its own the
-server has a GIL of its own, and what it serves is rendered there too.
+and folds it (~100-150 ms wall per interval with a few hundred series on a
+2-CPU VM under load, little of it CPU: the rest is waiting for a CPU), and
+HTTP threads in the same interpreter waited for the GIL meanwhile, a holder
+that was itself waiting to be scheduled: a scrape that overlapped a drain
+took 3-10 times as long as one that did not (scripts/bench_scrape.py).  A
+separate threaded server still had the tail (its threads convoy on their
+own GIL when the CPUs are contended); one thread with a selector did not.
 
 How: the tracer binds and listens (a port in use fails at once, before the
 BPF programs load), forks, and closes its copy of the socket.  After every
 change of the metrics (a fold, the programs attaching) the tracer sends the
 server a Snapshot (tracer.sinks.exposition: plain values, marshalled over a
-socketpair) and waits for its ack; the server renders the text format before
-acking, so the next scrape after a fold gets the new body without waiting,
-and scrapes during the rendering get the previous body at once.  OpenMetrics
-and gzip bodies are made on demand, once per snapshot (ScrapeCache).  GET of
+socketpair) and waits for its ack.  In the server, one thread (_Server)
+serves every connection from a selector and only sends bytes the cache has;
+one render thread (_Renderer) makes the bodies (ScrapeCache: each format and
+its gzip once per snapshot).  On a snapshot the plain text body is rendered
+first and the ack sent once it is ready, so a scrape after the tracer's
+on_dump returns sees the new state; the other formats asked for so far
+follow; scrapes meanwhile get the previous bodies at once.  GET of
 READY_PATH answers from the snapshot's `attached`; other methods, name[]
 filters and /favicon.ico go to prometheus_client's own app over the
-snapshot, as they did in-process.
+snapshot (in the render thread), as they did in-process.  Bounded: at most
+MAX_CONNECTIONS at once, MAX_REQUEST_BYTES of request, REQUEST_TIMEOUT_S to
+send it, SEND_TIMEOUT_S to take the answer; each connection answers one
+request and is closed.
 
 It never outlives the tracer: PR_SET_PDEATHSIG (SIGKILL, also when the
 tracer is killed), end of file on the socketpair (the tracer closed it or
