@@ -667,3 +667,36 @@ def test_the_server_answers_every_path_and_format_it_did_in_process():
         assert ask(serve.READY_PATH)[0] == 503
     finally:
         sink.close(0)
+
+
+def test_formats_named_by_clients_are_bounded():
+    """OpenMetrics' version is the client's to name: a thousand versions keep a thousand bodies neither in the
+    cache nor in what the server renders at every snapshot, and every scrape is still answered."""
+    from prometheus_client.exposition import choose_encoder
+
+    e = busy_exporter()
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    registry.register(e)
+    cache = serve.ScrapeCache(e, registry)
+    text_enc, ct = choose_encoder("")
+    for minor in range(40):
+        encoder, content_type = choose_encoder(f"application/openmetrics-text; version=1.{minor}.0")
+        assert cache.body(content_type, encoder).endswith(b"# EOF\n")
+        assert len(cache._bodies) <= promserver.MAX_BODIES
+    assert cache.body(ct, text_enc) == prometheus_client.generate_latest(registry)
+
+    port = free_port()
+    sink = serve_sink(port)
+    try:
+        for minor in range(20):
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                         headers={"Accept": f"application/openmetrics-text; version=1.{minor}.0"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.status == 200 and r.read().endswith(b"# EOF\n")
+        sink.on_dump(dump_of([series("p", latencies(5))]))      # a snapshot: at most MAX_WANTED rendered anew
+        renders = sink.renders()
+        sink.on_dump(dump_of([series("p", latencies(5))]))
+        assert sink.renders() - renders <= promserver.MAX_WANTED
+        assert get(port, "/metrics")[0] == 200
+    finally:
+        sink.close(0)

@@ -59,6 +59,11 @@ ANSWER_TIMEOUT_S = 30.0     # the longest the tracer waits for the server to tak
 EXIT_GRACE_S = 5.0          # ... and for it to exit once told to, before SIGKILL
 FINISH_S = 1.0              # scrapes in flight when the tracer ends get this long to finish
 PR_SET_PDEATHSIG = 1
+# The formats a client names come from its Accept header (OpenMetrics' version and escaping are its to
+# choose), so they are bounded: at most MAX_BODIES bodies are kept (the least recently made go), and the
+# server renders anew at every snapshot only the first MAX_WANTED formats asked for (plain text first)
+MAX_BODIES = 8
+MAX_WANTED = 4
 
 _LEN = struct.Struct("<I")
 
@@ -129,8 +134,11 @@ class ScrapeCache:
                 plain = (key, self._plain(encoder))
             body = plain if not gzipped else (key, self._gzip(plain[1]))
             with self._lock:
-                self._bodies[(content_type, False)] = plain
-                self._bodies[want] = body
+                for k, v in (((content_type, False), plain), (want, body)):
+                    self._bodies.pop(k, None)       # the most recent last: the first are evicted
+                    self._bodies[k] = v
+                while len(self._bodies) > MAX_BODIES:
+                    del self._bodies[next(iter(self._bodies))]
             return body[1]
 
     def peek(self, content_type: str, gzipped: bool = False) -> bytes | None:
@@ -326,7 +334,7 @@ class ServerProcess:
         self._ask(("state", key, snap.wire()))
 
     def renders(self) -> int:
-        """How many bodies the server has rendered."""
+        """How many bodies the server has rendered (those it was rendering when asked included)."""
         return self._ask(("stats",))[1]
 
     def close(self, kill: bool = False) -> None:
@@ -501,8 +509,8 @@ class _Server:
                 with self.cache._lock:      # the key and the snapshot change together
                     self.mirror.state = (tuple(msg[1]), Snapshot.from_wire(msg[2]))
                 self._refresh(ack=True)
-            elif msg[0] == "stats":
-                self._to_tracer(("stats", self.cache.renders))
+            elif msg[0] == "stats":     # after the renderings queued before it
+                self.renderer.submit(lambda: self.cache.renders, ("stats",))
 
     def _refresh(self, ack: bool) -> None:
         """Render again every body asked for so far, the plain text format first; ack the tracer once that
@@ -624,7 +632,8 @@ class _Server:
         if body is not None:
             self._answer(c, self._metrics(key, body))
             return
-        self.wanted.setdefault(key, encoder)
+        if len(self.wanted) < MAX_WANTED:
+            self.wanted.setdefault(key, encoder)
         self._wait(c, lambda: self._metrics(key, self.cache.body(content_type, encoder, gzipped)))
 
     @staticmethod
@@ -650,6 +659,8 @@ class _Server:
         for then, result in self.renderer.take_done():
             if then[0] == "ack":
                 self._to_tracer(("ack",))
+            elif then[0] == "stats":
+                self._to_tracer(("stats", result))
             elif then[0] == "conn":
                 c = then[1]
                 c.waiting = False
