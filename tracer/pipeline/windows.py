@@ -50,11 +50,22 @@ class DumpWindows:
             self.sampler = DiskSampler(self.devices)
 
     def cut(self, final: bool = False):
-        """Close the window on both BPF objects at once: (raw interval, task rows or None, their drops)."""
-        raw = self.probe.drain(final=final)
+        """Close the window on both BPF objects: (raw interval, task rows or None, their drops, final).
+
+        One after the other, the per-process counters first: a read's
+        request completes before the read returns (and its I/O wait ends), so
+        whatever happens between the two drains puts a process's block I/O in
+        this window and its counters in the next, never the reverse.  serve
+        counts a process's counters under its own labels only once its block
+        I/O has earned them (sinks.taskmetrics); the other order sent every
+        counter of a reader that ran between the two drains (under load, a
+        drain can take a few hundred ms) to comm="other" for good.
+        """
         if self.tasks is None:
-            return raw, None, None, final
-        return raw, self.tasks.drain(final), self.tasks.dropped(), final
+            return self.probe.drain(final=final), None, None, final
+        tasks = self.tasks.drain(final)
+        dropped = self.tasks.dropped()
+        return self.probe.drain(final=final), tasks, dropped, final
 
     def build(self, cut, kind: str, label: str | None = None, sections: tuple[Section, ...] = ()):
         raw, tasks, dropped, final = cut

@@ -1,9 +1,10 @@
 """The Prometheus sink of `iotrace serve`: block-I/O latency for a long-running exporter.
 
-This module owns the exporter: its metric names (the one list deploy/ and
-its tests check the Grafana dashboard against), the Prometheus bucket bounds
-and how iotrace's fine buckets fold into them, the cumulative state with its
-bounded label cardinality, and the HTTP server (/metrics, /ready).
+This module owns the exporter: the Prometheus bucket bounds' edges and how
+iotrace's fine buckets fold into them, the cumulative state with its bounded
+label cardinality, and the sink that hands it to the /metrics server process
+(tracer.sinks.promserver).  The metric names, their help and the text format
+are tracer.sinks.exposition's (re-exported here).
 
 Every --interval it drains the kernel's histograms (as `iotrace -i` does)
 and adds the dump to cumulative counters, which a Prometheus scrape reads:
@@ -20,7 +21,9 @@ and adds the dump to cumulative counters, which a Prometheus scrape reads:
 
 /ready answers 200 once the programs are attached and 503 before (a readiness
 probe); /metrics answers from the start, so a scrape tells "not attached yet"
-(iotrace_attached 0) from "no I/O".
+(iotrace_attached 0) from "no I/O".  Both are answered by a process of their
+own, which gets a snapshot of the state after every fold (promserver.py says
+why and how it never outlives the tracer).
 
 Buckets: Prometheus counts a latency in `le` bucket B when it lies below
 the iotrace bucket boundary nearest to B.  Every iotrace bucket lies wholly
@@ -43,7 +46,6 @@ An owner that comes back starts new series from zero.
 from __future__ import annotations
 
 import errno
-import functools
 import re
 import socket
 import sys
@@ -56,27 +58,27 @@ import numpy as np
 from tracer.errors import UserError
 from tracer.model.histogram import Histogram, bucket_index, bucket_lower, bucket_upper
 from tracer.sinks import taskmetrics
-
-# ---- metric names: the one source of truth ------------------------------------
-
-LATENCY = "iotrace_io_latency_seconds"
-IOS = "iotrace_ios_total"
-BYTES = "iotrace_bytes_total"
-DROPPED = "iotrace_dropped_events_total"
-DRAINS = "iotrace_drains_total"
-LABELLED = "iotrace_labelled_owners"
-FOLDED = "iotrace_folded_owners_total"
-ATTACHED = "iotrace_attached"
-READY_PATH = "/ready"
-
-LATENCY_LABELS = ("device", "op", "phase", "comm", "container")
-IO_LABELS = ("device", "op", "comm", "container")
-
-OTHER = "other"    # the comm of everything without labels of its own
-
-# Storage latency from 10 us (a fast NVMe read) to 10 s (a stuck device), 1-2.5-5 per decade.
-BOUNDS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
-            0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+from tracer.sinks.exposition import (  # noqa: F401 - the metric names are also this module's
+    ATTACHED,
+    BOUNDS_S,
+    BYTES,
+    DRAINS,
+    DROPPED,
+    FOLDED,
+    HELP,
+    IO_LABELS,
+    IOS,
+    LABELLED,
+    LATENCY,
+    LATENCY_LABELS,
+    OTHER,
+    READY_PATH,
+    Snapshot,
+    families,
+    render_openmetrics,
+    render_text,
+)
+from tracer.sinks.promserver import LISTEN_BACKLOG, ScrapeCache, ServerGone, ServerProcess  # noqa: F401
 
 
 def metric_labels() -> dict[str, tuple[str, ...]]:
@@ -159,8 +161,8 @@ OwnerKey = tuple[str, str]   # (comm, container)
 class Exporter:
     """Folds dumps into cumulative metrics; a prometheus_client collector (``collect``).
 
-    `fold` runs in the serve loop, `collect` in the HTTP server's threads: a
-    lock keeps a scrape from seeing half a dump.
+    `fold` runs in the serve loop; `snapshot` (what the server process gets after each fold) and `collect`
+    may run in other threads: a lock keeps them from seeing half a dump.
     """
 
     def __init__(self, top: int = 20, idle_s: float = 600.0, half_life_s: float = HALF_LIFE_S, clock=time.monotonic):
@@ -276,110 +278,31 @@ class Exporter:
             keep = sorted(self.candidates.items(), key=lambda kv: -kv[1])[:self.max_candidates]
             self.candidates = dict(keep)
 
-    # ---- prometheus_client's Collector protocol
+    # ---- what a scrape shows
 
-    def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-        from prometheus_client.utils import floatToGoString
-
-        les = [floatToGoString(b) for b in BOUNDS_S] + ["+Inf"]
-        lat = HistogramMetricFamily(LATENCY, HELP[LATENCY], labels=LATENCY_LABELS)
-        ios = CounterMetricFamily(IOS, HELP[IOS], labels=IO_LABELS)
-        nbytes = CounterMetricFamily(BYTES, HELP[BYTES], labels=IO_LABELS)
-        dropped = CounterMetricFamily(DROPPED, HELP[DROPPED], labels=("reason",))
-        snap = self._snapshot()
-        for (device, op, phase, comm, ctr), cum, sum_s in snap.latency:
-            lat.add_metric((device, op, phase, comm, ctr), list(zip(les, cum, strict=True)), sum_s)
-        for (device, op, comm, ctr), n, b in snap.io:
-            ios.add_metric((device, op, comm, ctr), n)
-            nbytes.add_metric((device, op, comm, ctr), b)
-        for reason, n in snap.dropped:
-            dropped.add_metric((reason,), n)
-        yield lat
-        yield ios
-        yield nbytes
-        yield dropped
-        yield CounterMetricFamily(DRAINS, HELP[DRAINS], value=snap.drains)
-        yield GaugeMetricFamily(LABELLED, HELP[LABELLED], value=snap.labelled)
-        yield CounterMetricFamily(FOLDED, HELP[FOLDED], value=snap.folded)
-        yield GaugeMetricFamily(ATTACHED, HELP[ATTACHED], value=snap.attached)
-
-    def _snapshot(self) -> _Snapshot:
-        """Everything a scrape shows, copied under the lock (cumulative buckets as lists of ints)."""
+    def snapshot(self) -> Snapshot:
+        """Everything a scrape shows, copied under the lock as plain values (cumulative buckets as lists of
+        ints): what the server process gets after each fold."""
         with self._lock:
             owners = [(comm, ctr, o) for (comm, ctr), o in self.owners.items()] + [(OTHER, "", self.other)]
-            lat = [((device, op, phase, comm, ctr), cum, h.sum_ns / 1e9)
-                   for comm, ctr, o in owners for (device, op, phase), h in o.latency.items()
-                   for cum in (np.cumsum(h.buckets).tolist(),)]
-            io = [((device, op, comm, ctr), n, b) for comm, ctr, o in owners for (device, op), (n, b) in o.io.items()]
+            lat = [((device, op, phase, comm, ctr), np.cumsum(h.buckets).tolist(), float(h.sum_ns) / 1e9)
+                   for comm, ctr, o in owners for (device, op, phase), h in o.latency.items()]
+            io = [((device, op, comm, ctr), int(n), int(b)) for comm, ctr, o in owners
+                  for (device, op), (n, b) in o.io.items()]
             dropped = sorted({**dict.fromkeys(drop_reasons(), 0), **self.dropped}.items())
-            return _Snapshot(lat, io, dropped, self.drains, len(self.owners), self.folded, int(self.attached))
+            return Snapshot(lat, io, dropped, self.drains, len(self.owners), self.folded, int(self.attached))
+
+    def collect(self):
+        """prometheus_client's Collector protocol."""
+        yield from families(self.snapshot())
 
     def render_text(self) -> str:
-        """What prometheus_client's generate_latest writes for this collector (text format 0.0.4), byte for
-        byte, but formatted here: the labels of a series once, not once per bucket, so that a scrape of a
-        busy node's thousands of buckets costs milliseconds."""
-        from prometheus_client.utils import floatToGoString
+        """What prometheus_client's generate_latest writes for this collector (exposition.render_text)."""
+        return render_text(self.snapshot())
 
-        def num(v) -> str:
-            # floatToGoString's own result for the common case (an int below 10**6), without its call
-            return f"{v}.0" if type(v) is int and 0 <= v < 1_000_000 else floatToGoString(v)
-
-        les = [floatToGoString(b) for b in BOUNDS_S] + ["+Inf"]
-        snap = self._snapshot()
-        out = [_head(LATENCY, "histogram")]
-        for (device, op, phase, comm, ctr), cum, sum_s in snap.latency:
-            first = f'comm="{_esc(comm)}",container="{_esc(ctr)}",device="{_esc(device)}"'
-            last = f'op="{_esc(op)}",phase="{_esc(phase)}"'
-            pre, post = f'{LATENCY}_bucket{{{first},le="', f'",{last}}} '
-            out.extend([f"{pre}{le}{post}{num(c)}\n" for le, c in zip(les, cum, strict=True)])
-            out.append(f"{LATENCY}_count{{{first},{last}}} {num(cum[-1])}\n")
-            out.append(f"{LATENCY}_sum{{{first},{last}}} {num(sum_s)}\n")
-        for name, col in ((IOS, 1), (BYTES, 2)):
-            out.append(_head(name, "counter"))
-            for (device, op, comm, ctr), *values in snap.io:
-                out.append(f'{name}{{comm="{_esc(comm)}",container="{_esc(ctr)}",device="{_esc(device)}",'
-                           f'op="{_esc(op)}"}} {num(values[col - 1])}\n')
-        out.append(_head(DROPPED, "counter"))
-        out.extend(f'{DROPPED}{{reason="{_esc(reason)}"}} {num(n)}\n' for reason, n in snap.dropped)
-        for name, kind, v in ((DRAINS, "counter", snap.drains), (LABELLED, "gauge", snap.labelled),
-                              (FOLDED, "counter", snap.folded), (ATTACHED, "gauge", snap.attached)):
-            out.append(f"{_head(name, kind)}{name} {num(v)}\n")
-        return "".join(out)
-
-
-HELP = {
-    LATENCY: "Block I/O latency from request start (queue, total) or issue (device) to completion",
-    IOS: "Block I/O requests completed",
-    BYTES: "Bytes of block I/O requests completed",
-    DROPPED: "Events iotrace could not record, by reason",
-    DRAINS: "Intervals drained from the kernel and folded in",
-    LABELLED: "(comm, container) pairs exported with labels of their own (at most --top)",
-    FOLDED: "Owners folded into comm=\"other\" (idle or displaced)",
-    ATTACHED: "1 once iotrace's BPF programs are attached and tracing; 0 while they load (the counters are 0 for "
-              "want of tracing then, not of I/O)",
-}
-
-
-@dataclass
-class _Snapshot:
-    latency: list       # ((device, op, phase, comm, container), cumulative buckets, sum in s)
-    io: list            # ((device, op, comm, container), ios, bytes)
-    dropped: list       # (reason, n), every reason
-    drains: int
-    labelled: int
-    folded: int
-    attached: int
-
-
-@functools.lru_cache(maxsize=4096)
-def _esc(value: str) -> str:
-    """A label value as the text format writes it (as prometheus_client escapes it)."""
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
-
-
-def _head(name: str, kind: str) -> str:
-    return f"# HELP {name} {HELP[name].replace(chr(92), chr(92) * 2)}\n# TYPE {name} {kind}\n"
+    def render_openmetrics(self) -> str:
+        """Its OpenMetrics 1.0.0 writer's, without the closing # EOF (exposition.render_openmetrics)."""
+        return render_openmetrics(self.snapshot())
 
 
 def drop_reasons() -> list[str]:
@@ -394,8 +317,6 @@ def drop_reasons() -> list[str]:
 # ---- the command -----------------------------------------------------------------
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
-LISTEN_BACKLOG = 128
-SWITCH_INTERVAL_S = 0.0005
 
 
 def listen_address(text: str) -> tuple[str, int]:
@@ -416,133 +337,31 @@ def import_prometheus():
     return prometheus_client
 
 
-def start_server(prom, host: str, port: int, registry):
-    """The HTTP server in its own thread; UserError, one line, if it cannot listen."""
-    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def _where(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to (host, port) and listening (backlog LISTEN_BACKLOG), of the family getaddrinfo
+    gives first, with SO_REUSEADDR (as prometheus_client's server had); UserError, one line, if it cannot."""
     try:
-        server, _thread = prom.start_http_server(port, addr=host, registry=registry)
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     except socket.gaierror:
-        raise UserError(f"--listen {where}: unknown host {host!r}") from None
+        raise UserError(f"--listen {_where(host, port)}: unknown host {host!r}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        # a deep backlog: a client connecting while every server thread is busy waits, where with
+        # socketserver's 5 its SYN was dropped and retried a second later (scrapes of 1 s and 3 s under load)
+        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
+        sock.close()
         why = {errno.EADDRINUSE: "the port is in use (another exporter?): choose another --listen port",
                errno.EADDRNOTAVAIL: "not an address of this machine",
                errno.EACCES: "permission denied (ports below 1024 need root)"}.get(exc.errno, exc.strerror)
-        raise UserError(f"cannot listen on {where}: {why}") from None
-    # socketserver listens with a backlog of 5: a sixth client connecting while the accept thread waits for
-    # the GIL has its SYN dropped and retries a second later (scrapes of 1 s and 3 s under load); listen()
-    # again sets a deeper one
-    server.socket.listen(LISTEN_BACKLOG)
-    return server
-
-
-class ScrapeCache:
-    """The /metrics body, rendered once per change of the metrics and served as bytes to every scrape
-    until the next one.
-
-    The metrics change only when a drain is folded in (every --interval) or
-    the programs attach, so scrapes in between all get the same bytes: the
-    sink renders them right after folding (refresh), in the serve loop's
-    thread, and a scrape only copies them out.  Each format a client asks for
-    (text 0.0.4, written by Exporter.render_text; OpenMetrics, by
-    prometheus_client) and its gzip are made at most once per change, under a
-    lock, so that concurrent scrapes after a change wait for one rendering,
-    not do eight.
-    """
-
-    def __init__(self, exporter: Exporter, registry, tasks: taskmetrics.TaskCounters | None = None):
-        self.exporter = exporter
-        self.registry = registry
-        self.tasks = tasks
-        self._lock = threading.Lock()          # guards _bodies
-        self._render = threading.Lock()        # held while rendering
-        self._bodies: dict[tuple[str, bool], tuple[tuple, bytes]] = {}    # (format, gzip) -> (generation, body)
-        self.renders = 0        # bodies rendered (the tests read it)
-
-    def generation(self) -> tuple[int, int]:
-        return self.exporter.generation, self.tasks.generation if self.tasks else 0
-
-    def _text(self) -> bytes:
-        text = self.exporter.render_text()
-        if self.tasks:
-            from prometheus_client import CollectorRegistry, generate_latest
-
-            only = CollectorRegistry(auto_describe=False)
-            only.register(self.tasks)
-            text += generate_latest(only).decode()
-        return text.encode()
-
-    def body(self, content_type: str, encoder, gzipped: bool = False) -> bytes:
-        """The body `encoder` (from prometheus_client's choose_encoder) makes, gzipped or not; the text
-        format (generate_latest) is written by Exporter.render_text instead.
-
-        While a newer body is being rendered, a scrape gets the last one made
-        (one drain older) at once rather than waiting for it.
-        """
-        want = (content_type, gzipped)
-        with self._lock:
-            got = self._bodies.get(want)
-            if got is not None and (got[0] == self.generation() or self._render.locked()):
-                return got[1]
-        with self._render:         # one rendering at a time; the others serve what there is meanwhile
-            key = self.generation()
-            with self._lock:
-                got = self._bodies.get(want)
-                if got is not None and got[0] == key:
-                    return got[1]
-                plain = self._bodies.get((content_type, False))
-            if plain is None or plain[0] != key:
-                plain = (key, self._plain(encoder))
-            body = plain if not gzipped else (key, self._gzip(plain[1]))
-            with self._lock:
-                self._bodies[(content_type, False)] = plain
-                self._bodies[want] = body
-            return body[1]
-
-    def _plain(self, encoder) -> bytes:
-        from prometheus_client.exposition import generate_latest
-
-        self.renders += 1
-        # rendered for the key read before: a drain folded in meanwhile makes the next scrape render anew
-        return self._text() if encoder is generate_latest else encoder(self.registry)
-
-    @staticmethod
-    def _gzip(data: bytes) -> bytes:
-        import gzip
-
-        return gzip.compress(data, compresslevel=1)
-
-    def refresh(self) -> None:
-        """Render the text format now (after a fold), so that the next scrapes find it ready."""
-        from prometheus_client.exposition import choose_encoder
-
-        encoder, content_type = choose_encoder("")
-        self.body(content_type, encoder)
-
-
-def metrics_app(app, exporter: Exporter, cache: ScrapeCache | None = None):
-    """The metrics WSGI app: GET of any path but READY_PATH serves `cache`'s bytes (prometheus_client's own
-    app answers what the cache does not: other methods, name[] filters, /favicon.ico); READY_PATH answers
-    200 once the exporter is attached, 503 before."""
-    def wsgi(environ, start_response):
-        path = environ.get("PATH_INFO")
-        if path == READY_PATH:
-            ready = exporter.attached
-            start_response("200 OK" if ready else "503 Service Unavailable", [("Content-Type", "text/plain")])
-            return [b"ready: tracing\n" if ready else b"not ready: loading the BPF programs\n"]
-        if (cache is None or environ.get("REQUEST_METHOD") != "GET" or path == "/favicon.ico"
-                or "name[]" in environ.get("QUERY_STRING", "")):
-            return app(environ, start_response)
-        from prometheus_client.exposition import choose_encoder
-
-        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
-        gzipped = "gzip" in environ.get("HTTP_ACCEPT_ENCODING", "")
-        body = cache.body(content_type, encoder, gzipped)
-        headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
-        if gzipped:
-            headers.append(("Content-Encoding", "gzip"))
-        start_response("200 OK", headers)
-        return [body]
-    return wsgi
+        raise UserError(f"cannot listen on {_where(host, port)}: {why}") from None
+    return sock
 
 
 def add_arguments(p, mode: str) -> None:
@@ -560,24 +379,44 @@ def add_arguments(p, mode: str) -> None:
 
 class PrometheusSink:
     """Folds each dump into `exporter` (then, with --tasks, its per-process rows into `tasks`, under the
-    owners the exporter just ranked), which `server` serves; close() stops the server."""
+    owners the exporter just ranked) and hands a snapshot of both to `server` (a promserver.ServerProcess);
+    close() ends the server."""
 
-    def __init__(self, exporter: Exporter, server, where: str, tasks: taskmetrics.TaskCounters | None = None,
-                 cache: ScrapeCache | None = None, what: str = "", out=None):
+    def __init__(self, exporter: Exporter, server: ServerProcess | None, where: str,
+                 tasks: taskmetrics.TaskCounters | None = None, scope: str = "", out=None):
         self.exporter = exporter
         self.server = server
         self.where = where
         self.tasks = tasks
-        self.cache = cache
-        self.what = what        # "every 5s on nvme0n1 in /kubepods.slice": said once attached
+        self.scope = scope      # ", every 5s on nvme0n1 in /kubepods.slice": said once attached
         self.out = out          # where the run's summary goes at its end
+        self.what = f"/metrics on {where}"      # how Sinks names this output should it fail
+
+    def generation(self) -> tuple[int, int]:
+        return self.exporter.generation, self.tasks.generation if self.tasks else 0
+
+    def snapshot(self) -> Snapshot:
+        snap = self.exporter.snapshot()
+        if self.tasks:
+            snap.tasks = self.tasks.snapshot()
+        return snap
+
+    def publish(self) -> None:
+        """The server serves the state as of now once this returns (ServerGone, an OSError, if it cannot)."""
+        self.server.update(self.generation(), self.snapshot())
+
+    def renders(self) -> int:
+        """Bodies the server process has rendered (once per change and format, not per scrape)."""
+        return self.server.renders()
 
     def attached(self) -> None:
         """The BPF programs are attached: /ready answers 200 and iotrace_attached is 1 from now on."""
         self.exporter.attached = True
-        if self.cache:
-            self.cache.refresh()
-        print(f"iotrace: serving block I/O metrics on http://{self.where}/metrics{self.what}; "
+        try:
+            self.publish()
+        except ServerGone as exc:
+            raise UserError(str(exc)) from None
+        print(f"iotrace: serving block I/O metrics on http://{self.where}/metrics{self.scope}; "
               f"SIGTERM or Ctrl-C to end", file=sys.stderr)
 
     def on_end(self, reason: str) -> None:
@@ -591,37 +430,31 @@ class PrometheusSink:
         self.exporter.fold(window)
         if self.tasks:
             self.tasks.fold(window)
-        if self.cache:
-            self.cache.refresh()    # here, not in the next scrape: scrapes only copy bytes out
+        self.publish()
+
+    def abandon(self) -> None:
+        """The server failed (Sinks drops this output): make sure it is gone and reaped."""
+        self.server.close(kill=True)
 
     def close(self, status: int) -> int:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.close()
         return status
 
 
 def from_args(ns, ctx) -> PrometheusSink | None:
-    """Listens at once, before the BPF programs load (seconds of compiling): a port in use fails first."""
+    """Listens at once, before the BPF programs load (seconds of compiling): a port in use fails first; the
+    server process serves from then on (iotrace_attached 0, /ready 503 until attached())."""
     if ctx.mode != "serve":
         return None
     host, port = listen_address(ns.listen)
-    prom = import_prometheus()
+    import_prometheus()
     exporter = Exporter(top=ns.top, idle_s=ns.idle)
-    registry = prom.CollectorRegistry(auto_describe=False)
-    registry.register(exporter)
     tasks = taskmetrics.TaskCounters(exporter) if getattr(ns, "tasks", False) else None
-    if tasks:
-        registry.register(tasks)
-    server = start_server(prom, host, port, registry)
-    # a scrape thread takes the GIL again at each of its socket calls; while the serve loop drains,
-    # Python hands it over only every switch interval (5 ms by default): more often here, where
-    # answering scrapes is the point (max scrape time under load ~100 ms instead of 120-330 ms)
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    cache = ScrapeCache(exporter, registry, tasks)
-    server.set_app(metrics_app(server.get_app(), exporter, cache))
-    bound = server.server_address[1]
-    what = (f", every {ns.interval:g}s" if getattr(ns, "interval", None) else "") + \
+    listener = listen_socket(host, port)
+    bound = listener.getsockname()[1]
+    scope = (f", every {ns.interval:g}s" if getattr(ns, "interval", None) else "") + \
         (f" on {', '.join(ns.devs)}" if getattr(ns, "devs", None) else "") + \
         (f" in {ns.cgroup}" if getattr(ns, "cgroup", None) else "")
-    return PrometheusSink(exporter, server, f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}", tasks,
-                          cache, what, getattr(ctx, "out", None))
+    sink = PrometheusSink(exporter, None, _where(host, bound), tasks, scope, getattr(ctx, "out", None))
+    sink.server = ServerProcess.start(listener, sink.generation(), sink.snapshot(), tasks=tasks is not None)
+    return sink

@@ -79,13 +79,21 @@ class TaskCounters:
                 self.rows += 1
             self.generation += 1
 
-    def collect(self):
-        from prometheus_client.core import CounterMetricFamily
-
-        families = [CounterMetricFamily(name, text, labels=LABELS) for _, name, text in FIELDS]
+    def snapshot(self) -> list:
+        """What a scrape shows: (comm, container, [value per FIELDS]) per series, copied under the lock."""
         with self._lock:
-            rows = [(*key, acc) for key, acc in self.owned.items()] + [(OTHER, "", self.other)]
-            for comm, container, acc in rows:
-                for fam, v in zip(families, acc, strict=True):
-                    fam.add_metric((comm, container), v)
-        yield from families
+            return [(*key, list(acc)) for key, acc in self.owned.items()] + [(OTHER, "", list(self.other))]
+
+    def collect(self):
+        yield from families(self.snapshot())
+
+
+def families(rows: list):
+    """prometheus_client's metric families of a TaskCounters.snapshot()."""
+    from prometheus_client.core import CounterMetricFamily
+
+    out = [CounterMetricFamily(name, text, labels=LABELS) for _, name, text in FIELDS]
+    for comm, container, acc in rows:
+        for fam, v in zip(out, acc, strict=True):
+            fam.add_metric((comm, container), v)
+    return out
