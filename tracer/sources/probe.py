@@ -212,66 +212,74 @@ def bio_level_devices(devs: list[int]) -> list[int]:
     return [dev for name, dev in disks.items() if devices.bio_based(name) and devices.size_sectors(name) > 0]
 
 
+def check_perf_events(bio: bool) -> str:
+    """The perf-event path: every tracepoint field its programs read is in this kernel (a UserError names
+    what is not), bio ones too with `bio`; the start event it has."""
+    check_tracepoints()
+    if bio:
+        check_tracepoints(BIO_FIELDS)
+    return choose_start_event()
+
+
+def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, start_event: str,
+                  possible: list[int]) -> tuple[str, ...]:
+    """The programs' compiler flags: the shared headers, bio-level programs, the raw path's kernel layout,
+    the start event's kind, the CPUs and the map sizes asked for."""
+    cflags = [f"-I{contract.bpf_dir()}"]
+    if bio:
+        cflags.append("-DIOTRACE_BIO_LEVEL")
+    if layout is not None:
+        cflags += layout.cflags()
+        if layout.group_dead:
+            cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
+    elif "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()):
+        cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
+    if starts_at_bio(start_event):
+        cflags.append("-DIOTRACE_START_BIO")
+    cflags.append(f"-DIOTRACE_CPUS={max(possible) + 1}")
+    for name, value in (("INFLIGHT_SLOTS", opts.inflight_slots), ("HIST_ENTRIES", opts.hist_entries),
+                        ("SERIES_ENTRIES", opts.series_entries), ("HIST_CELLS", opts.hist_cells)):
+        if value:
+            cflags.append(f"-DIOTRACE_{name}={int(value)}")
+    return tuple(cflags)
+
+
+def check_sizes(opts: ProbeOptions, c: contract.Contract) -> None:
+    """The map sizes asked for that must be powers of two of at least the programs' probe windows."""
+    for flag, value, least in (("--inflight-slots", opts.inflight_slots, c.const("INFLIGHT_PROBES")),
+                               ("--hist-cells", opts.hist_cells, c.const("HIST_CELL_PROBES"))):
+        if value is not None and (value < least or value & (value - 1)):
+            raise UserError(f"{flag} must be a power of two of at least {least}, not {value}")
+
+
+def program_text(attach: str, start_event: str) -> str:
+    """The source bcc compiles for `attach`, the start event's category and name substituted in."""
+    text = bpfobject.source(contract.bpf_dir(), SOURCES[attach])
+    start = next(e for e in EVENTS if e.name == start_event)
+    return text.replace("IOTRACE_START_CATEGORY", start.category).replace("IOTRACE_START_EVENT", start_event)
+
+
 class Probe:
     """The BPF side of iotrace, loaded and attached; `close()` detaches."""
 
     def __init__(self, opts: ProbeOptions):
         bpfobject.preflight()
         self.contract = contract.load()
-        src_dir = contract.bpf_dir()
-        cflags = [f"-I{src_dir}"]
         self.bio_devs = bio_level_devices(opts.devs)
-        if self.bio_devs:
-            cflags.append("-DIOTRACE_BIO_LEVEL")
         # attach_note: why raw tracepoints were not used, when "auto" fell back
         self.attach, layout, self.attach_note = choose_attach(opts.attach, bool(self.bio_devs))
-        if layout is not None:
-            self.start_event = layout.start_event
-            cflags += layout.cflags()
-            if layout.group_dead:
-                cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
-        else:
-            check_tracepoints()
-            if self.bio_devs:
-                check_tracepoints(BIO_FIELDS)
-            self.start_event = choose_start_event()
-            if "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()):
-                cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
+        self.start_event = layout.start_event if layout is not None else check_perf_events(bool(self.bio_devs))
         # the disks whose requests this start event mostly misses (said at start and in every dump)
         self.start_blind = blind_disks(self.start_event, opts.devs)
-        start_bio = starts_at_bio(self.start_event)
-        if start_bio:
-            cflags.append("-DIOTRACE_START_BIO")
-        text = bpfobject.source(src_dir, SOURCES[self.attach])
-        start = next(e for e in EVENTS if e.name == self.start_event)
-        text = text.replace("IOTRACE_START_CATEGORY", start.category).replace("IOTRACE_START_EVENT", self.start_event)
         possible = bpfobject.possible_cpus()
         self.ncpu = len(possible)       # values per key of a per-CPU map
-        cflags.append(f"-DIOTRACE_CPUS={max(possible) + 1}")
-        for name, value in (("INFLIGHT_SLOTS", opts.inflight_slots), ("HIST_ENTRIES", opts.hist_entries),
-                            ("SERIES_ENTRIES", opts.series_entries), ("HIST_CELLS", opts.hist_cells)):
-            if value:
-                cflags.append(f"-DIOTRACE_{name}={int(value)}")
-        for flag, value, least in (("--inflight-slots", opts.inflight_slots, self.contract.const("INFLIGHT_PROBES")),
-                                   ("--hist-cells", opts.hist_cells, self.contract.const("HIST_CELL_PROBES"))):
-            if value is not None and (value < least or value & (value - 1)):
-                raise UserError(f"{flag} must be a power of two of at least {least}, not {value}")
-        self.bpf: BpfObject | None = BpfObject(text, [Variant(self.attach, tuple(cflags))], "the BPF programs")
+        cflags = compile_flags(opts, layout, bool(self.bio_devs), self.start_event, possible)
+        text = program_text(self.attach, self.start_event)
+        check_sizes(opts, self.contract)
+        self.bpf: BpfObject | None = BpfObject(text, [Variant(self.attach, cflags)], "the BPF programs")
         self.maps = MapDrain(self.bpf, self.ncpu)
         self.ledger = Ledger(self.bpf, self.attach, self.contract.reasons, self.contract.const("STALE_NS"))
-        for pid in opts.pids:
-            self.add_pid(pid)
-        devs = self.bpf["devs"]
-        for d in opts.devs:
-            devs[devs.Key(d)] = ct.c_uint8(1)
-        if self.bio_devs:
-            bio = self.bpf["bio_devs"]
-            for d in self.bio_devs:
-                bio[bio.Key(d)] = ct.c_uint8(1)
-        if start_bio and self.attach == "tracepoint":
-            parts = self.bpf["parts"]
-            for part, disk in list(devices.partitions().items())[:parts.max_entries]:
-                parts[parts.Key(part)] = parts.Leaf(disk)
+        self._write_filters(opts)
         # last: the programs record nothing until the config says enabled
         self._write_config(opts)
         self._interval_start = time.monotonic_ns()
@@ -286,6 +294,22 @@ class Probe:
                 f"Linux 6.5+), which fires only for requests that pass an I/O scheduler: on "
                 f"{', '.join(self.start_blind)} (scheduler none) most requests will not be recorded; "
                 f"'echo mq-deadline > /sys/block/DISK/queue/scheduler' lets iotrace see them")
+
+    def _write_filters(self, opts: ProbeOptions) -> None:
+        """The pids, devices, bio-based disks and (block_getrq on the perf-event path) partitions maps."""
+        for pid in opts.pids:
+            self.add_pid(pid)
+        devs = self.bpf["devs"]
+        for d in opts.devs:
+            devs[devs.Key(d)] = ct.c_uint8(1)
+        if self.bio_devs:
+            bio = self.bpf["bio_devs"]
+            for d in self.bio_devs:
+                bio[bio.Key(d)] = ct.c_uint8(1)
+        if starts_at_bio(self.start_event) and self.attach == "tracepoint":
+            parts = self.bpf["parts"]
+            for part, disk in list(devices.partitions().items())[:parts.max_entries]:
+                parts[parts.Key(part)] = parts.Leaf(disk)
 
     def _write_config(self, opts: ProbeOptions) -> None:
         self.bpf.write_config("config", gen=self.maps.gen, filter_pids=1 if opts.pids else 0,
