@@ -105,7 +105,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     probe = Probe(ProbeOptions())
-    layouts = (probe._series_key, probe._series_val, probe._hist_key)
+    layouts = (probe.maps.series_key, probe.maps.series_val, probe.maps.hist_key)
     probe.close()
     res = {"dump": time_dump(layouts, args.reps)}
     d = res["dump"]

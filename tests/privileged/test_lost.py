@@ -111,7 +111,7 @@ def test_raw_path_counts_an_old_slot_at_the_end_only(loop):
         # the last drain's count, taken at moments when no disk of the machine is busy: the old slot only
         seen = set()
         for _ in range(50):
-            seen.add(p._lost_at_end())
+            seen.add(p.ledger.lost_at_end())
             if 1 in seen:
                 break
             time.sleep(0.05)

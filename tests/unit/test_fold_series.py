@@ -1,11 +1,11 @@
-"""tracer.sources.probe._fold_series: per-CPU series values folded into one row, the identity from the CPU
+"""tracer.sources.drain.fold_series: per-CPU series values folded into one row, the identity from the CPU
 that completed the series' latest request (no root: a numpy array laid out like the BPF value)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tracer.sources.probe import _fold_series
+from tracer.sources.drain import fold_series
 
 PHASES = 3
 VAL = np.dtype([("count", "u8"), ("bytes", "u8"), ("sum_ns", "u8", PHASES), ("min_ns", "u8", PHASES),
@@ -21,7 +21,7 @@ def cpu(count: int, last_ns: int, comm: bytes, min_ns: int = 5) -> np.ndarray:
 
 
 def fold(*cpus: np.ndarray) -> np.ndarray:
-    return _fold_series(np.array([list(cpus)], dtype=VAL))[0]
+    return fold_series(np.array([list(cpus)], dtype=VAL))[0]
 
 
 def test_the_latest_request_names_the_series_whichever_cpu_completed_it():

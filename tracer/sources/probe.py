@@ -1,6 +1,8 @@
 """The collector: chooses the attach path and start event, loads and attaches
 the BPF programs (through tracer.sources.bpfobject, the loader it shares with
-the per-process tracer), and drains their maps into plain numpy arrays.
+the per-process tracer), and assembles the pieces that read them: the drain
+of their maps (tracer.sources.drain) and the loss ledger
+(tracer.sources.ledger).
 
 It knows nothing about percentiles, tables or files: `Probe.drain()` hands
 over the raw series and bucket counts of one interval (`RawInterval`), and
@@ -10,7 +12,6 @@ the aggregator (tracer.pipeline.aggregate) takes it from there.
 from __future__ import annotations
 
 import ctypes as ct
-import errno
 import os
 import time
 from dataclasses import dataclass, field
@@ -22,10 +23,12 @@ from tracer import contract
 from tracer.errors import UserError
 from tracer.sources import bpfobject, devices, kernel
 from tracer.sources.bpfobject import BpfObject, ProgStats, Variant
-
-# Programs that began on the old generation finish within microseconds
-# (BPF programs do not sleep); this margin is generous.
-GENERATION_GRACE_S = 0.005
+from tracer.sources.drain import MapDrain
+from tracer.sources.drain import read_array as read_array  # noqa: F401 - tests/reference reads through it
+from tracer.sources.ledger import LOST_MIN_AGE_NS as LOST_MIN_AGE_NS  # noqa: F401 - the tests plant by it
+from tracer.sources.ledger import PROGRAMS as PROGRAMS
+from tracer.sources.ledger import USER_DROPS as USER_DROPS
+from tracer.sources.ledger import Ledger
 
 # The events, their attach paths and the fields they read: iotrace.h's IOTRACE_EVENT_TABLE, and
 # what is derived from it.  The start is the first "start" event the kernel has (block_io_start
@@ -42,17 +45,11 @@ TRACEFS_DIRS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 # (dev, sector) where no BTF is
 ATTACH_MODES = ("raw_tp", "tracepoint")
 SOURCES = {"raw_tp": "raw_tp.bpf.c", "tracepoint": "tracepoint.bpf.c"}
-# Each program by the short name its skipped events are reported under: "skipped_<name>"
-PROGRAMS = {e.name: e.short for e in EVENTS}
+# Each program by the short name its skipped events are reported under (PROGRAMS), and the drop reasons
+# user space finds (USER_DROPS): the loss ledger's, tracer.sources.ledger
 # Raw tracepoints of the raw_tp path, beside the start event (bio ones only for bio-based disks)
 RAW_EVENTS = tuple(e.name for e in EVENTS if e.when == "always" and "raw_tp" in e.paths)
 RAW_BIO_EVENTS = tuple(e.name for e in EVENTS if e.when == "bio" and "raw_tp" in e.paths)
-# Drop reasons found by user space rather than counted by the BPF programs (see Probe.drain): every
-# program's events the kernel skipped, and (tracepoint path) completions found lost in the in-flight table
-USER_DROPS = (*dict.fromkeys(f"skipped_{name}" for name in PROGRAMS.values()), "lost_completion")
-# A request left in the in-flight table is taken for lost only this long after its start:
-# long past any plug or scheduler delay on a device with nothing in flight
-LOST_MIN_AGE_NS = 100_000_000
 
 
 @dataclass
@@ -200,38 +197,6 @@ def choose_attach(mode: str, bio: bool) -> tuple[str, kernel.Layout | None, str]
         return "tracepoint", None, str(exc)
 
 
-def _batch_drain(table, keys: np.ndarray, vals: np.ndarray, lib) -> tuple[np.ndarray, np.ndarray]:
-    """Look up and delete every element of a per-CPU hash in a few syscalls.
-
-    `keys` (cap,) and `vals` (cap, ncpu) are reused buffers; copies of the
-    drained part are returned.
-    """
-    cap, ncpu = vals.shape
-    key_dtype, val_dtype = keys.dtype, vals.dtype
-    count = ct.c_uint32(0)
-    token = ct.c_uint32(0)
-    total = 0
-    while total < cap:
-        count.value = cap - total
-        res = lib.bpf_lookup_and_delete_batch(
-            table.map_fd,
-            ct.byref(token) if total else None,
-            ct.byref(token),
-            ct.c_void_p(keys.ctypes.data + total * key_dtype.itemsize),
-            ct.c_void_p(vals.ctypes.data + total * ncpu * val_dtype.itemsize),
-            ct.byref(count),
-        )
-        err = ct.get_errno()
-        total += count.value
-        if res != 0:
-            if err == errno.ENOENT:
-                break   # walked the whole map
-            raise OSError(err, f"draining BPF map {table.name!r}: {os.strerror(err)}")
-        if count.value == 0:
-            break
-    return keys[:total].copy(), vals[:total].copy()
-
-
 def bio_level_devices(devs: list[int]) -> list[int]:
     """The bio-based disks to trace per bio: those among `devs`, or every one in use when none is given.
 
@@ -247,69 +212,51 @@ def bio_level_devices(devs: list[int]) -> list[int]:
     return [dev for name, dev in disks.items() if devices.bio_based(name) and devices.size_sectors(name) > 0]
 
 
-def read_array(table, keys: np.ndarray, vals: np.ndarray, lib, start: int = 0) -> np.ndarray:
-    """Elements `start`.. of a BPF array map, as many as `vals` holds, in one syscall, into the reused `vals`
-    buffer; `keys` gets their indices."""
-    # the kernel's batch token for an array is the last index read: the walk resumes after it
-    count, token, last = ct.c_uint32(len(vals)), ct.c_uint32(0), ct.c_uint32(start - 1)
-    res = lib.bpf_lookup_batch(table.map_fd, ct.byref(last) if start else None, ct.byref(token),
-                               ct.c_void_p(keys.ctypes.data), ct.c_void_p(vals.ctypes.data), ct.byref(count))
-    err = ct.get_errno()
-    if res != 0 and err != errno.ENOENT:
-        raise OSError(err, f"reading BPF map {table.name!r}: {os.strerror(err)}")
-    return vals[:count.value]
+def check_perf_events(bio: bool) -> str:
+    """The perf-event path: every tracepoint field its programs read is in this kernel (a UserError names
+    what is not), bio ones too with `bio`; the start event it has."""
+    check_tracepoints()
+    if bio:
+        check_tracepoints(BIO_FIELDS)
+    return choose_start_event()
 
 
-def _diskstats() -> dict | None:
-    from tracer.sources.devices import read_diskstats
-
-    try:
-        return read_diskstats()
-    except (OSError, ValueError):
-        return None
-
-
-def _drain_cells(table, start: int, idx: np.ndarray, cells: np.ndarray, lib) -> tuple[np.ndarray, np.ndarray]:
-    """Read every CPU's histogram cells of one generation (from index `start`), zero the populated ones,
-    return (keys, counts).
-
-    A key may come back once per CPU; the aggregator sums repeats.  `idx`
-    and `cells` (cap,) are reused buffers.
-    """
-    cells = read_array(table, idx, cells, lib, start)
-    rows = np.flatnonzero(cells["count"])
-    if len(rows):
-        zeros = np.zeros(len(rows), dtype=cells.dtype)
-        keys = np.ascontiguousarray(idx[rows])
-        n = ct.c_uint32(len(rows))
-        if lib.bpf_update_batch(table.map_fd, ct.c_void_p(keys.ctypes.data), ct.c_void_p(zeros.ctypes.data),
-                                ct.byref(n)) != 0:
-            err = ct.get_errno()
-            raise OSError(err, f"clearing BPF map {table.name!r}: {os.strerror(err)}")
-    picked = cells[rows]
-    return picked["key"], picked["count"].astype(np.uint64)
+def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, start_event: str,
+                  possible: list[int]) -> tuple[str, ...]:
+    """The programs' compiler flags: the shared headers, bio-level programs, the raw path's kernel layout,
+    the start event's kind, the CPUs and the map sizes asked for."""
+    cflags = [f"-I{contract.bpf_dir()}"]
+    if bio:
+        cflags.append("-DIOTRACE_BIO_LEVEL")
+    if layout is not None:
+        cflags += layout.cflags()
+        if layout.group_dead:
+            cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
+    elif "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()):
+        cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
+    if starts_at_bio(start_event):
+        cflags.append("-DIOTRACE_START_BIO")
+    cflags.append(f"-DIOTRACE_CPUS={max(possible) + 1}")
+    for name, value in (("INFLIGHT_SLOTS", opts.inflight_slots), ("HIST_ENTRIES", opts.hist_entries),
+                        ("SERIES_ENTRIES", opts.series_entries), ("HIST_CELLS", opts.hist_cells)):
+        if value:
+            cflags.append(f"-DIOTRACE_{name}={int(value)}")
+    return tuple(cflags)
 
 
-def _fold_series(vals: np.ndarray) -> np.ndarray:
-    """Fold per-CPU series values (n, ncpu) into one value per series."""
-    out = np.zeros(len(vals), dtype=vals.dtype)
-    if not len(vals):
-        return out
-    for name in ("count", "bytes", "sum_ns", "phase_count"):
-        out[name] = vals[name].sum(axis=1)
-    out["max_ns"] = vals["max_ns"].max(axis=1)
-    mins = vals["min_ns"].astype(np.float64)
-    mins[mins == 0] = np.inf   # 0 means "this CPU saw none"
-    folded = mins.min(axis=1)
-    folded[np.isinf(folded)] = 0
-    out["min_ns"] = folded.astype(np.uint64)
-    # identity of the submitter: from the CPU that completed this series' latest request (a process's
-    # name changes at exec: each CPU keeps the name of its own latest request)
-    seen = np.argmax(np.where(vals["count"] > 0, vals["last_ns"], 0), axis=1)
-    rows = np.arange(len(vals))
-    for name in ("cgroup", "tgid", "comm"):
-        out[name] = vals[name][rows, seen]
-    return out
+def check_sizes(opts: ProbeOptions, c: contract.Contract) -> None:
+    """The map sizes asked for that must be powers of two of at least the programs' probe windows."""
+    for flag, value, least in (("--inflight-slots", opts.inflight_slots, c.const("INFLIGHT_PROBES")),
+                               ("--hist-cells", opts.hist_cells, c.const("HIST_CELL_PROBES"))):
+        if value is not None and (value < least or value & (value - 1)):
+            raise UserError(f"{flag} must be a power of two of at least {least}, not {value}")
+
+
+def program_text(attach: str, start_event: str) -> str:
+    """The source bcc compiles for `attach`, the start event's category and name substituted in."""
+    text = bpfobject.source(contract.bpf_dir(), SOURCES[attach])
+    start = next(e for e in EVENTS if e.name == start_event)
+    return text.replace("IOTRACE_START_CATEGORY", start.category).replace("IOTRACE_START_EVENT", start_event)
 
 
 class Probe:
@@ -318,84 +265,25 @@ class Probe:
     def __init__(self, opts: ProbeOptions):
         bpfobject.preflight()
         self.contract = contract.load()
-        src_dir = contract.bpf_dir()
-        cflags = [f"-I{src_dir}"]
         self.bio_devs = bio_level_devices(opts.devs)
-        if self.bio_devs:
-            cflags.append("-DIOTRACE_BIO_LEVEL")
         # attach_note: why raw tracepoints were not used, when "auto" fell back
         self.attach, layout, self.attach_note = choose_attach(opts.attach, bool(self.bio_devs))
-        if layout is not None:
-            self.start_event = layout.start_event
-            cflags += layout.cflags()
-            if layout.group_dead:
-                cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
-        else:
-            check_tracepoints()
-            if self.bio_devs:
-                check_tracepoints(BIO_FIELDS)
-            self.start_event = choose_start_event()
-            if "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()):
-                cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
+        self.start_event = layout.start_event if layout is not None else check_perf_events(bool(self.bio_devs))
         # the disks whose requests this start event mostly misses (said at start and in every dump)
         self.start_blind = blind_disks(self.start_event, opts.devs)
-        start_bio = starts_at_bio(self.start_event)
-        if start_bio:
-            cflags.append("-DIOTRACE_START_BIO")
-        text = bpfobject.source(src_dir, SOURCES[self.attach])
-        start = next(e for e in EVENTS if e.name == self.start_event)
-        text = text.replace("IOTRACE_START_CATEGORY", start.category).replace("IOTRACE_START_EVENT", self.start_event)
         possible = bpfobject.possible_cpus()
         self.ncpu = len(possible)       # values per key of a per-CPU map
-        cflags.append(f"-DIOTRACE_CPUS={max(possible) + 1}")
-        for name, value in (("INFLIGHT_SLOTS", opts.inflight_slots), ("HIST_ENTRIES", opts.hist_entries),
-                            ("SERIES_ENTRIES", opts.series_entries), ("HIST_CELLS", opts.hist_cells)):
-            if value:
-                cflags.append(f"-DIOTRACE_{name}={int(value)}")
-        for flag, value, least in (("--inflight-slots", opts.inflight_slots, self.contract.const("INFLIGHT_PROBES")),
-                                   ("--hist-cells", opts.hist_cells, self.contract.const("HIST_CELL_PROBES"))):
-            if value is not None and (value < least or value & (value - 1)):
-                raise UserError(f"{flag} must be a power of two of at least {least}, not {value}")
-        self.bpf: BpfObject | None = BpfObject(text, [Variant(self.attach, tuple(cflags))], "the BPF programs")
-        self._lib = self.bpf.lib
-        self.gen = 0
-        self._reasons_seen = np.zeros(len(self.contract.reasons), dtype=np.uint64)
-        hist = self.bpf["hist0"]
-        series = self.bpf["series0"]
-        self._hist_key = np.dtype(hist.Key)
-        self._hist_cell = np.dtype(self.bpf["cells"].Leaf)
-        self._cells_per_gen = self.bpf["cells"].max_entries // 2   # the array holds both generations
-        self._series_key = np.dtype(series.Key)
-        self._series_val = np.dtype(series.sLeaf)
-        # drain buffers, made once: fresh ones every interval would ratchet malloc's heap up
-        self._buffers = {
-            "series": (np.zeros(series.max_entries, self._series_key),
-                       np.zeros((series.max_entries, self.ncpu), self._series_val)),
-            "cells": (np.zeros(self._cells_per_gen, np.uint32), np.zeros(self._cells_per_gen, self._hist_cell)),
-            "hist": (np.zeros(hist.max_entries, self._hist_key),
-                     np.zeros((hist.max_entries, self.ncpu), np.uint64)),
-        }
-        slots = self.bpf["inflight"]
-        self._slot_buffers = (np.zeros(slots.max_entries, np.uint32), np.zeros(slots.max_entries, np.uint64),
-                              np.zeros(slots.max_entries, np.dtype(slots.Leaf)))
-        self._lost_seen: set[tuple[int, int]] = set()    # (slot, start_ns) already counted lost
-        for pid in opts.pids:
-            self.add_pid(pid)
-        devs = self.bpf["devs"]
-        for d in opts.devs:
-            devs[devs.Key(d)] = ct.c_uint8(1)
-        if self.bio_devs:
-            bio = self.bpf["bio_devs"]
-            for d in self.bio_devs:
-                bio[bio.Key(d)] = ct.c_uint8(1)
-        if start_bio and self.attach == "tracepoint":
-            parts = self.bpf["parts"]
-            for part, disk in list(devices.partitions().items())[:parts.max_entries]:
-                parts[parts.Key(part)] = parts.Leaf(disk)
+        cflags = compile_flags(opts, layout, bool(self.bio_devs), self.start_event, possible)
+        text = program_text(self.attach, self.start_event)
+        check_sizes(opts, self.contract)
+        self.bpf: BpfObject | None = BpfObject(text, [Variant(self.attach, cflags)], "the BPF programs")
+        self.maps = MapDrain(self.bpf, self.ncpu)
+        self.ledger = Ledger(self.bpf, self.attach, self.contract.reasons, self.contract.const("STALE_NS"))
+        self._write_filters(opts)
         # last: the programs record nothing until the config says enabled
         self._write_config(opts)
         self._interval_start = time.monotonic_ns()
-        self._diskstats = _diskstats()
+        self.ledger.open_window()
 
     @property
     def start_note(self) -> str:
@@ -407,8 +295,24 @@ class Probe:
                 f"{', '.join(self.start_blind)} (scheduler none) most requests will not be recorded; "
                 f"'echo mq-deadline > /sys/block/DISK/queue/scheduler' lets iotrace see them")
 
+    def _write_filters(self, opts: ProbeOptions) -> None:
+        """The pids, devices, bio-based disks and (block_getrq on the perf-event path) partitions maps."""
+        for pid in opts.pids:
+            self.add_pid(pid)
+        devs = self.bpf["devs"]
+        for d in opts.devs:
+            devs[devs.Key(d)] = ct.c_uint8(1)
+        if self.bio_devs:
+            bio = self.bpf["bio_devs"]
+            for d in self.bio_devs:
+                bio[bio.Key(d)] = ct.c_uint8(1)
+        if starts_at_bio(self.start_event) and self.attach == "tracepoint":
+            parts = self.bpf["parts"]
+            for part, disk in list(devices.partitions().items())[:parts.max_entries]:
+                parts[parts.Key(part)] = parts.Leaf(disk)
+
     def _write_config(self, opts: ProbeOptions) -> None:
-        self.bpf.write_config("config", gen=self.gen, filter_pids=1 if opts.pids else 0,
+        self.bpf.write_config("config", gen=self.maps.gen, filter_pids=1 if opts.pids else 0,
                               follow_children=1 if opts.follow_children else 0,
                               per_thread=1 if opts.per_thread else 0, filter_devs=1 if opts.devs else 0,
                               filter_cgroup=opts.cgroup_id, cgroup_level=opts.cgroup_level, enabled=1)
@@ -423,7 +327,7 @@ class Probe:
 
     def reason_totals(self) -> np.ndarray:
         """Events per reason since load (per-CPU counters summed)."""
-        return np.array(self.bpf.counters("reasons", len(self._reasons_seen)), dtype=np.uint64)
+        return self.ledger.reason_totals()
 
     def drain(self, final: bool = False) -> RawInterval:
         """Close the current interval and return everything recorded in it.
@@ -431,39 +335,21 @@ class Probe:
         `final`: the last one; it waits (up to LOST_MIN_AGE_NS) until requests
         left in flight on idle devices are old enough to be told lost.
         """
-        old = self.gen
-        self.gen ^= 1
-        self.bpf.update_config("config", gen=self.gen)
-        end = time.monotonic_ns()
-        time.sleep(GENERATION_GRACE_S)
+        old, end = self.maps.flip()
         # after the grace period: the old generation's last completions are in the kernel's counters too
-        diskstats = _diskstats()
-        skeys, svals = _batch_drain(self.bpf[f"series{old}"], *self._buffers["series"], self._lib)
-        ckeys, ccounts = _drain_cells(self.bpf["cells"], old * self._cells_per_gen, *self._buffers["cells"], self._lib)
-        hkeys, hvals = _batch_drain(self.bpf[f"hist{old}"], *self._buffers["hist"], self._lib)
-        totals = self.reason_totals()
-        delta = totals - self._reasons_seen
-        self._reasons_seen = totals
-        reasons = {name: int(n) for name, n in zip(self.contract.reasons, delta, strict=True)}
-        for reason in USER_DROPS:      # lost_completion: counted by the BPF side too, on the raw path
-            reasons.setdefault(f"drop_{reason}", 0)
-        reasons.update(self._skipped())
-        if self.attach == "tracepoint":
-            reasons["drop_lost_completion"] += self._lost_completions(final)
-        elif final:
-            reasons["drop_lost_completion"] += self._lost_at_end()
+        diskstats_start, diskstats_end = self.ledger.diskstats_window()
+        maps = self.maps.drain(old)
+        reasons = self.ledger.dropped(final)
         raw = RawInterval(
             start_ns=self._interval_start, end_ns=end,
-            series_keys=skeys, series_vals=_fold_series(svals),
-            hist_keys=np.concatenate([ckeys.astype(self._hist_key), hkeys]),
-            hist_counts=np.concatenate([ccounts, hvals.sum(axis=1)]),
-            reasons=reasons, diskstats_start=self._diskstats, diskstats_end=diskstats,
+            series_keys=maps.series_keys, series_vals=maps.series_vals,
+            hist_keys=maps.hist_keys, hist_counts=maps.hist_counts,
+            reasons=reasons, diskstats_start=diskstats_start, diskstats_end=diskstats_end,
             traced_devs=list(self._opts.devs) or None, filtered=bool(self._opts.pids or self._opts.cgroup_id),
             bio_devs=list(self.bio_devs), attach=self.attach,
             start_event=self.start_event, start_blind=list(self.start_blind),
         )
         self._interval_start = end
-        self._diskstats = diskstats
         return raw
 
     def prog_stats(self) -> dict[str, ProgStats]:
@@ -473,83 +359,6 @@ class Probe:
     def program_costs(self) -> dict[str, dict[str, int]]:
         """Each program's events, time spent (both 0 unless kernel.bpf_stats_enabled) and events skipped."""
         return self.bpf.costs()
-
-    def _skipped(self) -> dict[str, int]:
-        """Events the kernel skipped since the last drain, per program: {"drop_skipped_<name>": n}.
-
-        A program runs with a recursion guard, and the kernel skips (and
-        counts, in the program's recursion_misses) an event that fires while
-        the guard is held on that CPU: on raw tracepoints only while the same
-        program runs there (one completion interrupting another's program);
-        on perf-event tracepoints while any perf-event or kprobe program runs
-        there, any tool's, or a task was preempted while a BPF map syscall
-        held the same guard.  A skipped start or completion loses its
-        request; a skipped issue its queue/device split.  The counts include
-        events of processes and devices the filters would have left out: an
-        upper bound.  On the tracepoint path skipped completions are left to
-        _lost_completions(), which also finds those lost without a count.
-        """
-        def short(event: str) -> str | None:
-            name = PROGRAMS.get(event)
-            return None if name is None or (name == "complete" and self.attach == "tracepoint") else name
-
-        return {f"drop_skipped_{name}": n for name, n in self.bpf.skipped(short).items()}
-
-    def _taken_slots(self) -> tuple[np.ndarray, np.ndarray]:
-        """(indices, slots) of the in-flight table's taken slots."""
-        idx, tags, slots = self._slot_buffers
-        t = np.flatnonzero(read_array(self.bpf["tags"], idx, tags, self._lib))
-        return t, (read_array(self.bpf["inflight"], idx, slots, self._lib)[t] if len(t) else slots[:0])
-
-    def _lost_at_end(self) -> int:
-        """Raw path, last drain: slots whose completion never came and whose request object was not
-        reused since (a reuse counts them in the kernel).  The disk is only known at completion, so
-        they are counted only when no disk has anything in flight, before and after the table is
-        read; a slot under LOST_MIN_AGE_NS old may be a request still on its way."""
-        def idle() -> bool:
-            return all(devices.in_flight(dev) in (0, None) for dev in devices.whole_disks().values())
-
-        before_ns = time.monotonic_ns()
-        if not idle():
-            return 0
-        _, sl = self._taken_slots()
-        old = int((sl["start_ns"] < before_ns - LOST_MIN_AGE_NS).sum())
-        return old if old and idle() else 0
-
-    def _lost_completions(self, final: bool = False) -> int:
-        """Requests newly found to have completed without iotrace seeing it.
-
-        Their slots stay taken: the kernel ran no block_rq_complete program
-        for them, either skipping it as above (and counting a miss) or, now
-        and then, losing it on its perf-event path without a trace (README,
-        Dropped events).  A taken slot at least LOST_MIN_AGE_NS old is such a
-        request when its device had nothing in flight both before and after
-        the table was read, or when it is older than IOTRACE_STALE_NS.  Each
-        is counted once; the BPF side reuses the slot once it is stale.
-        """
-        taken = self._taken_slots
-        before_ns = time.monotonic_ns()
-        t, sl = taken()
-        old = sl["start_ns"] < before_ns - LOST_MIN_AGE_NS
-        if final and not old.all():
-            young = sl["start_ns"][~old]
-            if any(devices.in_flight(int(d)) == 0 for d in set(sl["dev"][~old].tolist())):
-                time.sleep(max(0, int(young.max()) + LOST_MIN_AGE_NS - before_ns) / 1e9)
-                return self._lost_completions()
-        devs = {int(d) for d in sl["dev"][old]}
-        idle = {d for d in devs if devices.in_flight(d) == 0}
-        if idle:
-            t, sl = taken()     # anything started before the idle reading and still taken after it is lost
-            idle &= {d for d in devs if devices.in_flight(d) == 0}
-        present = set(zip(t.tolist(), sl["start_ns"].tolist(), strict=True))
-        stale = self.contract.const("STALE_NS")
-        lost = set()
-        for i, start, dev in zip(t.tolist(), sl["start_ns"].tolist(), sl["dev"].tolist(), strict=True):
-            if start < before_ns - LOST_MIN_AGE_NS and (dev in idle or before_ns - start > stale):
-                lost.add((i, start))
-        new = len(lost - self._lost_seen)
-        self._lost_seen = (self._lost_seen & present) | lost
-        return new
 
     def close(self) -> None:
         if self.bpf is not None:

@@ -1,0 +1,44 @@
+"""tracer.sources.probe's pieces Probe.__init__ assembles, without root: the compiler flags, the size checks,
+the program text with its start event."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from tracer import contract
+from tracer.errors import UserError
+from tracer.sources import probe
+from tracer.sources.probe import ProbeOptions
+
+
+def test_perf_event_flags_follow_the_kernel_the_start_event_and_the_sizes(monkeypatch):
+    monkeypatch.setattr(probe, "tracepoint_fields", lambda ev, cat="block": {"group_dead"})
+    flags = probe.compile_flags(ProbeOptions(inflight_slots=4096, hist_cells=None), None, True, "block_getrq",
+                                [0, 1, 3])
+    assert flags == (f"-I{contract.bpf_dir()}", "-DIOTRACE_BIO_LEVEL", "-DIOTRACE_HAVE_GROUP_DEAD",
+                     "-DIOTRACE_START_BIO", "-DIOTRACE_CPUS=4", "-DIOTRACE_INFLIGHT_SLOTS=4096")
+    monkeypatch.setattr(probe, "tracepoint_fields", lambda ev, cat="block": None)
+    assert probe.compile_flags(ProbeOptions(), None, False, "block_io_start", [0]) == (
+        f"-I{contract.bpf_dir()}", "-DIOTRACE_CPUS=1")
+
+
+def test_raw_path_flags_are_the_layouts():
+    layout = types.SimpleNamespace(cflags=lambda: ["-DIOTRACE_OFF_X=8"], group_dead=True)
+    assert probe.compile_flags(ProbeOptions(), layout, False, "block_io_start", [0, 1])[1:] == (
+        "-DIOTRACE_OFF_X=8", "-DIOTRACE_HAVE_GROUP_DEAD", "-DIOTRACE_CPUS=2")
+
+
+@pytest.mark.parametrize("opts", [ProbeOptions(inflight_slots=1000), ProbeOptions(hist_cells=2)])
+def test_sizes_that_are_no_power_of_two_of_at_least_the_probe_window_are_refused(opts):
+    with pytest.raises(UserError, match="must be a power of two"):
+        probe.check_sizes(opts, contract.load())
+    probe.check_sizes(ProbeOptions(inflight_slots=1 << 14, hist_cells=1 << 14), contract.load())
+
+
+@pytest.mark.parametrize("attach", probe.ATTACH_MODES)
+def test_the_program_text_names_the_start_event(attach):
+    text = probe.program_text(attach, "block_rq_insert")
+    assert "IOTRACE_START_EVENT" not in text and "IOTRACE_START_CATEGORY" not in text
+    assert "block_rq_insert" in text

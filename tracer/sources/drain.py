@@ -1,0 +1,184 @@
+"""The drain of the request tracer's maps: what the BPF programs recorded in one generation, read out and
+cleared, as plain numpy arrays.
+
+Owns the reading side of the maps the programs record into (bpf/core.bpf.h):
+the per-CPU hashes series0/series1 and hist0/hist1 (emptied with batch
+look-up-and-delete), the per-CPU histogram cell array `cells` (both
+generations, half each: read in one batch, the populated cells zeroed), the
+generation flip in the config map that tells the programs which half to
+write, and the numpy buffers the reads go into (made once: fresh ones every
+interval would ratchet malloc's heap up).  Per-CPU series values are folded
+here into one row per series (fold_series).
+
+It knows nothing of drop reasons, lost requests or diskstats (those are the
+loss ledger's, tracer.sources.ledger) nor of percentiles (tracer.pipeline).
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from tracer.sources.bpfobject import BpfObject
+
+# Programs that began on the old generation finish within microseconds
+# (BPF programs do not sleep); this margin is generous.
+GENERATION_GRACE_S = 0.005
+
+
+def batch_drain(table, keys: np.ndarray, vals: np.ndarray, lib) -> tuple[np.ndarray, np.ndarray]:
+    """Look up and delete every element of a per-CPU hash in a few syscalls.
+
+    `keys` (cap,) and `vals` (cap, ncpu) are reused buffers; copies of the
+    drained part are returned.
+    """
+    cap, ncpu = vals.shape
+    key_dtype, val_dtype = keys.dtype, vals.dtype
+    count = ct.c_uint32(0)
+    token = ct.c_uint32(0)
+    total = 0
+    while total < cap:
+        count.value = cap - total
+        res = lib.bpf_lookup_and_delete_batch(
+            table.map_fd,
+            ct.byref(token) if total else None,
+            ct.byref(token),
+            ct.c_void_p(keys.ctypes.data + total * key_dtype.itemsize),
+            ct.c_void_p(vals.ctypes.data + total * ncpu * val_dtype.itemsize),
+            ct.byref(count),
+        )
+        err = ct.get_errno()
+        total += count.value
+        if res != 0:
+            if err == errno.ENOENT:
+                break   # walked the whole map
+            raise OSError(err, f"draining BPF map {table.name!r}: {os.strerror(err)}")
+        if count.value == 0:
+            break
+    return keys[:total].copy(), vals[:total].copy()
+
+
+def read_array(table, keys: np.ndarray, vals: np.ndarray, lib, start: int = 0) -> np.ndarray:
+    """Elements `start`.. of a BPF array map, as many as `vals` holds, in one syscall, into the reused `vals`
+    buffer; `keys` gets their indices."""
+    # the kernel's batch token for an array is the last index read: the walk resumes after it
+    count, token, last = ct.c_uint32(len(vals)), ct.c_uint32(0), ct.c_uint32(start - 1)
+    res = lib.bpf_lookup_batch(table.map_fd, ct.byref(last) if start else None, ct.byref(token),
+                               ct.c_void_p(keys.ctypes.data), ct.c_void_p(vals.ctypes.data), ct.byref(count))
+    err = ct.get_errno()
+    if res != 0 and err != errno.ENOENT:
+        raise OSError(err, f"reading BPF map {table.name!r}: {os.strerror(err)}")
+    return vals[:count.value]
+
+
+def drain_cells(table, start: int, idx: np.ndarray, cells: np.ndarray, lib) -> tuple[np.ndarray, np.ndarray]:
+    """Read every CPU's histogram cells of one generation (from index `start`), zero the populated ones,
+    return (keys, counts).
+
+    A key may come back once per CPU; the aggregator sums repeats.  `idx`
+    and `cells` (cap,) are reused buffers.
+    """
+    cells = read_array(table, idx, cells, lib, start)
+    rows = np.flatnonzero(cells["count"])
+    if len(rows):
+        zeros = np.zeros(len(rows), dtype=cells.dtype)
+        keys = np.ascontiguousarray(idx[rows])
+        n = ct.c_uint32(len(rows))
+        if lib.bpf_update_batch(table.map_fd, ct.c_void_p(keys.ctypes.data), ct.c_void_p(zeros.ctypes.data),
+                                ct.byref(n)) != 0:
+            err = ct.get_errno()
+            raise OSError(err, f"clearing BPF map {table.name!r}: {os.strerror(err)}")
+    picked = cells[rows]
+    return picked["key"], picked["count"].astype(np.uint64)
+
+
+def fold_series(vals: np.ndarray) -> np.ndarray:
+    """Fold per-CPU series values (n, ncpu) into one value per series."""
+    out = np.zeros(len(vals), dtype=vals.dtype)
+    if not len(vals):
+        return out
+    for name in ("count", "bytes", "sum_ns", "phase_count"):
+        out[name] = vals[name].sum(axis=1)
+    out["max_ns"] = vals["max_ns"].max(axis=1)
+    mins = vals["min_ns"].astype(np.float64)
+    mins[mins == 0] = np.inf   # 0 means "this CPU saw none"
+    folded = mins.min(axis=1)
+    folded[np.isinf(folded)] = 0
+    out["min_ns"] = folded.astype(np.uint64)
+    # identity of the submitter: from the CPU that completed this series' latest request (a process's
+    # name changes at exec: each CPU keeps the name of its own latest request)
+    seen = np.argmax(np.where(vals["count"] > 0, vals["last_ns"], 0), axis=1)
+    rows = np.arange(len(vals))
+    for name in ("cgroup", "tgid", "comm"):
+        out[name] = vals[name][rows, seen]
+    return out
+
+
+def merge_hist(cell_keys: np.ndarray, cell_counts: np.ndarray, hist_keys: np.ndarray, hist_vals: np.ndarray,
+               key_dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The histogram rows of one generation: the cells' (one count each) then the overflow hash's (per-CPU
+    counts, summed), keyed alike."""
+    return (np.concatenate([cell_keys.astype(key_dtype), hist_keys]),
+            np.concatenate([cell_counts, hist_vals.sum(axis=1)]))
+
+
+@dataclass
+class Drained:
+    """One generation's maps, read out: what RawInterval carries of them."""
+
+    series_keys: np.ndarray  # structured: pid, dev, op
+    series_vals: np.ndarray  # structured, per-CPU values already folded
+    hist_keys: np.ndarray    # structured: pid, dev, bucket, op, phase
+    hist_counts: np.ndarray  # uint64, per-CPU summed
+
+
+class MapDrain:
+    """The recording maps of a loaded BpfObject, drained one generation at a time.
+
+    `flip()` moves the programs onto the other generation; `drain(gen)` then
+    reads and clears the one left behind.  Sizes and layouts come from the
+    maps themselves (bcc's Key/Leaf types and max_entries).
+    """
+
+    def __init__(self, bpf: BpfObject, ncpu: int, config: str = "config"):
+        self.bpf, self.ncpu, self.config = bpf, ncpu, config
+        self.gen = 0            # the generation the programs write
+        hist, series, cells = bpf["hist0"], bpf["series0"], bpf["cells"]
+        self.hist_key = np.dtype(hist.Key)
+        self.hist_cell = np.dtype(cells.Leaf)
+        self.cells_per_gen = cells.max_entries // 2   # the array holds both generations
+        self.series_key = np.dtype(series.Key)
+        self.series_val = np.dtype(series.sLeaf)
+        # drain buffers, made once: fresh ones every interval would ratchet malloc's heap up
+        self._buffers = {
+            "series": (np.zeros(series.max_entries, self.series_key),
+                       np.zeros((series.max_entries, ncpu), self.series_val)),
+            "cells": (np.zeros(self.cells_per_gen, np.uint32), np.zeros(self.cells_per_gen, self.hist_cell)),
+            "hist": (np.zeros(hist.max_entries, self.hist_key),
+                     np.zeros((hist.max_entries, ncpu), np.uint64)),
+        }
+
+    def flip(self) -> tuple[int, int]:
+        """Send the programs to the other generation; (the old one, CLOCK_MONOTONIC ns of the flip), once the
+        programs that began on the old one have finished (GENERATION_GRACE_S)."""
+        old = self.gen
+        self.gen ^= 1
+        self.bpf.update_config(self.config, gen=self.gen)
+        end = time.monotonic_ns()
+        time.sleep(GENERATION_GRACE_S)
+        return old, end
+
+    def drain(self, gen: int) -> Drained:
+        """Read and clear generation `gen`'s series, cells and histogram overflow."""
+        lib = self.bpf.lib
+        skeys, svals = batch_drain(self.bpf[f"series{gen}"], *self._buffers["series"], lib)
+        ckeys, ccounts = drain_cells(self.bpf["cells"], gen * self.cells_per_gen, *self._buffers["cells"], lib)
+        hkeys, hvals = batch_drain(self.bpf[f"hist{gen}"], *self._buffers["hist"], lib)
+        hist_keys, hist_counts = merge_hist(ckeys, ccounts, hkeys, hvals, self.hist_key)
+        return Drained(series_keys=skeys, series_vals=fold_series(svals), hist_keys=hist_keys,
+                       hist_counts=hist_counts)
