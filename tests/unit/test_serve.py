@@ -28,7 +28,7 @@ from tracer.model.dump import Dump, PhaseStats, Series  # noqa: E402
 from tracer.model.histogram import Histogram, bucket_index, bucket_lower  # noqa: E402
 from tracer.model.sections import TaskRow, Tasks  # noqa: E402
 from tracer.sinks import prometheus as serve  # noqa: E402
-from tracer.sinks import promserver  # noqa: E402
+from tracer.sinks import promhttp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -463,7 +463,7 @@ def test_render_openmetrics_is_what_prometheus_client_writes():
                            "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",       # Prometheus 2.42's
                            "application/openmetrics-text"):
                 encoder, content_type = choose_encoder(accept)
-                assert promserver._is_openmetrics_1(encoder), accept
+                assert promhttp._is_openmetrics_1(encoder), accept
                 assert cache.body(content_type, encoder) == openmetrics(registry) == encoder(registry)
 
 
@@ -685,7 +685,7 @@ def test_formats_named_by_clients_are_bounded():
     for minor in range(40):
         encoder, content_type = choose_encoder(f"application/openmetrics-text; version=1.{minor}.0")
         assert cache.body(content_type, encoder).endswith(b"# EOF\n")
-        assert len(cache._bodies) <= promserver.MAX_BODIES
+        assert len(cache._bodies) <= promhttp.MAX_BODIES
     assert cache.body(ct, text_enc) == prometheus_client.generate_latest(registry)
 
     port = free_port()
@@ -699,7 +699,7 @@ def test_formats_named_by_clients_are_bounded():
         sink.on_dump(dump_of([series("p", latencies(5))]))      # a snapshot: at most MAX_WANTED rendered anew
         renders = sink.renders()
         sink.on_dump(dump_of([series("p", latencies(5))]))
-        assert sink.renders() - renders <= promserver.MAX_WANTED
+        assert sink.renders() - renders <= promhttp.MAX_WANTED
         assert get(port, "/metrics")[0] == 200
     finally:
         sink.close(0)

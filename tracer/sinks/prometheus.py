@@ -78,7 +78,8 @@ from tracer.sinks.exposition import (  # noqa: F401 - the metric names are also 
     render_openmetrics,
     render_text,
 )
-from tracer.sinks.promserver import LISTEN_BACKLOG, ScrapeCache, ServerGone, ServerProcess  # noqa: F401
+from tracer.sinks.promhttp import ScrapeCache  # noqa: F401
+from tracer.sinks.promserver import LISTEN_BACKLOG, ServerGone, ServerProcess  # noqa: F401
 
 
 def metric_labels() -> dict[str, tuple[str, ...]]:

@@ -1,0 +1,563 @@
+"""The server process of `iotrace serve`'s /metrics, its side: one selector thread answering every
+connection from cached bodies, one render thread making them (ScrapeCache), the snapshot the tracer sent
+(Mirror), and the wire between the two (length-prefixed marshal over a socketpair).  How and why it is a
+process, and how it ends with the tracer: tracer/sinks/promserver.py, the tracer's side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import marshal
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+
+from tracer.sinks import taskmetrics
+from tracer.sinks.exposition import READY_PATH, Snapshot, families, render_openmetrics, render_text
+
+# the server's threads: the one that renders a new snapshot yields the GIL to those answering scrapes this often
+SWITCH_INTERVAL_S = 0.0005
+FINISH_S = 1.0              # scrapes in flight when the tracer ends get this long to finish
+PR_SET_PDEATHSIG = 1
+
+# The formats a client names come from its Accept header (OpenMetrics' version and escaping are its to
+# choose), so they are bounded: at most MAX_BODIES bodies are kept (the least recently made go), and the
+# server renders anew at every snapshot only the first MAX_WANTED formats asked for (plain text first)
+MAX_BODIES = 8
+MAX_WANTED = 4
+
+_LEN = struct.Struct("<I")
+
+
+class ScrapeCache:
+    """The /metrics body, rendered once per change of the metrics and served as bytes to every scrape
+    until the next one.
+
+    `exporter` has `generation` (bumped at every change a scrape can see),
+    `render_text()` and `render_openmetrics()`; `tasks` (or None)
+    `generation` and `collect()`.  Each format a client asks for (text 0.0.4
+    and OpenMetrics 1.0.0, written by the exporter; others, by
+    prometheus_client from `registry`) and its gzip are made
+    at most once per change, under a lock, so that concurrent scrapes after a
+    change wait for one rendering, not do eight.
+    """
+
+    def __init__(self, exporter, registry, tasks=None):
+        self.exporter = exporter
+        self.registry = registry
+        self.tasks = tasks
+        self._lock = threading.Lock()          # guards _bodies
+        self._render = threading.Lock()        # held while rendering
+        self._bodies: dict[tuple[str, bool], tuple[tuple, bytes]] = {}    # (format, gzip) -> (generation, body)
+        self.renders = 0        # bodies rendered (the tests read it)
+
+    def generation(self) -> tuple[int, int]:
+        return self.exporter.generation, self.tasks.generation if self.tasks else 0
+
+    def _text(self, openmetrics: bool = False) -> bytes:
+        """The text format (or OpenMetrics 1.0.0) written by the exporter's own renderer; the few task
+        counters by prometheus_client's."""
+        from prometheus_client import CollectorRegistry, generate_latest
+        from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+        text = self.exporter.render_openmetrics() if openmetrics else self.exporter.render_text()
+        if self.tasks:
+            only = CollectorRegistry(auto_describe=False)
+            only.register(self.tasks)
+            text += (generate_openmetrics if openmetrics else generate_latest)(only).decode()
+        elif openmetrics:
+            text += "# EOF\n"
+        return text.encode()
+
+    def body(self, content_type: str, encoder, gzipped: bool = False) -> bytes:
+        """The body `encoder` (from prometheus_client's choose_encoder) makes, gzipped or not; the text
+        format (generate_latest) is written by render_text instead.
+
+        While a newer body is being rendered, a scrape gets the last one made
+        (one drain older) at once rather than waiting for it.
+        """
+        want = (content_type, gzipped)
+        got = self.peek(content_type, gzipped)
+        if got is not None:
+            return got
+        with self._render:         # one rendering at a time; the others serve what there is meanwhile
+            key = self.generation()
+            with self._lock:
+                got = self._bodies.get(want)
+                if got is not None and got[0] == key:
+                    return got[1]
+                plain = self._bodies.get((content_type, False))
+            if plain is None or plain[0] != key:
+                plain = (key, self._plain(encoder))
+            body = plain if not gzipped else (key, self._gzip(plain[1]))
+            with self._lock:
+                for k, v in (((content_type, False), plain), (want, body)):
+                    self._bodies.pop(k, None)       # the most recent last: the first are evicted
+                    self._bodies[k] = v
+                while len(self._bodies) > MAX_BODIES:
+                    del self._bodies[next(iter(self._bodies))]
+            return body[1]
+
+    def peek(self, content_type: str, gzipped: bool = False) -> bytes | None:
+        """The body if it need not be rendered: it is the current one, or a newer one is being rendered."""
+        with self._lock:
+            got = self._bodies.get((content_type, gzipped))
+            if got is not None and (got[0] == self.generation() or self._render.locked()):
+                return got[1]
+        return None
+
+    def _plain(self, encoder) -> bytes:
+        from prometheus_client.exposition import generate_latest
+
+        self.renders += 1
+        # rendered for the key read before: a change meanwhile makes the next scrape render anew
+        if encoder is generate_latest:
+            return self._text()
+        if _is_openmetrics_1(encoder):
+            return self._text(openmetrics=True)
+        return encoder(self.registry)
+
+    @staticmethod
+    def _gzip(data: bytes) -> bytes:
+        import gzip
+
+        return gzip.compress(data, compresslevel=1)
+
+    def refresh(self) -> None:
+        """Render the text format now (after a change), so that the next scrapes find it ready."""
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder("")
+        self.body(content_type, encoder)
+
+
+# ---- what the server serves: the last snapshot the tracer sent ----------------------------------------
+
+def _is_openmetrics_1(encoder) -> bool:
+    """`encoder` (choose_encoder's) is prometheus_client's OpenMetrics 1.0.0 writer, as Prometheus asks for it:
+    the one exposition.render_openmetrics writes (the escaping of names changes nothing: iotrace's names
+    and label names are plain)."""
+    import functools
+
+    from prometheus_client.openmetrics.exposition import generate_latest
+
+    return (isinstance(encoder, functools.partial) and encoder.func is generate_latest and not encoder.args
+            and encoder.keywords.get("version") == "1.0.0" and set(encoder.keywords) <= {"version", "escaping"})
+
+
+class Mirror:
+    """The last snapshot received, with its generations ((exporter, tasks), the ScrapeCache's key), as one
+    attribute: a reader that saw a generation sees that snapshot or a newer one, never an older."""
+
+    def __init__(self, key: tuple[int, int], snap: Snapshot):
+        self.state = (key, snap)
+
+
+class MirrorExporter:
+    """The exporter as the server sees it: what ScrapeCache, metrics_app and a registry ask of it."""
+
+    def __init__(self, mirror: Mirror):
+        self.mirror = mirror
+
+    @property
+    def generation(self) -> int:
+        return self.mirror.state[0][0]
+
+    @property
+    def attached(self) -> bool:
+        return bool(self.mirror.state[1].attached)
+
+    def render_text(self) -> str:
+        return render_text(self.mirror.state[1])
+
+    def render_openmetrics(self) -> str:
+        return render_openmetrics(self.mirror.state[1])
+
+    def collect(self):
+        yield from families(self.mirror.state[1])
+
+
+class MirrorTasks:
+    """The --tasks counters as the server sees them."""
+
+    def __init__(self, mirror: Mirror):
+        self.mirror = mirror
+
+    @property
+    def generation(self) -> int:
+        return self.mirror.state[0][1]
+
+    def collect(self):
+        yield from taskmetrics.families(self.mirror.state[1].tasks or [])
+
+
+# ---- the wire: length-prefixed marshal over a socketpair ---------------------------------------------
+
+def send(sock: socket.socket, obj) -> None:
+    data = marshal.dumps(obj)
+    sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def recv(sock: socket.socket):
+    """One message, or None at end of file."""
+    head = _recv_exactly(sock, _LEN.size)
+    if head is None:
+        return None
+    data = _recv_exactly(sock, _LEN.unpack(head)[0])
+    if data is None:
+        return None
+    return marshal.loads(data)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+# ---- the server's side ---------------------------------------------------------------------------------
+
+MAX_CONNECTIONS = 256       # beyond this many at once, a new connection is closed unanswered
+MAX_REQUEST_BYTES = 16384   # a request's line and headers
+REQUEST_TIMEOUT_S = 10.0    # for a client to send its request ...
+SEND_TIMEOUT_S = 30.0       # ... and to take the answer
+
+
+class _Conn:
+    __slots__ = ("sock", "buf", "out", "deadline", "waiting")
+
+    def __init__(self, sock: socket.socket, now: float):
+        self.sock = sock
+        self.buf = bytearray()
+        self.out: memoryview | None = None
+        self.deadline = now + REQUEST_TIMEOUT_S
+        self.waiting = False        # for the renderer thread
+
+
+class _Renderer(threading.Thread):
+    """The one thread that renders: bodies the cache does not have yet, and what prometheus_client's own app
+    answers.  Jobs are callables; each result is handed back to the loop with a byte on `wake`."""
+
+    def __init__(self, wake: socket.socket):
+        super().__init__(name="render", daemon=True)
+        self.wake = wake
+        self.jobs: list = []
+        self.done: list = []
+        self.cond = threading.Condition()
+
+    def submit(self, job, then) -> None:
+        with self.cond:
+            self.jobs.append((job, then))
+            self.cond.notify()
+
+    def run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.jobs:
+                    self.cond.wait()
+                job, then = self.jobs.pop(0)
+            try:
+                result = job()
+            except Exception as exc:  # noqa: BLE001 - one failed rendering is that request's 500, not the server's end
+                result = exc
+            with self.cond:
+                self.done.append((then, result))
+            with contextlib.suppress(OSError):
+                self.wake.send(b"x")
+
+    def take_done(self) -> list:
+        with self.cond:
+            out, self.done = self.done, []
+        return out
+
+
+def _response(status: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
+    head = [f"HTTP/1.1 {status}"] + [f"{k}: {v}" for k, v in headers
+                                     if k.lower() not in ("content-length", "connection")]
+    head += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+    return "\r\n".join(head).encode("latin-1") + body
+
+
+class _Server:
+    """One thread serving every connection from a selector: it parses requests and sends bytes the cache
+    already has; whatever must be rendered goes to the _Renderer, and the connection waits for it while the
+    others are served.  A request is answered and its connection closed (as HTTP/1.0 servers do)."""
+
+    def __init__(self, listener: socket.socket, chan: socket.socket, mirror: Mirror, tasks: bool):
+        import selectors
+
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.exposition import choose_encoder, make_wsgi_app
+
+        self.choose_encoder = choose_encoder
+        self.listener = listener
+        self.chan = chan
+        self.mirror = mirror
+        self.exporter = MirrorExporter(mirror)
+        tasks_view = MirrorTasks(mirror) if tasks else None
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self.exporter)
+        if tasks_view:
+            registry.register(tasks_view)
+        self.cache = ScrapeCache(self.exporter, registry, tasks_view)
+        self.app = make_wsgi_app(registry)
+        encoder, content_type = choose_encoder("")
+        self.wanted = {(content_type, False): encoder}     # the bodies asked for: rendered anew at each change
+        wake_r, wake_w = socket.socketpair()
+        self.wake = wake_r
+        self.renderer = _Renderer(wake_w)
+        self.sel = selectors.DefaultSelector()
+        self.READ, self.WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+        for s in (listener, chan, wake_r):
+            s.setblocking(False)
+            self.sel.register(s, self.READ, None)
+        self.conns: dict[int, _Conn] = {}
+        self.chan_buf = bytearray()
+        self.ending = False
+
+    def run(self) -> None:
+        self.renderer.start()
+        self._refresh(ack=False)
+        while not self.ending or self.conns:
+            now = time.monotonic()
+            for key, _ in self.sel.select(timeout=1.0):
+                s = key.fileobj
+                if s is self.listener:
+                    self._accept(now)
+                elif s is self.chan:
+                    self._from_tracer()
+                elif s is self.wake:
+                    self._rendered()
+                else:
+                    self._io(self.conns.get(s.fileno()), now)
+            for c in [c for c in self.conns.values() if now > c.deadline]:
+                self._close(c)
+
+    # ---- the tracer's snapshots
+
+    def _from_tracer(self) -> None:
+        try:
+            data = self.chan.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._end()
+            return
+        self.chan_buf += data
+        while len(self.chan_buf) >= _LEN.size:
+            n = _LEN.unpack_from(self.chan_buf)[0]
+            if len(self.chan_buf) < _LEN.size + n:
+                break
+            msg = marshal.loads(bytes(self.chan_buf[_LEN.size:_LEN.size + n]))
+            del self.chan_buf[:_LEN.size + n]
+            if msg[0] == "state":
+                with self.cache._lock:      # the key and the snapshot change together
+                    self.mirror.state = (tuple(msg[1]), Snapshot.from_wire(msg[2]))
+                self._refresh(ack=True)
+            elif msg[0] == "stats":     # after the renderings queued before it
+                self.renderer.submit(lambda: self.cache.renders, ("stats",))
+
+    def _refresh(self, ack: bool) -> None:
+        """Render again every body asked for so far, the plain text format first; ack the tracer once that
+        one is ready (a scrape after its on_dump sees this snapshot), then the others (OpenMetrics, as
+        Prometheus asks, takes prometheus_client ~100 ms for a few hundred series); scrapes meanwhile get
+        the bodies of the snapshot before."""
+        first, *others = list(self.wanted.items())
+
+        def render(which):
+            def job():
+                for (content_type, gzipped), encoder in which:
+                    self.cache.body(content_type, encoder, gzipped)
+            return job
+        self.renderer.submit(render([first]), ("ack",) if ack else ("nothing",))
+        if others:
+            self.renderer.submit(render(others), ("nothing",))
+
+    def _to_tracer(self, msg) -> None:
+        if self.ending:
+            return
+        self.chan.setblocking(True)
+        try:
+            send(self.chan, msg)
+        except OSError:
+            self._end()         # the tracer is gone
+            return
+        self.chan.setblocking(False)
+
+    def _end(self) -> None:
+        """The tracer is gone or ends us: no new connections; those open get FINISH_S."""
+        if self.ending:
+            return
+        self.ending = True
+        for s in (self.listener, self.chan):
+            self.sel.unregister(s)
+            s.close()
+        until = time.monotonic() + FINISH_S
+        for c in self.conns.values():
+            c.deadline = min(c.deadline, until)
+
+    # ---- connections
+
+    def _accept(self, now: float) -> None:
+        for _ in range(64):
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return      # e.g. EMFILE: the backlog keeps it for the next round
+            if len(self.conns) >= MAX_CONNECTIONS:
+                sock.close()
+                continue
+            sock.setblocking(False)
+            c = _Conn(sock, now)
+            self.conns[sock.fileno()] = c
+            self.sel.register(sock, self.READ, None)
+
+    def _close(self, c: _Conn) -> None:
+        self.conns.pop(c.sock.fileno(), None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(c.sock)
+        c.sock.close()
+
+    def _io(self, c: _Conn | None, now: float) -> None:
+        if c is None:
+            return
+        if c.out is not None:
+            self._send_some(c)
+            return
+        try:
+            data = c.sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(c)
+            return
+        c.buf += data
+        end = c.buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(c.buf) > MAX_REQUEST_BYTES:
+                self._answer(c, _response("431 Request Header Fields Too Large", [], b""))
+            return
+        self.sel.unregister(c.sock)     # the request is read: what comes next is our answer
+        c.deadline = now + SEND_TIMEOUT_S
+        self._request(c, bytes(c.buf[:end]).decode("latin-1"))
+
+    def _request(self, c: _Conn, head: str) -> None:
+        lines = head.split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            self._answer(c, _response("400 Bad Request", [], b""))
+            return
+        method, target = parts[0], parts[1]
+        headers = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
+        path, _, query = target.partition("?")
+        if path == READY_PATH:
+            ready = self.exporter.attached
+            self._answer(c, _response("200 OK" if ready else "503 Service Unavailable",
+                                      [("Content-Type", "text/plain")],
+                                      b"ready: tracing\n" if ready else b"not ready: loading the BPF programs\n"))
+            return
+        if method != "GET" or path == "/favicon.ico" or "name[]" in query:
+            environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query,
+                       "HTTP_ACCEPT": headers.get("accept", ""),
+                       "HTTP_ACCEPT_ENCODING": headers.get("accept-encoding", "")}
+            self._wait(c, lambda: self._app(environ))
+            return
+        encoder, content_type = self.choose_encoder(headers.get("accept", ""))
+        gzipped = "gzip" in headers.get("accept-encoding", "")
+        key = (content_type, gzipped)
+        body = self.cache.peek(content_type, gzipped)
+        if body is not None:
+            self._answer(c, self._metrics(key, body))
+            return
+        if len(self.wanted) < MAX_WANTED:
+            self.wanted.setdefault(key, encoder)
+        self._wait(c, lambda: self._metrics(key, self.cache.body(content_type, encoder, gzipped)))
+
+    @staticmethod
+    def _metrics(key: tuple[str, bool], body: bytes) -> bytes:
+        headers = [("Content-Type", key[0])] + ([("Content-Encoding", "gzip")] if key[1] else [])
+        return _response("200 OK", headers, body)
+
+    def _app(self, environ) -> bytes:
+        got = {}
+
+        def start_response(status, headers):
+            got["status"], got["headers"] = status, headers
+        body = b"".join(self.app(environ, start_response))
+        return _response(got["status"], got["headers"], body)
+
+    def _wait(self, c: _Conn, job) -> None:
+        c.waiting = True
+        self.renderer.submit(job, ("conn", c))
+
+    def _rendered(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            self.wake.recv(4096)
+        for then, result in self.renderer.take_done():
+            if then[0] == "ack":
+                self._to_tracer(("ack",))
+            elif then[0] == "stats":
+                self._to_tracer(("stats", result))
+            elif then[0] == "conn":
+                c = then[1]
+                c.waiting = False
+                if c.sock.fileno() not in self.conns:
+                    continue
+                if isinstance(result, BaseException):
+                    result = _response("500 Internal Server Error", [("Content-Type", "text/plain")],
+                                       f"iotrace: {type(result).__name__}\n".encode())
+                self._answer(c, result)
+
+    def _answer(self, c: _Conn, response: bytes) -> None:
+        c.out = memoryview(response)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(c.sock)
+        self.sel.register(c.sock, self.WRITE, None)
+        self._send_some(c)
+
+    def _send_some(self, c: _Conn) -> None:
+        try:
+            n = c.sock.send(c.out)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._close(c)
+            return
+        c.out = c.out[n:]
+        if not len(c.out):
+            self._close(c)
+
+
+def serve(listener: socket.socket, chan: socket.socket, tracer: int, prctl, mirror: Mirror, tasks: bool) -> None:
+    """The server process's life: serve `listener` from `mirror`, take snapshots from `chan` until its end."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != tracer:
+        return      # the tracer died before the signal was set
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)        # stderr stays: the one line of a failure
+    os.close(null)
+    os.chdir("/")
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    _Server(listener, chan, mirror, tasks).run()
