@@ -13,6 +13,7 @@ existing one keeps its owner).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import pwd
@@ -26,6 +27,20 @@ from tracer.errors import UserError
 _MODES = {"a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
           "w": os.O_WRONLY | os.O_CREAT,            # truncated only after the checks
           "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL}
+
+
+PR_SET_PDEATHSIG = 1     # prctl(2): the signal a child gets when the process that forked it dies
+
+
+def libc_prctl():
+    """libc's prctl, looked up before a fork (the child must not import or load anything); None without one."""
+    try:
+        f = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    f.restype = ctypes.c_int
+    return f
 
 
 def invoking_user() -> pwd.struct_passwd | None:

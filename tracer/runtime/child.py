@@ -7,31 +7,18 @@ It never outlives the tracer untraced: it gets SIGTERM when the tracer dies
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
 import time
 
 from tracer.errors import UserError
-from tracer.osutil import invoking_user
+from tracer.osutil import PR_SET_PDEATHSIG, invoking_user, libc_prctl
 
-PR_SET_PDEATHSIG = 1
 # the signal the command gets when the tracer dies: the one iotrace itself sends to end it
 DEATH_SIGNAL = signal.SIGTERM
 # seconds a command has after SIGTERM before SIGKILL, once iotrace is ending it without waiting
 KILL_GRACE_S = 2.0
-
-
-def _prctl():
-    """libc's prctl, looked up before fork (the child must not import or load anything); None without one."""
-    try:
-        f = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    f.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    f.restype = ctypes.c_int
-    return f
 
 
 def spawn_held(command: list[str], env: dict[str, str] | None = None, stdout_to_stderr: bool = False
@@ -47,7 +34,7 @@ def spawn_held(command: list[str], env: dict[str, str] | None = None, stdout_to_
     if shutil.which(command[0]) is None:
         raise UserError(f"command not found: {command[0]}")
     user = invoking_user()
-    prctl = _prctl()
+    prctl = libc_prctl()
     tracer = os.getpid()
     r, w = os.pipe()
     pid = os.fork()

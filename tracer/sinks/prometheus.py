@@ -8,16 +8,8 @@ are tracer.sinks.exposition's (re-exported here).
 
 Every --interval it drains the kernel's histograms (as `iotrace -i` does)
 and adds the dump to cumulative counters, which a Prometheus scrape reads:
-
-    iotrace_io_latency_seconds{device,op,phase,comm,container}   histogram
-    iotrace_ios_total{device,op,comm,container}                   counter: requests completed
-    iotrace_bytes_total{device,op,comm,container}                 counter
-    iotrace_dropped_events_total{reason}                          counter (README, "Dropped events")
-    iotrace_drains_total                                          counter: intervals folded in
-    iotrace_labelled_owners                                       gauge: (comm, container) pairs with own labels
-    iotrace_folded_owners_total                                   counter: owners folded into comm="other"
-    iotrace_attached                                              gauge: 0 while the BPF programs load, then 1
-    iotrace_task_*{comm,container}     with --tasks: per-process I/O wait, read bytes, fsync... (taskmetrics.py)
+the metrics tracer.sinks.exposition lists, and with --tasks the per-process
+iotrace_task_*{comm,container} ones (I/O wait, read bytes, fsync...: taskmetrics.py).
 
 /ready answers 200 once the programs are attached and 503 before (a readiness
 probe); /metrics answers from the start, so a scrape tells "not attached yet"

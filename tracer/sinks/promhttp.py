@@ -16,13 +16,13 @@ import sys
 import threading
 import time
 
+from tracer.osutil import PR_SET_PDEATHSIG
 from tracer.sinks import taskmetrics
 from tracer.sinks.exposition import READY_PATH, Snapshot, families, render_openmetrics, render_text
 
 # the server's threads: the one that renders a new snapshot yields the GIL to those answering scrapes this often
 SWITCH_INTERVAL_S = 0.0005
 FINISH_S = 1.0              # scrapes in flight when the tracer ends get this long to finish
-PR_SET_PDEATHSIG = 1
 
 # The formats a client names come from its Accept header (OpenMetrics' version and escaping are its to
 # choose), so they are bounded: at most MAX_BODIES bodies are kept (the least recently made go), and the

@@ -41,13 +41,13 @@ server dying first under scrapes of the final state.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
 import sys
 import time
 
+from tracer.osutil import libc_prctl
 from tracer.sinks.exposition import Snapshot
 from tracer.sinks.promhttp import Mirror, recv, send, serve
 
@@ -62,17 +62,6 @@ class ServerGone(OSError):
 
 # ---- the tracer's side ---------------------------------------------------------------------------------
 
-def _prctl():
-    """libc's prctl (looked up before the fork); None without one."""
-    try:
-        f = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    f.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    f.restype = ctypes.c_int
-    return f
-
-
 class ServerProcess:
     """The server process, from the tracer's side: start() forks it on a listening socket; update() hands
     it a snapshot and returns once it is served; close() ends it and reaps it."""
@@ -85,7 +74,7 @@ class ServerProcess:
     @classmethod
     def start(cls, listener: socket.socket, key: tuple[int, int], snap: Snapshot, tasks: bool) -> ServerProcess:
         """Fork the server on `listener` (closed here: the server holds the only copy) serving `snap`."""
-        prctl = _prctl()
+        prctl = libc_prctl()
         tracer = os.getpid()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for f in (sys.stdout, sys.stderr):
