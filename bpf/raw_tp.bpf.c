@@ -109,6 +109,22 @@ static __always_inline u32 opf_op(u32 opf, u32 bytes)
 	return IOTRACE_OP_OTHER;
 }
 
+/*
+ * Whether --dev leaves the request at `rq` out: its disk, read (then
+ * cached) only when there is a device filter, so that other disks'
+ * requests take no slot.  A failed read is counted and leaves it out.
+ */
+static __always_inline bool dev_filtered_out(u64 rq, u64 now)
+{
+	struct iotrace_config *cfg = get_config();
+	struct rq_head h;
+
+	if (!cfg || !cfg->filter_devs)
+		return false;
+	return kread(&h, sizeof(h), rq) ||
+	       !dev_wanted(queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now));
+}
+
 static __always_inline bool scan_for(u32 base, u64 addr, struct slot_ref *r)
 {
 #pragma unroll
@@ -271,15 +287,11 @@ static __always_inline bool bio_start_of(u64 rq, struct slot_ref *b)
 /* At its first issue, the request takes over the start its bio held. */
 static __always_inline void start_from_bio(u64 rq, u64 now)
 {
-	struct iotrace_config *cfg = get_config();
 	struct slot_ref b, r;
-	struct rq_head h;
 
 	if (!bio_start_of(rq, &b))
 		return;
-	if (cfg && cfg->filter_devs &&
-	    (kread(&h, sizeof(h), rq) ||
-	     !dev_wanted(queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now)))) {
+	if (dev_filtered_out(rq, now)) {
 		slot_release(&b);
 		return;
 	}
@@ -299,9 +311,6 @@ RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0], id = bpf_get_current_pid_tgid();
 	struct slot_ref r;
 
-	struct iotrace_config *cfg;
-	struct rq_head h;
-
 	/*
 	 * Who, here, in the submitter's context; what and where (op, size,
 	 * disk) at the completion, in the one read of the request it needs
@@ -310,10 +319,7 @@ RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 	 */
 	if (!task_wanted(id >> 32))
 		return 0;
-	cfg = get_config();
-	if (cfg && cfg->filter_devs &&
-	    (kread(&h, sizeof(h), rq) ||
-	     !dev_wanted(queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now))))
+	if (dev_filtered_out(rq, now))
 		return 0;
 	if (!addr_claim(rq, now, &r)) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
