@@ -297,7 +297,36 @@ def compare(requests: Iterable[Request], dumps, scope: Scope, notes: Counter | N
             results.append(SeriesResult(key, t.comm, name, "only-truth", [], t, None))
         else:
             results.append(SeriesResult(key, s.comm, name, "only-iotrace", [], None, s))
+    _explain_skips_outside_scope(results, dropped, excluded)
     return Comparison(results, excluded, ambiguous, dict(dropped), dict(events), Counter(notes or {}), scope)
+
+
+OUTSIDE = "a program run the kernel skipped, counted by iotrace, for a request outside the traced scope"
+
+
+def _explain_skips_outside_scope(results: list, dropped: dict[str, int], excluded: Counter) -> None:
+    """Move counted skips that cost no traced request from iotrace's drops into `excluded`.
+
+    The kernel counts a skipped program run (a recursion miss) before the
+    program could know whose request it was: iotrace reports it, for the
+    whole machine.  A skip of a traced request leaves that request out of
+    its series (a start's as "no_start", a completion's unrecorded), so its
+    count differs; when every series the truth has is there with its exact
+    count and bytes and none is iotrace's alone, each skip was someone
+    else's (under TCG a guest's other processes and interrupts hit these).
+    """
+    skips = {r: dropped.get(r, 0) for r in ("skipped_start", "skipped_complete")}
+    if not any(skips.values()):
+        return
+    for s in results:
+        if s.status != "compared" or not all(c.ok for c in s.checks if c.name in ("count", "bytes")):
+            return
+    # a skipped completion leaves its slot: the request's next issue counts it a lost completion
+    skips["lost_completion"] = min(dropped.get("lost_completion", 0), skips["skipped_complete"])
+    for reason, n in skips.items():
+        if n:
+            excluded[f"{OUTSIDE} ({reason})"] += n
+            dropped[reason] -= n
 
 
 # ---------------------------------------------------------------------------- rendering

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from reference import comparison
 from reference import groundtruth as gt
 
 # ---- the reference's matching, on event sequences seen on a loop device (no root) ----
@@ -269,3 +271,28 @@ def test_the_reference_must_start_requests_where_iotrace_did():
     gt.check_start_event(t, [{"start_event": {"event": "block_getrq"}}, {}])
     with pytest.raises(gt.TruthError, match="iotrace started requests on block_io_start, the reference on block_getrq"):
         gt.check_start_event(t, [{"start_event": {"event": "block_io_start"}}])
+
+
+def _series(count_ok: bool, status: str = "compared") -> comparison.SeriesResult:
+    checks = [comparison.Check("count", 10, 10 if count_ok else 9, count_ok),
+              comparison.Check("bytes", 40960, 40960 if count_ok else 36864, count_ok),
+              comparison.Check("total.p99", 100.0, 300.0, False)]      # a latency miss is not accounting
+    return comparison.SeriesResult((1, "7:0", "read", False), "fio", "loop0", status, checks)
+
+
+@pytest.mark.parametrize("series, moved", [
+    ([_series(True), _series(True)], True),           # every traced request counted: the skip was someone else's
+    ([_series(True), _series(False)], False),         # a series short of requests: the skip may be that one
+    ([_series(True), _series(True, "only-truth")], False),
+])
+def test_a_counted_skip_is_explained_only_when_every_traced_request_is_counted(series, moved):
+    dropped = {"skipped_complete": 1, "lost_completion": 2, "no_start": 1}
+    excluded = Counter()
+    comparison._explain_skips_outside_scope(series, dropped, excluded)
+    if moved:
+        # the skip and the lost completion its stale slot caused; the rest stays a drop
+        assert dropped == {"skipped_complete": 0, "lost_completion": 1, "no_start": 1}
+        assert sum(excluded.values()) == 2
+    else:
+        assert dropped == {"skipped_complete": 1, "lost_completion": 2, "no_start": 1}
+        assert not excluded
