@@ -26,7 +26,7 @@ PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() els
 # The bpftrace peer: the same question iotrace answers (latency per pid and device, from the
 # request's start to its completion), written the way a bpftrace user would.
 BPFTRACE_PROG = r"""
-tracepoint:block:block_io_start { @start[args->dev, args->sector] = nsecs; @who[args->dev, args->sector] = pid; }
+tracepoint:block:START_EVENT { @start[args->dev, args->sector] = nsecs; @who[args->dev, args->sector] = pid; }
 tracepoint:block:block_rq_complete /@start[args->dev, args->sector]/ {
     @usecs[@who[args->dev, args->sector], args->dev] = hist((nsecs - @start[args->dev, args->sector]) / 1000);
     delete(@start[args->dev, args->sector]); delete(@who[args->dev, args->sector]);
@@ -37,10 +37,29 @@ tracepoint:block:block_rq_complete /@start[args->dev, args->sector]/ {
 # The floor: programs on the same three tracepoints that only read the clock, which any latency
 # tracer must do; what iotrace costs beyond this is its own work.
 FLOOR_PROG = r"""
-tracepoint:block:block_io_start, tracepoint:block:block_rq_issue, tracepoint:block:block_rq_complete {
+tracepoint:block:START_EVENT, tracepoint:block:block_rq_issue, tracepoint:block:block_rq_complete {
     $t = nsecs; if ($t == 1) { printf("never\\n"); }
 }
 """
+
+
+_START: list[str] = []
+
+
+def start_event() -> str:
+    """The request start iotrace takes on this kernel (block_io_start from 6.5, block_getrq before it):
+    the peers start their requests there too, so that every tracer runs on the same events."""
+    if not _START:
+        sys.path.insert(0, str(ROOT))
+        from tracer.sources import probe  # noqa: PLC0415 - the tree's own chooser, once
+
+        _START.append(probe.choose_start_event())
+    return _START[0]
+
+
+def with_start(prog: str) -> str:
+    """A peer's program text (bcc C or bpftrace) with START_EVENT made the kernel's start event."""
+    return prog.replace("START_EVENT", start_event())
 
 
 class Tracer:
@@ -146,8 +165,11 @@ class BccTracer(Tracer):
 
     bpf = True
     text = ""
-    events: tuple[str, ...] = ("block_io_start", "block_rq_issue", "block_rq_complete")
     raw = False
+
+    @property
+    def events(self) -> tuple[str, ...]:
+        return (start_event(), "block_rq_issue", "block_rq_complete")
 
     def __init__(self) -> None:
         super().__init__()
@@ -162,7 +184,7 @@ class BccTracer(Tracer):
             try:
                 import bcc  # noqa: PLC0415 - only these tracers need it
 
-                self.b = bcc.BPF(text=self.text)    # bcc attaches *_PROBE programs as it loads them
+                self.b = bcc.BPF(text=with_start(self.text))    # bcc attaches *_PROBE programs as it loads them
                 self._detach()
                 for ev in self.events:
                     fd = self.b.load_func(self._fn(ev).encode(), self._prog_type(bcc)).fd
@@ -207,7 +229,7 @@ class BccTracer(Tracer):
 class Empty(BccTracer):
     name = "empty"
     text = """
-TRACEPOINT_PROBE(block, block_io_start) { return 0; }
+TRACEPOINT_PROBE(block, START_EVENT) { return 0; }
 TRACEPOINT_PROBE(block, block_rq_issue) { return 0; }
 TRACEPOINT_PROBE(block, block_rq_complete) { return 0; }
 """
@@ -217,7 +239,7 @@ class EmptyRaw(BccTracer):
     name = "empty_raw"
     raw = True
     text = """
-RAW_TRACEPOINT_PROBE(block_io_start) { return 0; }
+RAW_TRACEPOINT_PROBE(START_EVENT) { return 0; }
 RAW_TRACEPOINT_PROBE(block_rq_issue) { return 0; }
 RAW_TRACEPOINT_PROBE(block_rq_complete) { return 0; }
 """
@@ -241,7 +263,7 @@ static __always_inline int stamp(void)
         *t = bpf_ktime_get_ns();
     return 0;
 }
-RAW_TRACEPOINT_PROBE(block_io_start) { return stamp(); }
+RAW_TRACEPOINT_PROBE(START_EVENT) { return stamp(); }
 RAW_TRACEPOINT_PROBE(block_rq_issue) { return stamp(); }
 RAW_TRACEPOINT_PROBE(block_rq_complete) { return stamp(); }
 """
@@ -282,7 +304,7 @@ static __always_inline void count(u32 phase, u64 ns)
         (*c)++;
 }
 
-RAW_TRACEPOINT_PROBE(block_io_start)
+RAW_TRACEPOINT_PROBE(START_EVENT)
 {
     u64 rq = ctx->args[0];
     struct inflight_t s = {};
@@ -328,6 +350,16 @@ class Reference(BccTracer):
         super().__init__()
         self._base = 0
 
+    def why_not(self) -> str | None:
+        sys.path.insert(0, str(ROOT))
+        from tracer.sources import probe  # noqa: PLC0415 - the tree's own table of start events
+
+        if probe.starts_at_bio(start_event()):
+            # libbpf-tools' biolatency times such kernels from block_rq_issue (or -Q's block_rq_insert)
+            return (f"the reference design keys a request by its struct request from the start on; "
+                    f"{start_event()}, this kernel's start, gives its bio")
+        return super().why_not()
+
     def _total(self) -> int:
         hists = self.b["hists"]
         return sum(sum(hists[hists.Key(i)]) for i in range(REFERENCE_SLOTS))
@@ -355,7 +387,7 @@ class BPFTrace(Tracer):
         return None if shutil.which("bpftrace") else "not installed (apt install bpftrace)"
 
     def start(self, device: str) -> None:
-        self.proc = subprocess.Popen(["bpftrace", "-e", self.prog], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen(["bpftrace", "-e", with_start(self.prog)], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         self.pid = self.proc.pid
         if _wait_line(self.proc, self.proc.stdout, "Attach", 60) is None:
