@@ -12,6 +12,7 @@
  */
 #include "core.bpf.h"
 #include "writeback.bpf.h"
+#include "files.bpf.h"
 
 /*
  * ---- raw tracepoints: a request is its struct request * -----------------
@@ -421,6 +422,7 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 	/* flushes are never merged: no bytes in all is no bytes at the start */
 	s->op = opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_RQ_CMD_FLAGS), s->done) | (s->op & IOTRACE_OP_WB);
 	record_once(s, now);
+	file_request(rq, s, now);
 	slot_release(&r);
 	return 0;
 }
@@ -510,6 +512,15 @@ RAW_TRACEPOINT_PROBE(writeback_single_inode)
 	wb_end();
 	return 0;
 }
+
+#ifdef IOTRACE_HAVE_MM_FILEMAP_GET_PAGES
+/* mm_filemap_get_pages(mapping, index, last_index): a read's pages asked of the page cache */
+RAW_TRACEPOINT_PROBE(mm_filemap_get_pages)
+{
+	file_cache_read(ctx->args[0], ctx->args[1], ctx->args[2]);
+	return 0;
+}
+#endif
 
 #ifdef IOTRACE_BIO_LEVEL
 /* The start of a struct bio up to its last member read: one read. */
