@@ -30,13 +30,13 @@ BPF_TABLE("lru_hash", struct iotrace_file_key, struct iotrace_file_name, file_na
 BPF_PERCPU_ARRAY(file_zero, struct iotrace_file_val, 1);
 BPF_PERCPU_ARRAY(file_scratch, struct iotrace_file_name, 1);
 
-/* One kernel read, failure counted (as the raw path's kread, which is defined after the core) */
+/* One kernel read; a failure loses a file row's bytes, not the request (kept in its series): a note */
 static __always_inline int fread_k(void *dst, u32 size, u64 addr)
 {
 	int err = bpf_probe_read_kernel(dst, size, (const void *)addr);
 
 	if (err)
-		count_reason(IOTRACE_DROP_KERNEL_READ);
+		count_reason(IOTRACE_NOTE_FILE_UNREAD);
 	return err;
 }
 

@@ -130,7 +130,8 @@ enum iotrace_reason {
 	IOTRACE_DROP_LOST_COMPLETION = 18,	/* raw path: a request object started again, its last completion unseen */
 	IOTRACE_NOTE_WB_UNKEPT = 19,	/* a dirtier or a flusher's inode not kept (map full, read failed): its write-back stays the flusher's */
 	IOTRACE_DROP_FILES_FULL = 20,	/* a file row not kept (map full): its bytes are in no file row (its request is in its series) */
-	IOTRACE_REASON_COUNT = 21,
+	IOTRACE_NOTE_FILE_UNREAD = 21,	/* a file's inode or name could not be read: its request stays in its series, in no file row */
+	IOTRACE_REASON_COUNT = 22,
 };
 
 #define IOTRACE_HASH_MUL 0x9E3779B97F4A7C15ULL	/* Fibonacci hashing */

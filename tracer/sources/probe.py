@@ -279,6 +279,8 @@ class Probe:
         # attach_note: why raw tracepoints were not used, when "auto" fell back
         self.attach, layout, self.attach_note = choose_attach(opts.attach, bool(self.bio_devs))
         self.start_event = layout.start_event if layout is not None else check_perf_events(bool(self.bio_devs))
+        # the event table's "present" events this kernel has, attached beside the others (raw path)
+        self.present: tuple[str, ...] = tuple(getattr(layout, "present", ()))
         # the disks whose requests this start event mostly misses (said at start and in every dump)
         self.start_blind = blind_disks(self.start_event, opts.devs)
         possible = bpfobject.possible_cpus()
