@@ -57,10 +57,13 @@ os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 r, w = os.pipe()
 child = os.fork()
 if child == 0:
-    os.read(r, 1)
+    os.close(w)
+    if not os.read(r, 1):
+        os._exit(1)     # the tracer did not start
     os.execvp("fio", {["fio", "--name=bench", f"--filename={path}", "--rw=randread", "--bs=4k",
                        f"--direct={int(direct)}", "--fadvise_hint=1", "--ioengine=psync",
                        f"--runtime={seconds}", "--time_based", "--output-format=terse"]!r})
+os.close(r)
 p = Probe(ProbeOptions(attach="raw_tp", pids=[child]))
 try:
     p.bpf["files0"]

@@ -180,7 +180,6 @@ class FileDrain:
     def __init__(self, bpf, cache: bool):
         self.bpf = bpf
         self.cache = cache      # mm_filemap_get_pages is attached: page-cache read bytes are counted
-        self.depth = contract.load().const("NAME_DEPTH")
 
     def drain(self, gen: int) -> list[FileRaw]:
         """Generation `gen`'s rows (the programs write the other one), read and cleared, with their paths."""
@@ -192,6 +191,7 @@ class FileDrain:
                                 v.disk_read_bytes, v.written_bytes, v.requests, v.sum_ns, hist))
         table.clear()
         names_t = self.bpf["file_names"]
+        depth = contract.load().const("NAME_DEPTH")
         names: dict[tuple[int, int], tuple[list[str], bool]] = {}
         for r in rows:
             key = (r.dev, r.ino)
@@ -205,8 +205,8 @@ class FileDrain:
             # the whole array: a char array field reads only up to its first NUL
             field_ = type(n).part
             raw = ct.string_at(ct.addressof(n) + field_.offset, field_.size)
-            width = len(raw) // self.depth
-            names[key] = ([_text(raw[i * width:(i + 1) * width]) for i in range(min(n.depth, self.depth))],
+            width = len(raw) // depth
+            names[key] = ([_text(raw[i * width:(i + 1) * width]) for i in range(min(n.depth, depth))],
                           bool(n.rooted))
         name_paths(rows, names)
         return rows
