@@ -11,6 +11,8 @@
  *   mm_filemap_get_pages    (Linux 6.11+, IOTRACE_HAVE_MM_FILEMAP_GET_PAGES)
  *                           in the reader's context: the pages a read asks
  *                           of the page cache, clipped at EOF, once per read
+ *   iomap_dio_rw_begin      (IOTRACE_HAVE_IOMAP_DIO_RW_BEGIN) O_DIRECT's bytes
+ *                           as asked, in the submitter's context
  *
  * No per-syscall hook: a file's name is its dentry's (and up to
  * IOTRACE_NAME_DEPTH - 1 parents'), read once when it is first seen and
@@ -239,5 +241,50 @@ static __always_inline void file_cache_read(u64 mapping, u64 index, u64 last)
 		__sync_fetch_and_add(&v->cache_bytes, end - start);
 }
 #endif /* IOTRACE_HAVE_MM_FILEMAP_GET_PAGES */
+
+#ifdef IOTRACE_HAVE_IOMAP_DIO_RW_BEGIN
+/*
+ * An O_DIRECT read or write of `iter`'s bytes on the file of `kiocb`, in the
+ * submitter's context (ext4, xfs, btrfs: the iomap file systems).  Its
+ * requests' pages are the process's own memory, no file's (file_request
+ * skips them), so its bytes are counted here as asked: no latency; a read
+ * is clipped at the file's size, but a hole counts as read.
+ */
+static __always_inline void file_direct(u64 kiocb, u64 iter)
+{
+	u64 id = bpf_get_current_pid_tgid(), filp = 0, inode = 0, count = 0, pos = 0, size, now;
+	struct iotrace_file_key k = {};
+	struct iotrace_file_val *v;
+	struct iotrace_who *w;
+	u8 write = 0;
+
+	if (!task_wanted(id >> 32))
+		return;
+	if (fread_k(&filp, sizeof(filp), kiocb + IOTRACE_K_KIOCB_FILP) || !filp ||
+	    fread_k(&inode, sizeof(inode), filp + IOTRACE_K_FILP_INODE) ||
+	    fread_k(&count, sizeof(count), iter + IOTRACE_K_ITER_COUNT) ||
+	    fread_k(&write, sizeof(write), iter + IOTRACE_K_ITER_SOURCE) ||
+	    fread_k(&pos, sizeof(pos), kiocb + IOTRACE_K_KIOCB_POS) ||
+	    !count || !inode_key(inode, id >> 32, &k, &size))
+		return;
+	/* a read gets no more than the file holds */
+	if (!write && (pos >= size || (s64)pos < 0))
+		return;
+	if (!write && count > size - pos)
+		count = size - pos;
+	now = bpf_ktime_get_ns();
+	w = who_is((u32)id, now);
+	if (!w)
+		return;
+	v = file_row(&k, inode, w->cgroup, w->comm);
+	if (!v)
+		return;
+	if (write)
+		__sync_fetch_and_add(&v->written_bytes, count);
+	else
+		__sync_fetch_and_add(&v->disk_read_bytes, count);
+	__sync_fetch_and_add(&v->direct_bytes, count);
+}
+#endif /* IOTRACE_HAVE_IOMAP_DIO_RW_BEGIN */
 
 #endif /* IOTRACE_FILES_BPF_H */

@@ -219,6 +219,12 @@ KMEMBER(DENTRY_NAME, dentry, d_name.name, 8)	/* files */
 KMEMBER(DENTRY_PARENT, dentry, d_parent, 8)	/* files */
 KHEAD(INODE_HEAD_LEN, inode, INODE_SB, INODE_INO, INODE_SIZE)	/* files: one read */
 KRAWTP(mm_filemap_get_pages, struct address_space *, long unsigned int, long unsigned int)	/* files: Linux 6.11+ */
+KMEMBER(KIOCB_FILP, kiocb, ki_filp, 8)	/* files: O_DIRECT */
+KMEMBER(KIOCB_POS, kiocb, ki_pos, 8)	/* files: O_DIRECT, a read clipped at EOF */
+KMEMBER(FILP_INODE, file, f_inode, 8)	/* files: O_DIRECT */
+KMEMBER(ITER_COUNT, iov_iter, count, 8)	/* files: O_DIRECT's bytes */
+KMEMBER(ITER_SOURCE, iov_iter, data_source, 1)	/* files: O_DIRECT, true for a write */
+KRAWTP(iomap_dio_rw_begin, struct kiocb *, struct iov_iter *, unsigned int, size_t)	/* files: O_DIRECT (ext4, xfs, ...) */
 KRAWTP(sched_process_exec, struct task_struct *, pid_t, struct linux_binprm *)
 KMEMBER(TASK_TGID, task_struct, tgid, 4)	/* tasks.bpf.c */
 KMEMBER(TASK_FILES, task_struct, files, 8)	/* tasks.bpf.c */
@@ -274,6 +280,7 @@ EVENT(writeback_single_inode_start, writeback, wb_start, raw_tp tracepoint, alwa
 EVENT(writeback_single_inode, writeback, wb_end, raw_tp tracepoint, always, -)
 EVENT(sched_process_exec, sched, exec, raw_tp tracepoint, always, -)
 EVENT(mm_filemap_get_pages, filemap, file_read, raw_tp, present, -)
+EVENT(iomap_dio_rw_begin, iomap, file_direct, raw_tp, present, -)
 EVENT(block_bio_queue, block, bio_queue, raw_tp tracepoint, bio, dev sector nr_sector rwbs)
 EVENT(block_bio_complete, block, bio_complete, raw_tp tracepoint, bio, dev sector nr_sector rwbs)
 #endif
@@ -372,7 +379,8 @@ struct iotrace_dirtier {
  * inode number.  Bytes from disk and written are a block request's, the
  * request's file the inode of its first bio's first page (a page-cache
  * page: buffered reads, write-back, fsync; not O_DIRECT's user pages), its
- * process the request's (write-back: the dirtier's); bytes read through the
+ * process the request's (write-back: the dirtier's); O_DIRECT's are the
+ * bytes asked at iomap_dio_rw_begin, with no request; bytes read through the
  * page cache are mm_filemap_get_pages' ranges (whole pages, clipped at the
  * file's size), counted once per read.  Updated with atomics: the rows are
  * shared by the CPUs.
@@ -387,7 +395,8 @@ struct iotrace_file_val {
 	u64 cache_bytes;	/* read through the page cache (whole pages, clipped at EOF) */
 	u64 disk_read_bytes;	/* read requests' bytes */
 	u64 written_bytes;	/* write requests' bytes, write-back included */
-	u64 requests;		/* read and write requests */
+	u64 requests;		/* read and write requests (page-cache pages: not O_DIRECT's) */
+	u64 direct_bytes;	/* of disk_read_bytes and written_bytes: O_DIRECT's, as asked (iomap_dio_rw_begin) */
 	u64 sum_ns;		/* their total latencies */
 	u64 cgroup;		/* of the last process context seen */
 	char comm[IOTRACE_COMM_LEN];

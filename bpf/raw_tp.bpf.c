@@ -522,6 +522,15 @@ RAW_TRACEPOINT_PROBE(mm_filemap_get_pages)
 }
 #endif
 
+#ifdef IOTRACE_HAVE_IOMAP_DIO_RW_BEGIN
+/* iomap_dio_rw_begin(iocb, iter, dio_flags, done_before): an O_DIRECT read or write starts */
+RAW_TRACEPOINT_PROBE(iomap_dio_rw_begin)
+{
+	file_direct(ctx->args[0], ctx->args[1]);
+	return 0;
+}
+#endif
+
 #ifdef IOTRACE_BIO_LEVEL
 /* The start of a struct bio up to its last member read: one read. */
 struct bio_head {

@@ -153,3 +153,19 @@ def test_tracepoint_path_has_no_file_rows(ext4_mnt, tmp_path):
     r = run_iotrace(["--attach", "tracepoint", "--dev", loop.name, "-o", str(out), "--", "cat", str(f)])
     assert r.returncode == 0, r.stderr
     assert all("files" not in d for d in read_dumps(out))
+
+
+@bpf
+def test_direct_reads_and_writes_are_the_files_bytes_as_asked(ext4_mnt, tmp_path):
+    """O_DIRECT's pages are the process's memory, no file's: its bytes come from iomap_dio_rw_begin (clipped at
+    EOF for reads), under direct_bytes too, with no request or latency of their own."""
+    loop, mnt = ext4_mnt
+    f, out = mnt / "direct.bin", tmp_path / "out.jsonl"
+    cmd = (f"dd if=/dev/zero of={f} bs=1M count=4 oflag=direct status=none && "
+           f"dd if={f} of=/dev/null bs=1M iflag=direct status=none")
+    r = run_iotrace(["--attach", "raw_tp", "--dev", loop.name, "-o", str(out), "--", "sh", "-c", cmd])
+    assert r.returncode == 0, r.stderr
+    rows = [row for row in file_rows(read_dumps(out)) if row["path"] == str(f)]
+    assert sum(row["written_bytes"] for row in rows) == 4 * MIB, rows
+    assert sum(row["disk_read_bytes"] for row in rows) == 4 * MIB, rows      # the read at EOF asks 1 MiB more
+    assert sum(row["direct_bytes"] for row in rows) == 8 * MIB, rows

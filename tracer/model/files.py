@@ -7,7 +7,9 @@ its process (pid, comm, container), the bytes it read through the page cache
 perf-event path), the bytes of its read requests (from disk) and of its
 write requests (write-back included, charged to the dirtier), and its
 requests' count and total-latency buckets (IOTRACE_FILE_HIST_SUB_BITS: 4 a
-power of two, so p50 and p99 are within 12.5%).  A window keeps its top N
+power of two, so p50 and p99 are within 12.5%); O_DIRECT's bytes, counted as
+asked when it starts (no request of its is a file's: its pages are the
+process's memory), are in disk_read_bytes / written_bytes and direct_bytes.  A window keeps its top N
 rows by bytes from disk (then written, then read through the cache); the rest
 are summed into one "(other files)" row whose `files` says how many.
 
@@ -77,6 +79,7 @@ class FileRow:
     disk_read_bytes: int = 0
     written_bytes: int = 0
     requests: int = 0
+    direct_bytes: int = 0       # of disk_read_bytes and written_bytes: O_DIRECT's, as asked (no requests, no latency)
     hist: dict[int, int] = field(default_factory=dict)     # total-latency bucket -> requests
     files: int = 1              # file rows summed in this one (the other files' row: more)
 
@@ -101,7 +104,8 @@ class FileRow:
                    text(v.get("comm", ""), "files comm"), text(v.get("container", ""), "files container"),
                    whole(v.get("cgroup_id", 0), "files cgroup_id"),
                    None if cache is None else whole(cache, "files cache_read_bytes"),
-                   *(whole(v.get(k, 0), f"files {k}") for k in ("disk_read_bytes", "written_bytes", "requests")),
+                   *(whole(v.get(k, 0), f"files {k}")
+                     for k in ("disk_read_bytes", "written_bytes", "requests", "direct_bytes")),
                    hist, whole(v.get("files", 1), "files files"))
 
     def to_json(self) -> dict:
@@ -118,6 +122,7 @@ class FileRow:
         self.disk_read_bytes += r.disk_read_bytes
         self.written_bytes += r.written_bytes
         self.requests += r.requests
+        self.direct_bytes += r.direct_bytes
         for b, n in r.hist.items():
             self.hist[b] = self.hist.get(b, 0) + n
         self.comm = r.comm or self.comm

@@ -141,6 +141,7 @@ class FileRaw:
     disk_read_bytes: int = 0
     written_bytes: int = 0
     requests: int = 0
+    direct_bytes: int = 0       # of disk_read_bytes and written_bytes: O_DIRECT's, as asked
     sum_ns: int = 0
     hist: dict[int, int] = field(default_factory=dict)     # bucket (IOTRACE_FILE_HIST_SUB_BITS) -> requests
     path: str = ""
@@ -188,7 +189,7 @@ class FileDrain:
         for k, v in table.items():
             hist = {i: n for i, n in enumerate(v.hist) if n}
             rows.append(FileRaw(k.dev, k.ino, k.tgid, _text(v.comm), v.cgroup, v.cache_bytes,
-                                v.disk_read_bytes, v.written_bytes, v.requests, v.sum_ns, hist))
+                                v.disk_read_bytes, v.written_bytes, v.requests, v.direct_bytes, v.sum_ns, hist))
         table.clear()
         names_t = self.bpf["file_names"]
         depth = contract.load().const("NAME_DEPTH")
