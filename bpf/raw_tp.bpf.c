@@ -12,7 +12,9 @@
  */
 #include "core.bpf.h"
 #include "writeback.bpf.h"
+#ifndef IOTRACE_NO_FILES	/* per-file rows: trace mode's (the loader's ProbeOptions.files) */
 #include "files.bpf.h"
+#endif
 
 /*
  * ---- raw tracepoints: a request is its struct request * -----------------
@@ -422,7 +424,9 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 	/* flushes are never merged: no bytes in all is no bytes at the start */
 	s->op = opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_RQ_CMD_FLAGS), s->done) | (s->op & IOTRACE_OP_WB);
 	record_once(s, now);
+#ifndef IOTRACE_NO_FILES
 	file_request(rq, s, now);
+#endif
 	slot_release(&r);
 	return 0;
 }

@@ -64,7 +64,7 @@ if child == 0:
                        f"--direct={int(direct)}", "--fadvise_hint=1", "--ioengine=psync",
                        f"--runtime={seconds}", "--time_based", "--output-format=terse"]!r})
 os.close(r)
-p = Probe(ProbeOptions(attach="raw_tp", pids=[child]))
+p = Probe(ProbeOptions(attach="raw_tp", pids=[child], files=True))
 try:
     p.bpf["files0"]
 except KeyError:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.bpf
 def test_every_attached_program_is_in_the_table_and_its_skips_are_reported(attach, loop):
     from reference import groundtruth as gt
 
-    p = Probe(ProbeOptions(devs=[gt.kdev_of_path(loop.path)], attach=attach))
+    p = Probe(ProbeOptions(devs=[gt.kdev_of_path(loop.path)], attach=attach, files=True))
     try:
         attached = set(p.prog_stats())
         raw = p.drain(final=True)

@@ -218,7 +218,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         opts = ProbeOptions(pids=list(args.pids) + ([child] if child else []), follow_children=not args.no_children,
                             per_thread=args.threads, devs=devs, inflight_slots=args.inflight_slots,
                             hist_cells=args.hist_cells, cgroup_id=cgroup_id, cgroup_level=cgroup_level,
-                            attach=args.attach, files_top=max(args.files, 0))
+                            attach=args.attach, files=True, files_top=max(args.files, 0))
         probe = run.open_probe(opts, on_error=offer_diskstats)
         tasks, tasks_note = run.open_tasks(opts.pids, opts.follow_children) if args.tasks else (None, "")
         # after both filters are armed: what the --pid targets forked before the attach joins them

@@ -68,6 +68,7 @@ class ProbeOptions:
     cgroup_level: int = 0       # its depth below the cgroup v2 root
     series_entries: int | None = None
     attach: str = "auto"        # "raw_tp", "tracepoint", or "auto": raw_tp where the kernel's BTF allows
+    files: bool = False         # per-file rows (bpf/files.bpf.h; raw path): trace mode's, not top's or serve's
     files_top: int = 50         # --files: file rows kept per window (top by bytes from disk), the rest summed
 
 
@@ -240,7 +241,10 @@ def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, s
         cflags += layout.cflags()
         if layout.group_dead:
             cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
-        cflags += [f"-DIOTRACE_HAVE_{event.upper()}" for event in getattr(layout, "present", ())]
+        if opts.files:
+            cflags += [f"-DIOTRACE_HAVE_{event.upper()}" for event in getattr(layout, "present", ())]
+        else:
+            cflags.append("-DIOTRACE_NO_FILES")
         cflags.append(f"-DIOTRACE_PAGE_SHIFT={(os.sysconf('SC_PAGE_SIZE') - 1).bit_length()}")
     elif "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()):
         cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
@@ -280,7 +284,7 @@ class Probe:
         self.attach, layout, self.attach_note = choose_attach(opts.attach, bool(self.bio_devs))
         self.start_event = layout.start_event if layout is not None else check_perf_events(bool(self.bio_devs))
         # the event table's "present" events this kernel has, attached beside the others (raw path)
-        self.present: tuple[str, ...] = tuple(getattr(layout, "present", ()))
+        self.present: tuple[str, ...] = tuple(getattr(layout, "present", ())) if opts.files else ()
         # the disks whose requests this start event mostly misses (said at start and in every dump)
         self.start_blind = blind_disks(self.start_event, opts.devs)
         possible = bpfobject.possible_cpus()
@@ -292,7 +296,8 @@ class Probe:
         self.maps = MapDrain(self.bpf, self.ncpu)
         self.ledger = Ledger(self.bpf, self.attach, self.contract.reasons, self.contract.const("STALE_NS"))
         # per-file rows: the raw path's (files.bpf.h reads kernel structs)
-        self.files = FileDrain(self.bpf, cache="mm_filemap_get_pages" in layout.present) if layout is not None else None
+        self.files = (FileDrain(self.bpf, cache="mm_filemap_get_pages" in self.present)
+                      if layout is not None and opts.files else None)
         self._write_filters(opts)
         # last: the programs record nothing until the config says enabled
         self._write_config(opts)
