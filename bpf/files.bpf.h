@@ -48,11 +48,17 @@ struct inode_head {
 };
 #define INODE_FIELD(h, off) (*(u64 *)((u8 *)(h)->w + (off)))
 
-/* The inode at `inode`: its file key (dev, ino) and size; false if it cannot be read */
-static __always_inline bool inode_key(u64 inode, u32 tgid, struct iotrace_file_key *k, u64 *size)
+/*
+ * The inode at `inode`: its file key (dev, ino) and size; false if it cannot
+ * be read, or, with `on_disk`, if its file system has no block device: a
+ * request's page is then no file's page cache but memory (O_DIRECT into a
+ * shared anonymous mapping is shmem's) or a block device's own (the bdev
+ * pseudo file system: metadata).
+ */
+static __always_inline bool inode_key(u64 inode, u32 tgid, struct iotrace_file_key *k, u64 *size, bool on_disk)
 {
 	struct inode_head h;
-	u64 sb;
+	u64 sb, bdev = 0;
 
 	if (!inode || fread_k(&h, sizeof(h), inode))
 		return false;
@@ -60,7 +66,9 @@ static __always_inline bool inode_key(u64 inode, u32 tgid, struct iotrace_file_k
 	k->tgid = tgid;
 	k->ino = INODE_FIELD(&h, IOTRACE_K_INODE_INO);
 	*size = INODE_FIELD(&h, IOTRACE_K_INODE_SIZE);
-	return sb && fread_k(&k->dev, sizeof(k->dev), sb + IOTRACE_K_SB_DEV) == 0;
+	if (!sb || fread_k(&k->dev, sizeof(k->dev), sb + IOTRACE_K_SB_DEV))
+		return false;
+	return !on_disk || (fread_k(&bdev, sizeof(bdev), sb + IOTRACE_K_SB_BDEV) == 0 && bdev);
 }
 
 /* The dentry names of `inode`, once per (dev, ino) while the LRU keeps it */
@@ -104,7 +112,13 @@ keep:
 	file_names.update(&nk, n);
 }
 
-/* The row of `k` in this interval's generation, made (and its name read) if new; 0 (counted) if full */
+/*
+ * The row of `k` in this interval's generation, made (and its name read) if
+ * new; 0 (counted) if full.  Who: `comm` and `cgroup` (a request's), or with
+ * comm 0 the current task's, read only when the row is made (not through
+ * the start programs' per-CPU cache: a read would fill it with a name a
+ * prctl is about to change, and the requests after it would show the old).
+ */
 static __always_inline struct iotrace_file_val *file_row(struct iotrace_file_key *k, u64 inode, u64 cgroup,
 							  const char *comm)
 {
@@ -121,8 +135,13 @@ static __always_inline struct iotrace_file_val *file_row(struct iotrace_file_key
 	zero = file_zero.lookup(&z);
 	if (!zero)
 		return 0;
-	zero->cgroup = cgroup;
-	__builtin_memcpy(zero->comm, comm, sizeof(zero->comm));
+	if (comm) {
+		zero->cgroup = cgroup;
+		__builtin_memcpy(zero->comm, comm, sizeof(zero->comm));
+	} else {
+		zero->cgroup = bpf_get_current_cgroup_id();
+		bpf_get_current_comm(zero->comm, sizeof(zero->comm));
+	}
 	if (gen)
 		files1.insert(k, zero);
 	else
@@ -172,7 +191,7 @@ static __always_inline void file_request(u64 rq, const struct iotrace_slot *s, u
 	/* no mapping (a filesystem's own buffer), or anonymous memory (the low bits: O_DIRECT's user pages) */
 	if (!mapping || (mapping & 3) ||
 	    fread_k(&inode, sizeof(inode), mapping + IOTRACE_K_MAPPING_HOST) ||
-	    !inode_key(inode, s->tgid, &k, &size))
+	    !inode_key(inode, s->tgid, &k, &size, true))
 		return;
 	v = file_row(&k, inode, s->cgroup, s->comm);
 	if (!v)
@@ -201,11 +220,10 @@ BPF_TABLE("lru_hash", u32, struct iotrace_file_reader, file_readers, IOTRACE_FIL
  */
 static __always_inline void file_cache_read(u64 mapping, u64 index, u64 last)
 {
-	u64 id = bpf_get_current_pid_tgid(), inode = 0, size, start, end, now;
+	u64 id = bpf_get_current_pid_tgid(), inode = 0, size, start, end;
 	struct iotrace_file_reader nr = {.mapping = mapping, .index = index, .last = last}, *r;
 	struct iotrace_file_key k = {};
 	struct iotrace_file_val *v;
-	struct iotrace_who *w;
 	u32 tid = id;
 
 	if (!task_wanted(id >> 32))
@@ -219,7 +237,7 @@ static __always_inline void file_cache_read(u64 mapping, u64 index, u64 last)
 		*r = nr;
 	else
 		file_readers.update(&tid, &nr);
-	if (fread_k(&inode, sizeof(inode), mapping + IOTRACE_K_MAPPING_HOST) || !inode_key(inode, id >> 32, &k, &size))
+	if (fread_k(&inode, sizeof(inode), mapping + IOTRACE_K_MAPPING_HOST) || !inode_key(inode, id >> 32, &k, &size, false))
 		return;
 	start = index << IOTRACE_PAGE_SHIFT;
 	end = (last + 1) << IOTRACE_PAGE_SHIFT;
@@ -227,16 +245,7 @@ static __always_inline void file_cache_read(u64 mapping, u64 index, u64 last)
 		end = size;
 	if (start >= end)
 		return;
-	now = bpf_ktime_get_ns();
-	w = who_is(tid, now);
-	if (w)
-		v = file_row(&k, inode, w->cgroup, w->comm);
-	else {
-		char comm[IOTRACE_COMM_LEN];
-
-		bpf_get_current_comm(comm, sizeof(comm));
-		v = file_row(&k, inode, bpf_get_current_cgroup_id(), comm);
-	}
+	v = file_row(&k, inode, 0, 0);
 	if (v)
 		__sync_fetch_and_add(&v->cache_bytes, end - start);
 }
@@ -252,10 +261,9 @@ static __always_inline void file_cache_read(u64 mapping, u64 index, u64 last)
  */
 static __always_inline void file_direct(u64 kiocb, u64 iter)
 {
-	u64 id = bpf_get_current_pid_tgid(), filp = 0, inode = 0, count = 0, pos = 0, size, now;
+	u64 id = bpf_get_current_pid_tgid(), filp = 0, inode = 0, count = 0, pos = 0, size;
 	struct iotrace_file_key k = {};
 	struct iotrace_file_val *v;
-	struct iotrace_who *w;
 	u8 write = 0;
 
 	if (!task_wanted(id >> 32))
@@ -265,18 +273,14 @@ static __always_inline void file_direct(u64 kiocb, u64 iter)
 	    fread_k(&count, sizeof(count), iter + IOTRACE_K_ITER_COUNT) ||
 	    fread_k(&write, sizeof(write), iter + IOTRACE_K_ITER_SOURCE) ||
 	    fread_k(&pos, sizeof(pos), kiocb + IOTRACE_K_KIOCB_POS) ||
-	    !count || !inode_key(inode, id >> 32, &k, &size))
+	    !count || !inode_key(inode, id >> 32, &k, &size, false))
 		return;
 	/* a read gets no more than the file holds */
 	if (!write && (pos >= size || (s64)pos < 0))
 		return;
 	if (!write && count > size - pos)
 		count = size - pos;
-	now = bpf_ktime_get_ns();
-	w = who_is((u32)id, now);
-	if (!w)
-		return;
-	v = file_row(&k, inode, w->cgroup, w->comm);
+	v = file_row(&k, inode, 0, 0);
 	if (!v)
 		return;
 	if (write)

@@ -214,6 +214,7 @@ KMEMBER(INODE_INO, inode, i_ino, 8)	/* files */
 KMEMBER(INODE_SIZE, inode, i_size, 8)	/* files */
 KMEMBER(INODE_DENTRY, inode, i_dentry.first, 8)	/* files: the inode's first dentry's d_u.d_alias */
 KMEMBER(SB_DEV, super_block, s_dev, 4)	/* files */
+KMEMBER(SB_BDEV, super_block, s_bdev, 8)	/* files: 0 for a file system on no block device (shmem, tmpfs) */
 KMEMBER(DENTRY_ALIAS, dentry, d_u.d_alias, 16)	/* files */
 KMEMBER(DENTRY_NAME, dentry, d_name.name, 8)	/* files */
 KMEMBER(DENTRY_PARENT, dentry, d_parent, 8)	/* files */
