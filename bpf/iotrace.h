@@ -68,6 +68,18 @@
 #define IOTRACE_WB_INODES 16384		/* inodes whose last dirtier is kept (LRU): see struct iotrace_dirtier */
 #define IOTRACE_WB_THREADS 256		/* threads writing back a traced dirtier's inode at once */
 #define IOTRACE_COMM_LEN 16
+#ifndef IOTRACE_FILE_ENTRIES
+#define IOTRACE_FILE_ENTRIES 4096	/* (tunable) (dev, ino, tgid) file rows per interval: see struct iotrace_file_val */
+#endif
+#define IOTRACE_FILE_NAMES 8192		/* files whose dentry names are kept (LRU): see struct iotrace_file_name */
+#define IOTRACE_FILE_READERS 1024	/* threads whose last page-cache read range is kept (LRU) */
+#define IOTRACE_FILE_HIST_SUB_BITS 2	/* a file's latency buckets: 4 per power of two (within 12.5%) */
+#define IOTRACE_FILE_HIST_BUCKETS ((IOTRACE_HIST_MAX_MSB - IOTRACE_FILE_HIST_SUB_BITS + 2) << IOTRACE_FILE_HIST_SUB_BITS)
+#define IOTRACE_NAME_LEN 32		/* bytes kept of one path component */
+#define IOTRACE_NAME_DEPTH 4		/* path components kept, the file's own name first */
+#ifndef IOTRACE_PAGE_SHIFT
+#define IOTRACE_PAGE_SHIFT 12		/* (set by user space) the page cache's page size */
+#endif
 #define IOTRACE_SECTOR_SIZE 512
 
 /* What a request did, from the rwbs string at its start. */
@@ -117,7 +129,9 @@ enum iotrace_reason {
 	IOTRACE_DROP_NESTED = 17,	/* a completion interrupted another's accounting on its CPU */
 	IOTRACE_DROP_LOST_COMPLETION = 18,	/* raw path: a request object started again, its last completion unseen */
 	IOTRACE_NOTE_WB_UNKEPT = 19,	/* a dirtier or a flusher's inode not kept (map full, read failed): its write-back stays the flusher's */
-	IOTRACE_REASON_COUNT = 20,
+	IOTRACE_DROP_FILES_FULL = 20,	/* a file row not kept (map full): its bytes are in no file row (its request is in its series) */
+	IOTRACE_NOTE_FILE_UNREAD = 21,	/* a file's inode or name could not be read: its request stays in its series, in no file row */
+	IOTRACE_REASON_COUNT = 22,
 };
 
 #define IOTRACE_HASH_MUL 0x9E3779B97F4A7C15ULL	/* Fibonacci hashing */
@@ -192,6 +206,26 @@ KRAWTP(writeback_dirty_folio, struct folio *, struct address_space *)
 KRAWTP(writeback_single_inode_start, struct inode *)
 KRAWTP(writeback_single_inode, struct inode *)
 KMEMBER(MAPPING_HOST, address_space, host, 8)	/* a dirtied folio's inode */
+KMEMBER(BIO_IO_VEC, bio, bi_io_vec, 8)	/* files: a request's first page */
+KMEMBER(BVEC_PAGE, bio_vec, bv_page, 8)	/* files */
+KMEMBER(PAGE_MAPPING, page, mapping, 8)	/* files: low bit set for anonymous memory */
+KMEMBER(INODE_SB, inode, i_sb, 8)	/* files */
+KMEMBER(INODE_INO, inode, i_ino, 8)	/* files */
+KMEMBER(INODE_SIZE, inode, i_size, 8)	/* files */
+KMEMBER(INODE_DENTRY, inode, i_dentry.first, 8)	/* files: the inode's first dentry's d_u.d_alias */
+KMEMBER(SB_DEV, super_block, s_dev, 4)	/* files */
+KMEMBER(SB_BDEV, super_block, s_bdev, 8)	/* files: 0 for a file system on no block device (shmem, tmpfs) */
+KMEMBER(DENTRY_ALIAS, dentry, d_u.d_alias, 16)	/* files */
+KMEMBER(DENTRY_NAME, dentry, d_name.name, 8)	/* files */
+KMEMBER(DENTRY_PARENT, dentry, d_parent, 8)	/* files */
+KHEAD(INODE_HEAD_LEN, inode, INODE_SB, INODE_INO, INODE_SIZE)	/* files: one read */
+KRAWTP(mm_filemap_get_pages, struct address_space *, long unsigned int, long unsigned int)	/* files: Linux 6.11+ */
+KMEMBER(KIOCB_FILP, kiocb, ki_filp, 8)	/* files: O_DIRECT */
+KMEMBER(KIOCB_POS, kiocb, ki_pos, 8)	/* files: O_DIRECT, a read clipped at EOF */
+KMEMBER(FILP_INODE, file, f_inode, 8)	/* files: O_DIRECT */
+KMEMBER(ITER_COUNT, iov_iter, count, 8)	/* files: O_DIRECT's bytes */
+KMEMBER(ITER_SOURCE, iov_iter, data_source, 1)	/* files: O_DIRECT, true for a write */
+KRAWTP(iomap_dio_rw_begin, struct kiocb *, struct iov_iter *, unsigned int, size_t)	/* files: O_DIRECT (ext4, xfs, ...) */
 KRAWTP(sched_process_exec, struct task_struct *, pid_t, struct linux_binprm *)
 KMEMBER(TASK_TGID, task_struct, tgid, 4)	/* tasks.bpf.c */
 KMEMBER(TASK_FILES, task_struct, files, 8)	/* tasks.bpf.c */
@@ -220,8 +254,9 @@ KMEMBER(TASK_TI_STATUS, task_struct, thread_info.status, 4)	/* tasks.bpf.c sysca
  *   reported as "skipped_<short name>"; paths: the attach paths with a
  *   program on it (raw_tp.bpf.c's RAW_TRACEPOINT_PROBE, tracepoint.bpf.c's
  *   TRACEPOINT_PROBE); when: always, start (the first of these the kernel has
- *   is the request start: IOTRACE_START_EVENT) or bio (only when a bio-based
- *   disk is traced: IOTRACE_BIO_LEVEL); fields: what the perf-event program
+ *   is the request start: IOTRACE_START_EVENT), bio (only when a bio-based
+ *   disk is traced: IOTRACE_BIO_LEVEL) or present (only where the kernel has
+ *   it: IOTRACE_HAVE_<EVENT>, upper case, defined for the programs); fields: what the perf-event program
  *   reads of the tracepoint's format (checked at start; "-" for none).  A
  *   raw tracepoint's arguments are its KRAWTP line above.
  * The starts, newest first: block_io_start (Linux 6.5+, in
@@ -245,6 +280,8 @@ EVENT(writeback_dirty_folio, writeback, wb_dirty, raw_tp tracepoint, always, nam
 EVENT(writeback_single_inode_start, writeback, wb_start, raw_tp tracepoint, always, name ino)
 EVENT(writeback_single_inode, writeback, wb_end, raw_tp tracepoint, always, -)
 EVENT(sched_process_exec, sched, exec, raw_tp tracepoint, always, -)
+EVENT(mm_filemap_get_pages, filemap, file_read, raw_tp, present, -)
+EVENT(iomap_dio_rw_begin, iomap, file_direct, raw_tp, present, -)
 EVENT(block_bio_queue, block, bio_queue, raw_tp tracepoint, bio, dev sector nr_sector rwbs)
 EVENT(block_bio_complete, block, bio_complete, raw_tp tracepoint, bio, dev sector nr_sector rwbs)
 #endif
@@ -335,6 +372,54 @@ struct iotrace_dirtier {
 	u64 cgroup;
 	u64 ns;			/* when its comm and cgroup were read */
 	char comm[IOTRACE_COMM_LEN];
+};
+
+/*
+ * Files: a row per (file, process) and interval, in files0/files1 by the
+ * generation (bpf/files.bpf.h).  A file is its superblock's dev_t and its
+ * inode number.  Bytes from disk and written are a block request's, the
+ * request's file the inode of its first bio's first page (a page-cache
+ * page: buffered reads, write-back, fsync; not O_DIRECT's user pages), its
+ * process the request's (write-back: the dirtier's); O_DIRECT's are the
+ * bytes asked at iomap_dio_rw_begin, with no request; bytes read through the
+ * page cache are mm_filemap_get_pages' ranges (whole pages, clipped at the
+ * file's size), counted once per read.  Updated with atomics: the rows are
+ * shared by the CPUs.
+ */
+struct iotrace_file_key {
+	u32 dev;		/* the file's superblock's dev_t (kernel encoding) */
+	u32 tgid;
+	u64 ino;
+};
+
+struct iotrace_file_val {
+	u64 cache_bytes;	/* read through the page cache (whole pages, clipped at EOF) */
+	u64 disk_read_bytes;	/* read requests' bytes */
+	u64 written_bytes;	/* write requests' bytes, write-back included */
+	u64 requests;		/* read and write requests (page-cache pages: not O_DIRECT's) */
+	u64 direct_bytes;	/* of disk_read_bytes and written_bytes: O_DIRECT's, as asked (iomap_dio_rw_begin) */
+	u64 sum_ns;		/* their total latencies */
+	u64 cgroup;		/* of the last process context seen */
+	char comm[IOTRACE_COMM_LEN];
+	u32 hist[IOTRACE_FILE_HIST_BUCKETS];	/* total latency, buckets of IOTRACE_FILE_HIST_SUB_BITS */
+};
+
+/*
+ * A file's dentry name as read when its row was first made: part i (at
+ * i * IOTRACE_NAME_LEN, NUL-terminated) its own name for i = 0, then its
+ * parents'.  One flat array: bcc's map types mishandle arrays of arrays.
+ */
+struct iotrace_file_name {
+	u32 depth;		/* parts read */
+	u32 rooted;		/* 1: part depth-1's parent is the filesystem's root */
+	char part[IOTRACE_NAME_DEPTH * IOTRACE_NAME_LEN];
+};
+
+/* A thread's last mm_filemap_get_pages range: a later batch of the same read is not counted again. */
+struct iotrace_file_reader {
+	u64 mapping;
+	u64 index;
+	u64 last;
 };
 
 /* Global switches, written by user space: array map of one entry. */

@@ -12,6 +12,9 @@
  */
 #include "core.bpf.h"
 #include "writeback.bpf.h"
+#ifndef IOTRACE_NO_FILES	/* per-file rows: trace mode's (the loader's ProbeOptions.files) */
+#include "files.bpf.h"
+#endif
 
 /*
  * ---- raw tracepoints: a request is its struct request * -----------------
@@ -421,6 +424,9 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 	/* flushes are never merged: no bytes in all is no bytes at the start */
 	s->op = opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_RQ_CMD_FLAGS), s->done) | (s->op & IOTRACE_OP_WB);
 	record_once(s, now);
+#ifndef IOTRACE_NO_FILES
+	file_request(rq, s, now);
+#endif
 	slot_release(&r);
 	return 0;
 }
@@ -510,6 +516,24 @@ RAW_TRACEPOINT_PROBE(writeback_single_inode)
 	wb_end();
 	return 0;
 }
+
+#ifdef IOTRACE_HAVE_MM_FILEMAP_GET_PAGES
+/* mm_filemap_get_pages(mapping, index, last_index): a read's pages asked of the page cache */
+RAW_TRACEPOINT_PROBE(mm_filemap_get_pages)
+{
+	file_cache_read(ctx->args[0], ctx->args[1], ctx->args[2]);
+	return 0;
+}
+#endif
+
+#ifdef IOTRACE_HAVE_IOMAP_DIO_RW_BEGIN
+/* iomap_dio_rw_begin(iocb, iter, dio_flags, done_before): an O_DIRECT read or write starts */
+RAW_TRACEPOINT_PROBE(iomap_dio_rw_begin)
+{
+	file_direct(ctx->args[0], ctx->args[1]);
+	return 0;
+}
+#endif
 
 #ifdef IOTRACE_BIO_LEVEL
 /* The start of a struct bio up to its last member read: one read. */

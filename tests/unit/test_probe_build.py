@@ -3,6 +3,7 @@ the program text with its start event."""
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -25,9 +26,16 @@ def test_perf_event_flags_follow_the_kernel_the_start_event_and_the_sizes(monkey
 
 
 def test_raw_path_flags_are_the_layouts():
-    layout = types.SimpleNamespace(cflags=lambda: ["-DIOTRACE_OFF_X=8"], group_dead=True)
+    layout = types.SimpleNamespace(cflags=lambda: ["-DIOTRACE_OFF_X=8"], group_dead=True,
+                                   present=("mm_filemap_get_pages",))
+    shift = (os.sysconf("SC_PAGE_SIZE") - 1).bit_length()
+    assert probe.compile_flags(ProbeOptions(files=True), layout, False, "block_io_start", [0, 1])[1:] == (
+        "-DIOTRACE_OFF_X=8", "-DIOTRACE_HAVE_GROUP_DEAD", "-DIOTRACE_HAVE_MM_FILEMAP_GET_PAGES",
+        f"-DIOTRACE_PAGE_SHIFT={shift}", "-DIOTRACE_CPUS=2")
+    # without file rows (top, serve): none of their programs, and none of their work at a completion
     assert probe.compile_flags(ProbeOptions(), layout, False, "block_io_start", [0, 1])[1:] == (
-        "-DIOTRACE_OFF_X=8", "-DIOTRACE_HAVE_GROUP_DEAD", "-DIOTRACE_CPUS=2")
+        "-DIOTRACE_OFF_X=8", "-DIOTRACE_HAVE_GROUP_DEAD", "-DIOTRACE_NO_FILES",
+        f"-DIOTRACE_PAGE_SHIFT={shift}", "-DIOTRACE_CPUS=2")
 
 
 @pytest.mark.parametrize("opts", [ProbeOptions(inflight_slots=1000), ProbeOptions(hist_cells=2)])

@@ -21,6 +21,7 @@ examples:
   iotrace report run.jsonl                  the whole run: every dump merged
   iotrace report run.jsonl --by label       epochs side by side: count, MB, p50, p99 per label
   iotrace report --follow run.jsonl         each dump as the tracer appends it (tail -f), until Ctrl-C
+  iotrace report run.jsonl --by file        the top files by bytes from disk, with their p99
   iotrace report run.jsonl --json | jq .    the merged dump as one JSON line (--by label: one per window)
 
 With --by label, dumps that share a label are merged into one window, shown
@@ -42,8 +43,11 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
                 "dump of every file through their HdrHistograms.", epilog=REPORT_EPILOG)
     p.add_argument("files", nargs="+", metavar="FILE.jsonl")
     p.add_argument("--hist", action="store_true", help="add a log2 latency bar chart per row")
-    p.add_argument("--by", choices=("none", "label"), default="none",
-                   help="label: one window per dump label (epoch 1, epoch 2, ...), side by side")
+    p.add_argument("--by", choices=("none", "label", "file"), default="none",
+                   help="label: one window per dump label (epoch 1, epoch 2, ...), side by side; file: the "
+                        "whole run's files, top by bytes from disk")
+    p.add_argument("--files", type=int, default=20, metavar="N", dest="top_files",
+                   help="with --by file: rows shown (default 20)")
     p.add_argument("--layout", choices=("auto", "wide", "long"), default="auto",
                    help="with --by label: wide = a column group per label, long = a line per label; "
                         "auto = wide while it fits in 120 columns")
@@ -83,6 +87,14 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
     merged = acc.result()
     if ns.json:
         jsonl.write(out, merged)
+        return 0
+    if ns.by == "file":
+        from tracer.views.files import render_files
+
+        if merged.files is None:
+            raise UserError(f"no file rows in {', '.join(ns.files)} (traced before iotrace had them, or with "
+                            "--attach tracepoint)")
+        render_files(merged, out, rows=max(ns.top_files, 0), title=f"files of {acc.count} dump(s)")
         return 0
     render_dump(merged, out, hist=ns.hist, title=f"{acc.count} dump(s) from {', '.join(ns.files)}")
     return 0

@@ -103,6 +103,7 @@ class TraceArgs:
     diskstats: bool = False
     attach: str = "auto"                                    # how the BPF programs attach (--attach)
     tasks: bool = False                                     # --tasks: per-process rows (tracer.sources.tasks)
+    files: int = 50                                         # --files: file rows kept per dump (the rest summed)
     count: int | None = None                                # reports to make, the final one included
     json: bool = False                                      # -j: dumps as JSON lines on stdout, no table
     options: argparse.Namespace = field(default_factory=argparse.Namespace)   # every option, sinks' included
@@ -147,6 +148,9 @@ def trace_parser() -> argparse.ArgumentParser:
                         "Costs while on (scripts/bench_tasks.py): ~0.2 us on every system call on the machine (raw "
                         "syscall tracepoints; ~0.1 us on the perf-event fallback), ~0.9 us per traced file read, "
                         "~0.1 us per context switch")
+    p.add_argument("--files", type=int, default=50, metavar="N",
+                   help="file rows kept in each dump (\"files\"): the top N files by bytes from disk, the rest "
+                        "summed into one \"(other files)\" row (default 50; the table at the end shows the top 10)")
     p.add_argument("--diskstats", action="store_true",
                    help="no BPF, no root: iostat's numbers per device from /proc/diskstats and bytes per "
                         "process from /proc/PID/io (your own processes only, unless root); no percentiles. "
@@ -214,7 +218,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         opts = ProbeOptions(pids=list(args.pids) + ([child] if child else []), follow_children=not args.no_children,
                             per_thread=args.threads, devs=devs, inflight_slots=args.inflight_slots,
                             hist_cells=args.hist_cells, cgroup_id=cgroup_id, cgroup_level=cgroup_level,
-                            attach=args.attach)
+                            attach=args.attach, files=True, files_top=max(args.files, 0))
         probe = run.open_probe(opts, on_error=offer_diskstats)
         tasks, tasks_note = run.open_tasks(opts.pids, opts.follow_children) if args.tasks else (None, "")
         # after both filters are armed: what the --pid targets forked before the attach joins them

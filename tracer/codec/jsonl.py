@@ -34,11 +34,18 @@ fdatasync, sync_file_range), "fsyncs", "throttled_s" (blocked by dirty-page
 throttling), "throttles", "started", "exited"}.  Merging dumps adds them up
 per pid.
 
+Raw-tracepoint dumps carry "files": a row per file and process of the window,
+the top --files N by bytes from disk and one "(other files)" row summing the
+rest (tracer.model.files: "dev", "ino", "path", "pid", "comm", "container",
+"cache_read_bytes" (null where unmeasurable), "disk_read_bytes",
+"written_bytes", "requests", "p50_us", "p99_us", "hist", "files").
+Merging dumps adds them up per (file, pid).
+
   Latencies in the JSON are microseconds; the hdr histograms count
   nanoseconds (tracer.codec.hdr).
 
   Beside these core keys a line holds the dump's sections (attach,
-  start_event, coverage, bio_devices, tasks, enclosing, loop, sender_pid,
+  start_event, coverage, bio_devices, tasks, files, enclosing, loop, sender_pid,
   bpf_programs, traced_pids, alerts, verdict): each is a class in
   tracer.model.sections with its own from_json / to_json, walked here
   through SECTIONS.  Keys no section claims (a newer iotrace's) are kept on

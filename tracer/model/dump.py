@@ -21,6 +21,7 @@ from datetime import datetime
 
 from tracer.errors import UserError
 from tracer.model.diskstats import DiskRow, Diskstats, ProcBytes
+from tracer.model.files import Files
 from tracer.model.histogram import Histogram
 from tracer.model.sections import (
     SECTIONS,
@@ -146,6 +147,7 @@ class Dump:
     coverage: Coverage | None = None
     bio_devices: BioDevices | None = None
     tasks: Tasks | None = None
+    files: Files | None = None
     enclosing: Enclosing | None = None
     loop: Loop | None = None
     sender_pid: SenderPid | None = None

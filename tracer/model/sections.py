@@ -29,35 +29,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from tracer.marker import LOOP_KEYS, check_loop
+from tracer.model.files import Files
 from tracer.model.jsoncheck import array, number, obj, text, whole
-
-
-class Merger(Protocol):
-    # d: a tracer.model.dump.Dump (not imported: dump imports this module)
-    def add(self, d) -> None: ...
-
-    def result(self) -> Section | None: ...
-
-
-class Section:
-    """Base of the section classes (see the module docstring)."""
-
-    key: ClassVar[str]
-    null_is_absent: ClassVar[bool] = False     # a JSON null under its key reads as no section
-
-    @classmethod
-    def from_json(cls, v: Any) -> Section:
-        raise NotImplementedError
-
-    def to_json(self) -> Any:
-        raise NotImplementedError
-
-    @classmethod
-    def merger(cls) -> Merger | None:
-        return None
+from tracer.model.sectionbase import Merger, Section
 
 
 class _Agreed:
@@ -528,8 +505,8 @@ class VerdictSection(Section):
 
 
 # Every section, in the order a line holds them.
-SECTIONS: tuple[type[Section], ...] = (Attach, StartEvent, Coverage, BioDevices, Tasks, Enclosing, Loop, SenderPid,
-                                       BpfPrograms, TracedPids, Alerts, VerdictSection)
+SECTIONS: tuple[type[Section], ...] = (Attach, StartEvent, Coverage, BioDevices, Tasks, Files,
+                                       Enclosing, Loop, SenderPid, BpfPrograms, TracedPids, Alerts, VerdictSection)
 BY_KEY: dict[str, type[Section]] = {cls.key: cls for cls in SECTIONS}
 
 

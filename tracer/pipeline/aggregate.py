@@ -13,6 +13,7 @@ import numpy as np
 
 from tracer import contract
 from tracer.model.dump import Dump, PhaseStats, Series
+from tracer.model.files import FileRow, Files, bounded
 from tracer.model.histogram import Histogram
 from tracer.model.sections import Attach, BioDevices, Coverage, DeviceCoverage, StartEvent, TaskRow, Tasks
 from tracer.sources import devices
@@ -100,6 +101,8 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: li
         d.bio_devices = BioDevices(tuple(sorted(devices.name_of(dev) for dev in raw.bio_devs)))
     if tasks is not None:
         d.tasks = Tasks(task_rows(tasks, series))
+    if raw.files is not None:
+        d.files = Files(file_rows(raw.files, raw.files_top, raw.files_cache))
     for reason, n in (tasks_dropped or {}).items():
         if n:
             d.dropped[reason] = d.dropped.get(reason, 0) + n
@@ -132,6 +135,16 @@ def task_rows(tasks: list, series: list[Series]) -> list[TaskRow]:
         rows.append(TaskRow(pid=pid, comm=comm[pid], disk_read_bytes=n))
     rows.sort(key=lambda r: r.pid)
     return rows
+
+
+def file_rows(raw_rows: list, top: int, cache: bool) -> list[FileRow]:
+    """The dump's "files" (tracer.sources.files.FileRaw rows): the top `top` by bytes from disk, the rest
+    summed; page-cache read bytes only where they were measured (`cache`)."""
+    rows = [FileRow(devices.devno(r.dev), r.ino, r.path, r.tgid, r.comm, "", r.cgroup,
+                    r.cache_bytes if cache else None, r.disk_read_bytes, r.written_bytes, r.requests,
+                    r.direct_bytes, dict(r.hist))
+            for r in raw_rows]
+    return bounded(rows, top)
 
 
 # Ops whose requests /proc/diskstats counts among its reads, writes and discards.  An

@@ -23,6 +23,7 @@ from datetime import datetime
 
 from tracer.model.diskstats import Diskstats
 from tracer.model.dump import Dump
+from tracer.model.files import fill_containers
 from tracer.model.sections import BpfPrograms, Section, TracedPids
 from tracer.pipeline.aggregate import Clock, build_dump
 
@@ -77,6 +78,7 @@ class DumpWindows:
             from tracer.sources.cgroups import resolve_containers
 
             resolve_containers(d)
+            fill_containers(d)
         if self.sampler:
             d.iostat = self.sampler.sample()
         if self.alerts:

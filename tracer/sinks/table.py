@@ -23,8 +23,9 @@ class TableSink:
 
     what = "stdout (the table)"     # names this output in a write error's line (tracer.runtime.loop.Sinks)
 
-    def __init__(self, out: TextIO, hist: bool = False, whole=None):
+    def __init__(self, out: TextIO, hist: bool = False, whole=None, files: int = 10):
         self.out = out
+        self.files = files      # rows of the files table at the end
         self.hist = hist
         self.whole = whole
         self.windows = 0
@@ -63,10 +64,17 @@ class TableSink:
 
                 render_table(self.total, self.out, title="whole run")
                 self.labels.render(self.out)       # per label: the waits and one verdict line each
+        if self.total is not None and self.total.files is not None:
+            from tracer.views.files import render_files
+
+            render_files(self.total, self.out, rows=self.files)
         return status
 
 
 def from_args(ns, ctx) -> TableSink | None:
     if ctx.mode not in ("trace", "diskstats") or getattr(ns, "json", False):
         return None
-    return TableSink(ctx.out, getattr(ns, "hist", False), ctx.whole)
+    from tracer.views.files import DEFAULT_ROWS
+
+    rows = min(DEFAULT_ROWS, getattr(ns, "files", DEFAULT_ROWS))
+    return TableSink(ctx.out, getattr(ns, "hist", False), ctx.whole, rows)

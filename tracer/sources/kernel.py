@@ -35,6 +35,8 @@ class Layout:
     values: dict[str, int]      # NAME -> byte offset, enum value or head length
     start_event: str            # one of START_EVENTS
     group_dead: bool            # sched_process_exit passes group_dead (its second argument)
+    present: tuple[str, ...] = ()   # the optional raw tracepoints (present_events) this kernel has
+
 
     def cflags(self) -> list[str]:
         return [f"-DIOTRACE_K_{name}={value}" for name, value in sorted(self.values.items())]
@@ -130,6 +132,20 @@ def resolve_bits(btf: Btf, reads: contract.KernelReads) -> dict[str, int]:
     return values
 
 
+def present_events(btf: Btf, reads: contract.KernelReads, events: Iterable[str]) -> tuple[str, ...]:
+    """Those of the optional raw tracepoints `events` (the event table's "present" ones) this kernel has with
+    the arguments the programs read: the programs for the others are left out, not an error."""
+    out = []
+    for event in events:
+        try:
+            p = btf.func_proto(f"btf_trace_{event}")
+        except BtfError:
+            continue
+        if _matches(p, reads.raw_tps[event]):
+            out.append(event)
+    return tuple(out)
+
+
 def open_btf(path: str = BTF_PATH) -> Btf:
     """The running kernel's BTF, or a LayoutError saying why not."""
     try:
@@ -139,13 +155,17 @@ def open_btf(path: str = BTF_PATH) -> Btf:
 
 
 def load(events: Iterable[str], path: str = BTF_PATH, reads: contract.KernelReads | None = None,
-         btf: Btf | None = None, start_events: tuple[str, ...] = START_EVENTS) -> Layout:
+         btf: Btf | None = None, start_events: tuple[str, ...] = START_EVENTS,
+         optional: Iterable[str] = ()) -> Layout:
     """The layout of the running kernel for the raw tracepoints `events` and the table `reads` (the
     block-layer programs' by default), one-bit fields included; LayoutError if it cannot be had.
-    `btf`: one already read (else the file at `path` is)."""
+    `btf`: one already read (else the file at `path` is); `optional`: raw tracepoints looked for too,
+    those present in Layout.present."""
     reads = contract.load().kernel if reads is None else reads
     btf = open_btf(path) if btf is None else btf
     layout = resolve(btf, reads, events, start_events)
+    if optional:
+        layout = replace(layout, present=present_events(btf, reads, optional))
     if reads.bits:
         layout = replace(layout, values={**layout.values, **resolve_bits(btf, reads)})
     return layout

@@ -25,6 +25,7 @@ from tracer.sources import bpfobject, devices, kernel
 from tracer.sources.bpfobject import BpfObject, ProgStats, Variant
 from tracer.sources.drain import MapDrain
 from tracer.sources.drain import read_array as read_array  # noqa: F401 - tests/reference reads through it
+from tracer.sources.files import FileDrain
 from tracer.sources.ledger import LOST_MIN_AGE_NS as LOST_MIN_AGE_NS  # noqa: F401 - the tests plant by it
 from tracer.sources.ledger import PROGRAMS as PROGRAMS
 from tracer.sources.ledger import USER_DROPS as USER_DROPS
@@ -50,6 +51,8 @@ SOURCES = {"raw_tp": "raw_tp.bpf.c", "tracepoint": "tracepoint.bpf.c"}
 # Raw tracepoints of the raw_tp path, beside the start event (bio ones only for bio-based disks)
 RAW_EVENTS = tuple(e.name for e in EVENTS if e.when == "always" and "raw_tp" in e.paths)
 RAW_BIO_EVENTS = tuple(e.name for e in EVENTS if e.when == "bio" and "raw_tp" in e.paths)
+# Raw tracepoints attached only where the kernel has them (mm_filemap_get_pages: Linux 6.11+)
+RAW_PRESENT_EVENTS = tuple(e.name for e in EVENTS if e.when == "present" and "raw_tp" in e.paths)
 
 
 @dataclass
@@ -65,6 +68,8 @@ class ProbeOptions:
     cgroup_level: int = 0       # its depth below the cgroup v2 root
     series_entries: int | None = None
     attach: str = "auto"        # "raw_tp", "tracepoint", or "auto": raw_tp where the kernel's BTF allows
+    files: bool = False         # per-file rows (bpf/files.bpf.h; raw path): trace mode's, not top's or serve's
+    files_top: int = 50         # --files: file rows kept per window (top by bytes from disk), the rest summed
 
 
 @dataclass
@@ -87,6 +92,9 @@ class RawInterval:
     attach: str = "tracepoint"             # ATTACH_MODES: how the programs were attached
     start_event: str = ""                  # the request start's event (START_EVENTS)
     start_blind: list[str] = field(default_factory=list)   # disks whose requests it mostly misses (blind_disks)
+    files: list | None = None              # tracer.sources.files.FileRaw rows; None: no file rows on this path
+    files_top: int = 0                     # rows kept of them (the rest summed)
+    files_cache: bool = False              # page-cache read bytes measured (mm_filemap_get_pages present)
 
 
 def tracefs() -> Path:
@@ -190,7 +198,8 @@ def choose_attach(mode: str, bio: bool) -> tuple[str, kernel.Layout | None, str]
     if mode not in ("auto", "raw_tp"):
         raise UserError(f"--attach takes auto, {' or '.join(ATTACH_MODES)}, not {mode!r}")
     try:
-        return "raw_tp", kernel.load(RAW_EVENTS + (RAW_BIO_EVENTS if bio else ()), start_events=start_events()), ""
+        return "raw_tp", kernel.load(RAW_EVENTS + (RAW_BIO_EVENTS if bio else ()), start_events=start_events(),
+                                     optional=RAW_PRESENT_EVENTS), ""
     except kernel.LayoutError as exc:
         if mode == "raw_tp":
             raise UserError(f"--attach raw_tp: this kernel's BTF lacks what iotrace reads: {exc}") from None
@@ -232,6 +241,11 @@ def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, s
         cflags += layout.cflags()
         if layout.group_dead:
             cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
+        if opts.files:
+            cflags += [f"-DIOTRACE_HAVE_{event.upper()}" for event in getattr(layout, "present", ())]
+        else:
+            cflags.append("-DIOTRACE_NO_FILES")
+        cflags.append(f"-DIOTRACE_PAGE_SHIFT={(os.sysconf('SC_PAGE_SIZE') - 1).bit_length()}")
     elif "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()):
         cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
     if starts_at_bio(start_event):
@@ -269,6 +283,8 @@ class Probe:
         # attach_note: why raw tracepoints were not used, when "auto" fell back
         self.attach, layout, self.attach_note = choose_attach(opts.attach, bool(self.bio_devs))
         self.start_event = layout.start_event if layout is not None else check_perf_events(bool(self.bio_devs))
+        # the event table's "present" events this kernel has, attached beside the others (raw path)
+        self.present: tuple[str, ...] = tuple(getattr(layout, "present", ())) if opts.files else ()
         # the disks whose requests this start event mostly misses (said at start and in every dump)
         self.start_blind = blind_disks(self.start_event, opts.devs)
         possible = bpfobject.possible_cpus()
@@ -279,6 +295,9 @@ class Probe:
         self.bpf: BpfObject | None = BpfObject(text, [Variant(self.attach, cflags)], "the BPF programs")
         self.maps = MapDrain(self.bpf, self.ncpu)
         self.ledger = Ledger(self.bpf, self.attach, self.contract.reasons, self.contract.const("STALE_NS"))
+        # per-file rows: the raw path's (files.bpf.h reads kernel structs)
+        self.files = (FileDrain(self.bpf, cache="mm_filemap_get_pages" in self.present)
+                      if layout is not None and opts.files else None)
         self._write_filters(opts)
         # last: the programs record nothing until the config says enabled
         self._write_config(opts)
@@ -339,6 +358,7 @@ class Probe:
         # after the grace period: the old generation's last completions are in the kernel's counters too
         diskstats_start, diskstats_end = self.ledger.diskstats_window()
         maps = self.maps.drain(old)
+        files = self.files.drain(old) if self.files is not None else None
         reasons = self.ledger.dropped(final)
         raw = RawInterval(
             start_ns=self._interval_start, end_ns=end,
@@ -348,6 +368,7 @@ class Probe:
             traced_devs=list(self._opts.devs) or None, filtered=bool(self._opts.pids or self._opts.cgroup_id),
             bio_devs=list(self.bio_devs), attach=self.attach,
             start_event=self.start_event, start_blind=list(self.start_blind),
+            files=files, files_top=self._opts.files_top, files_cache=bool(self.files and self.files.cache),
         )
         self._interval_start = end
         return raw

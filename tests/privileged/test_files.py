@@ -1,0 +1,178 @@
+"""Per-file rows ("files", bpf/files.bpf.h, tracer.sources.files): real processes, a real ext4 on a loop
+device, real BPF on the raw-tracepoint path (the perf-event path has no file rows: it reads no kernel
+struct, and says so by carrying none).
+
+- a writer of 64 MiB without fsync, alive until the flusher has written it back (`sync -f`): its file's
+  row names the file and has the 64 MiB written, as many as the writer's write-back series;
+- two loaders reading 4 shards each, cold then warm: bytes from disk per file are the file's size cold
+  (less at most a readahead window) and ~0 warm, bytes read through the page cache the size both times;
+  `iotrace report --by file` lists them by name.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, evict, read_dumps, reaped, run_iotrace
+from unit.test_core import finish, start_tracer
+
+from privileged.test_writeback import WBLOAD, exact_bytes, nothing_lost, wait_file, wb_bytes, write_back
+
+bpf = pytest.mark.bpf
+MIB = 1 << 20
+ROOT = Path(__file__).resolve().parent.parent.parent
+SHARD_MIB = 6
+READAHEAD = 2 * MIB             # at most what one readahead window may bring beyond what was asked
+
+LOADER = """
+import sys
+for path in sys.argv[1:]:
+    with open(path, "rb", buffering=0) as f:
+        while f.read(1 << 20):
+            pass
+"""
+
+
+def file_rows(dumps: list[dict]) -> list[dict]:
+    return [r for d in dumps for r in d.get("files") or []]
+
+
+def per_file(dumps: list[dict], key: str, pid: int | None = None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in file_rows(dumps):
+        if pid is None or r["pid"] == pid:
+            out[r["path"]] = out.get(r["path"], 0) + (r[key] or 0)
+    return out
+
+
+@bpf
+def test_unsynced_writer_file_row_has_its_write_back(ext4_mnt, tmp_path):
+    """64 MiB written without fsync, written back by the flusher: the file's row is the writer's, names the
+    file and holds the 64 MiB written, the writer's write-back bytes exactly."""
+    loop, mnt = ext4_mnt
+    target, written, go, out = mnt / "ckpt.bin", tmp_path / "written", tmp_path / "go", tmp_path / "out.jsonl"
+    failed: list[BaseException] = []
+
+    def flusher() -> None:
+        try:
+            wait_file(written)
+            write_back(target)
+        except BaseException as exc:    # noqa: BLE001 - reported by the test's own thread
+            failed.append(exc)
+        finally:
+            go.touch()
+
+    t = threading.Thread(target=flusher)
+    t.start()
+    try:
+        r = run_iotrace(["--attach", "raw_tp", "--dev", loop.name, "-o", str(out), "--",
+                         PYTHON, WBLOAD, str(target), "64", str(written), str(go)], timeout=120)
+    finally:
+        go.touch()
+        t.join()
+    assert not failed, failed
+    assert r.returncode == 0, r.stderr
+    pid = int(written.read_text())
+    dumps = read_dumps(out)
+    for d in dumps:
+        nothing_lost(d)
+    rows = [row for row in file_rows(dumps) if row["path"] == str(target)]
+    assert rows and all(row["pid"] == pid for row in rows), file_rows(dumps)
+    got = sum(row["written_bytes"] for row in rows)
+    exact_bytes(got, 64 * MIB, dumps, loop.name)
+    assert got == wb_bytes(dumps, loop.name, pid), (got, wb_bytes(dumps, loop.name, pid))
+    assert sum(row["requests"] for row in rows) > 0 and rows[0]["p99_us"] is not None
+    assert "files: top" in r.stdout and "ckpt.bin" in r.stdout, r.stdout
+
+
+def traced_loaders(shards: list[list[Path]], out: Path) -> tuple[list[int], str]:
+    """Two loader processes reading their shards under a tracer: (their pids, the tracer's table)."""
+    loaders = [subprocess.Popen([PYTHON, "-c", "import sys; sys.stdin.read(1)\n" + LOADER, *map(str, s)],
+                                stdin=subprocess.PIPE) for s in shards]
+    with reaped(*loaders):
+        pids = [a for p in loaders for a in ("--pid", str(p.pid))]
+        tracer = start_tracer(["--attach", "raw_tp", "-o", str(out), *pids])
+        with reaped(tracer):
+            for p in loaders:
+                p.stdin.write(b"g")
+                p.stdin.close()
+            for p in loaders:
+                assert p.wait(60) == 0
+            table, _ = finish(tracer)
+    return [p.pid for p in loaders], table
+
+
+@bpf
+def test_two_loaders_cold_then_warm(ext4_mnt, tmp_path):
+    """8 shards, 4 per loader: cold, each file's bytes from disk are its size (less at most a readahead
+    window) and under its reader; warm, ~0 from disk; the page cache served the size both times."""
+    loop, mnt = ext4_mnt
+    shards = [[mnt / f"shard-{i}-{j}.rec" for j in range(4)] for i in range(2)]
+    for s in shards:
+        for f in s:
+            f.write_bytes(bytes([len(f.name)]) * (SHARD_MIB * MIB - 4096 * len(f.name)))   # sizes differ
+    evict(mnt)
+    sizes = {str(f): f.stat().st_size for s in shards for f in s}
+    cold_out, warm_out = tmp_path / "cold.jsonl", tmp_path / "warm.jsonl"
+    pids, table = traced_loaders(shards, cold_out)
+    cold = read_dumps(cold_out)
+    for d in cold:
+        nothing_lost(d)
+    # a request is its first page's file's: where the block layer merged two files' neighbouring reads into
+    # one request (README, Files), bytes move between them, so each file is within a window, the sum exact-ish
+    total = 0
+    for pid, s in zip(pids, shards, strict=True):
+        disk, cache = per_file(cold, "disk_read_bytes", pid), per_file(cold, "cache_read_bytes", pid)
+        for f in s:
+            size = sizes[str(f)]
+            got = per_file(cold, "disk_read_bytes").get(str(f), 0)
+            total += got
+            assert size - READAHEAD <= got <= size + READAHEAD, (f, disk, size)
+            assert disk.get(str(f), 0) == got, (f, disk)       # all of it under its reader
+            assert cache.get(str(f)) == size, (f, cache, size)
+    assert sum(sizes.values()) - READAHEAD <= total <= sum(sizes.values()), (total, sizes)
+    assert "shard-0-0.rec" in table, table
+    _, _ = traced_loaders(shards, warm_out)
+    warm = read_dumps(warm_out)
+    disk, cache = per_file(warm, "disk_read_bytes"), per_file(warm, "cache_read_bytes")
+    for path, size in sizes.items():
+        assert disk.get(path, 0) <= 64 * 1024, (path, disk)
+        assert cache.get(path) == size, (path, cache)
+    r = subprocess.run([sys.executable, "-m", "tracer.cli", "report", "--by", "file", str(cold_out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    listed = [line.split()[0] for line in r.stdout.splitlines() if ".rec" in line]
+    assert {Path(p).name for p in listed} == {Path(p).name for p in sizes}, r.stdout
+
+
+@bpf
+def test_tracepoint_path_has_no_file_rows(ext4_mnt, tmp_path):
+    """--attach tracepoint reads no kernel struct: its dumps carry no "files" (rather than empty rows)."""
+    loop, mnt = ext4_mnt
+    f = mnt / "x"
+    f.write_bytes(b"x" * MIB)
+    evict(f)
+    out = tmp_path / "out.jsonl"
+    r = run_iotrace(["--attach", "tracepoint", "--dev", loop.name, "-o", str(out), "--", "cat", str(f)])
+    assert r.returncode == 0, r.stderr
+    assert all("files" not in d for d in read_dumps(out))
+
+
+@bpf
+def test_direct_reads_and_writes_are_the_files_bytes_as_asked(ext4_mnt, tmp_path):
+    """O_DIRECT's pages are the process's memory, no file's: its bytes come from iomap_dio_rw_begin (clipped at
+    EOF for reads), under direct_bytes too, with no request or latency of their own."""
+    loop, mnt = ext4_mnt
+    f, out = mnt / "direct.bin", tmp_path / "out.jsonl"
+    cmd = (f"dd if=/dev/zero of={f} bs=1M count=4 oflag=direct status=none && "
+           f"dd if={f} of=/dev/null bs=1M iflag=direct status=none")
+    r = run_iotrace(["--attach", "raw_tp", "--dev", loop.name, "-o", str(out), "--", "sh", "-c", cmd])
+    assert r.returncode == 0, r.stderr
+    rows = [row for row in file_rows(read_dumps(out)) if row["path"] == str(f)]
+    assert sum(row["written_bytes"] for row in rows) == 4 * MIB, rows
+    assert sum(row["disk_read_bytes"] for row in rows) == 4 * MIB, rows      # the read at EOF asks 1 MiB more
+    assert sum(row["direct_bytes"] for row in rows) == 8 * MIB, rows
