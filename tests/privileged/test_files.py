@@ -160,7 +160,7 @@ def test_tracepoint_path_has_no_file_rows(ext4_mnt, tmp_path):
     r = run_iotrace(["--attach", "tracepoint", "--dev", loop.name, "-o", str(out), "--", "cat", str(f)])
     assert r.returncode == 0, r.stderr
     assert all("files" not in d for d in read_dumps(out))
-
+    assert "no per-file rows: they need the raw tracepoints" in r.stderr
 
 @bpf
 def test_direct_reads_and_writes_are_the_files_bytes_as_asked(ext4_mnt, tmp_path):

@@ -256,6 +256,9 @@ def _announce(args: TraceArgs, child: int | None, probe, control, control_error:
     if probe.attach_note:
         print(f"iotrace: attached to perf-event tracepoints, not raw ones: {safe(probe.attach_note)}",
               file=sys.stderr)
+    if probe.attach == "tracepoint":
+        # the file of a request is read from kernel structs (bpf/files.bpf.h): the raw path's alone
+        print("iotrace: no per-file rows: they need the raw tracepoints (--attach raw_tp)", file=sys.stderr)
     if probe.start_note:
         print(f"iotrace: {probe.start_note}", file=sys.stderr)
     print(safe(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "
