@@ -39,6 +39,7 @@ from tracer.model.sections import (
     TaskMerger,
     TaskRow,
     Tasks,
+    TasksSources,
     TracedPids,
     VerdictSection,
 )
@@ -146,6 +147,7 @@ class Dump:
     coverage: Coverage | None = None
     bio_devices: BioDevices | None = None
     tasks: Tasks | None = None
+    tasks_sources: TasksSources | None = None
     enclosing: Enclosing | None = None
     loop: Loop | None = None
     sender_pid: SenderPid | None = None

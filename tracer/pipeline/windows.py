@@ -23,7 +23,7 @@ from datetime import datetime
 
 from tracer.model.diskstats import Diskstats
 from tracer.model.dump import Dump
-from tracer.model.sections import BpfPrograms, Section, TracedPids
+from tracer.model.sections import BpfPrograms, Section, TasksSources, TracedPids
 from tracer.pipeline.aggregate import Clock, build_dump
 
 
@@ -70,6 +70,8 @@ class DumpWindows:
     def build(self, cut, kind: str, label: str | None = None, sections: tuple[Section, ...] = ()):
         raw, tasks, dropped, final = cut
         d = build_dump(raw, self.clock, kind, label=label, tasks=tasks, tasks_dropped=dropped)
+        if tasks is not None:
+            d.put(TasksSources.of(self.tasks.sources))
         d.put(*sections)
         if final:
             d.put(*self.final_sections())
