@@ -1,6 +1,6 @@
 """The pipeline: sources drained at one instant (a cut), then turned into a window in declared stages.
 
-DumpWindows (trace, serve, top): the BPF probe and, with --tasks, the
+DumpWindows (trace, serve, top): the BPF probe and, unless --no-tasks, the
 per-process tracer; a window is a tracer.model.dump.Dump built from both
 (tracer.pipeline.aggregate.build_dump), then, in order:
   1. marker fields (label, loop timing) and, on the final window, what the
