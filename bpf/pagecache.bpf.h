@@ -62,12 +62,28 @@ static __always_inline u64 pc_range_bytes(u64 mapping, u64 index, u64 last)
 	return end > start ? end - start : 0;
 }
 
+/*
+ * The first page of a new read whose first traced batch begins at `index`:
+ * `index`, or where the thread's previous read of the file ended when the
+ * kernel left its first batch untraced (IOTRACE_TASKS_READ_GAP_MAX).
+ */
+static __always_inline u64 pc_read_start(struct iotrace_thread *th, u64 mapping, u64 index, u64 last, bool waited)
+{
+	u64 next = th->rd_last + 1;
+
+	if (waited && th->rd_mapping == mapping && index > next && index - next <= IOTRACE_TASKS_READ_GAP_MAX &&
+	    last > th->rd_last)
+		return next;
+	return index;
+}
+
 /* mm_filemap_get_pages(mapping, index, last_index): a batch of a buffered read, in the reader's context */
 RAW_TRACEPOINT_PROBE(mm_filemap_get_pages)
 {
-	u64 mapping = ctx->args[0], index = ctx->args[1], last = ctx->args[2], id, bytes;
+	u64 mapping = ctx->args[0], index = ctx->args[1], last = ctx->args[2], id, bytes, start;
 	struct iotrace_thread *th;
 	struct iotrace_task *t;
+	bool waited;
 
 	id = bpf_get_current_pid_tgid();
 	if (!twanted(tcfg(), id >> 32))
@@ -79,15 +95,18 @@ RAW_TRACEPOINT_PROBE(mm_filemap_get_pages)
 	if (!th)
 		return 0;
 	pc_pending_take(th, mapping, t);
+	waited = th->flags & IOTRACE_TASKS_WAITED;
+	th->flags &= ~IOTRACE_TASKS_WAITED;
 	/* the same read's next batch: counted with its first */
 	if (th->rd_mapping == mapping && th->rd_last == last && index > th->rd_index) {
 		th->rd_index = index;
 		return 0;
 	}
+	start = pc_read_start(th, mapping, index, last, waited);
 	th->rd_mapping = mapping;
 	th->rd_last = last;
 	th->rd_index = index;
-	bytes = pc_range_bytes(mapping, index, last);
+	bytes = pc_range_bytes(mapping, start, last);
 	if (!bytes)
 		return 0;
 	__sync_fetch_and_add(&t->read_bytes, bytes);

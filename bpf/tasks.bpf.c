@@ -165,6 +165,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	if (!th)
 		return 0;
 	th->block_ns = now;
+	th->flags |= IOTRACE_TASKS_WAITED;
 	/* the wait balance_dirty_pages announced, or any other (a read in progress stays noted) */
 	if (th->flags & IOTRACE_TASKS_THROTTLE_NEXT)
 		th->flags = (th->flags & ~IOTRACE_TASKS_THROTTLE_NEXT) | IOTRACE_TASKS_THROTTLED;

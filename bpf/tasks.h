@@ -26,6 +26,18 @@
 #define IOTRACE_TASKS_THROTTLE_NEXT 1	/* balance_dirty_pages said it will sleep: the next I/O wait is throttling */
 #define IOTRACE_TASKS_THROTTLED 2	/* the I/O wait in progress is dirty-page throttling */
 #define IOTRACE_TASKS_READING 4	/* in a read syscall on a regular file */
+#define IOTRACE_TASKS_WAITED 8	/* blocked in I/O wait since its last read batch (page-cache source) */
+
+/*
+ * A read whose first batch the kernel did not trace: filemap_get_pages()
+ * returns the folios before a locked one untraced, once it has waited for
+ * that one (AOP_TRUNCATED_PAGE with more than one folio).  When a new read's
+ * first traced batch begins at most this many pages after where the
+ * thread's previous read of the file ended, and it waited in I/O meanwhile,
+ * the read is counted from there (a sequential read catching up with its
+ * readahead).
+ */
+#define IOTRACE_TASKS_READ_GAP_MAX 32
 
 /* The page cache's own numbers (fixed by the kernel's folio layout, include/linux/mm.h folio_order) */
 #define IOTRACE_TASKS_FOLIO_ORDER_MASK 0xff	/* folio._flags_1: the order of a large folio */
