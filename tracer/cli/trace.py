@@ -147,14 +147,15 @@ def trace_parser() -> argparse.ArgumentParser:
                       help="per-process rows (\"tasks\", on by default) with reads and fsyncs timed at the system "
                            "calls instead of the page cache's and ext4's events: what a kernel without those events "
                            "needs (before 6.11: no mm_filemap_get_pages; the dump's tasks_sources says), and the "
-                           "baseline they are checked against. Costs while on (scripts/bench_tasks.py): ~0.1-0.2 us "
-                           "on every system call of the machine, ~0.9 us per traced file read; without it no "
+                           "baseline they are checked against. Costs while on (scripts/bench_tasks.py): ~0.06-0.2 us "
+                           "on every system call of the machine, ~0.3-0.9 us per traced file read; without it no "
                            "system call pays anything")
     rows.add_argument("--no-tasks", action="store_true",
                       help="no per-process rows: by default every dump has them (I/O wait, bytes read from files, "
                            "page-cache hits, bytes from disk, fsync and dirty-page throttling time, for the "
-                           "per-epoch verdict), from scheduler, page-cache and ext4 events: ~0.1 us per context "
-                           "switch and per buffered read batch, nothing per system call")
+                           "per-epoch verdict), from scheduler, page-cache and ext4 events: ~0.05-0.2 us per context "
+                           "switch, ~0.2-0.3 us per buffered read batch, ~0.1 us per folio a miss adds, nothing "
+                           "per system call")
     p.add_argument("--diskstats", action="store_true",
                    help="no BPF, no root: iostat's numbers per device from /proc/diskstats and bytes per "
                         "process from /proc/PID/io (your own processes only, unless root); no percentiles. "
