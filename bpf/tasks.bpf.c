@@ -161,6 +161,9 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	if (!twanted(tcfg(), id >> 32))
 		return 0;
 	now = bpf_ktime_get_ns();
+	/* its process's row, which the wakeup adds to: a process whose first event is a wait gets one too */
+	if (!current_task(id >> 32, now))
+		return 0;
 	th = current_thread((u32)id, id >> 32);
 	if (!th)
 		return 0;
