@@ -45,9 +45,10 @@ demo: setup
 	$(AS_ROOT) $(PY) scripts/demo.py
 
 # Overhead vs no tracer, bpftrace and blktrace (fio on a RAM-backed loop device, interleaved
-# runs), the cost of a 100k-bucket dump, a short soak run, what --tasks costs per context switch
-# and syscall, report's time and peak RSS on a 200 MB file, and a scrape of `iotrace serve` under
-# fio load; results also in bench-*.json.
+# runs), the cost of a 100k-bucket dump, a short soak run, what the per-process rows cost (the
+# default page-cache events and --tasks' syscall hooks: per event in bpf_stats, per buffered read,
+# per getppid, against untraced), report's time and peak RSS on a 200 MB file, and a scrape of
+# `iotrace serve` under fio load; results also in bench-*.json.
 bench:
 	@bash scripts/setup.sh --bench
 	$(AS_ROOT) $(PY) scripts/bench_overhead.py --json bench-overhead.json

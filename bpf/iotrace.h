@@ -243,6 +243,15 @@ KRAWTP(sys_exit, struct pt_regs *, long int)	/* tasks.bpf.c syscalls */
 KMEMBER(REGS_ARG0, pt_regs, di, 8)	/* tasks.bpf.c syscalls x86_64: a syscall's first argument */
 KMEMBER(REGS_NR, pt_regs, orig_ax, 8)	/* tasks.bpf.c syscalls x86_64: the syscall's number */
 KMEMBER(TASK_TI_STATUS, task_struct, thread_info.status, 4)	/* tasks.bpf.c syscalls x86_64: TS_COMPAT */
+KRAWTP(mm_filemap_get_pages, struct address_space *, long unsigned int, long unsigned int)	/* tasks.bpf.c reads: a buffered read's batch */
+KMEMBER(INODE_SIZE, inode, i_size, 8)	/* tasks.bpf.c reads: a read's range clipped at EOF */
+KRAWTP(mm_filemap_add_to_page_cache, struct folio *)	/* tasks.bpf.c cache: a folio added (a miss, when a read follows) */
+KMEMBER(FOLIO_FLAGS, folio, flags, 8)	/* tasks.bpf.c cache: PG_head, a large folio */
+KMEMBER(FOLIO_FLAGS_1, folio, _flags_1, 8)	/* tasks.bpf.c cache: a large folio's order */
+KMEMBER(FOLIO_MAPPING, folio, mapping, 8)	/* tasks.bpf.c cache */
+KENUM(PG_HEAD, PG_head)	/* tasks.bpf.c cache */
+KRAWTP(ext4_sync_file_enter, struct file *, int)	/* tasks.bpf.c fsync */
+KRAWTP(ext4_sync_file_exit, struct inode *, int)	/* tasks.bpf.c fsync */
 #endif
 
 /*

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * tasks.bpf.c - per-process I/O wait, file reads, fsync time and dirty-page
- * throttling, for the "tasks" rows of every dump (tracer/sources/tasks.py).
+ * tasks.bpf.c - per-process I/O wait, file reads, page-cache misses, fsync
+ * time and dirty-page throttling, for the "tasks" rows of every dump
+ * (tracer/sources/tasks.py).
  *
  *   sched_switch      a traced thread blocks (not preempted, prev_state not
  *                     running) with task_struct.in_iowait set: note when.
@@ -11,13 +12,21 @@
  *                     process's io_wait_ns (where delayacct_blkio_end runs),
  *                     and to throttle_ns when balance_dirty_pages put it there
  *   balance_dirty_pages  pause > 0: the thread's next I/O wait is throttling
- *   read, pread64, readv, preadv, preadv2
- *                     bytes returned from a regular file (page cache or not)
- *   fsync, fdatasync, sync_file_range  time inside
  *   sched_process_fork / exit  the pid filter follows forks; a process's
  *                     exit is stamped, and user space deletes it once read
  *
- * The syscalls are timed in one of two variants, chosen at load by
+ * File reads, page-cache misses and fsync come from one of two places,
+ * chosen at load by tracer/sources/tasks.py (choose_sources):
+ *   default           the page cache's and ext4's own events
+ *                     (bpf/pagecache.bpf.h: IOTRACE_TASKS_PC_READS, _CACHE,
+ *                     _FSYNC, each only where the kernel has its event): no
+ *                     program runs for any syscall
+ *   IOTRACE_TASKS_SYSCALLS  (--tasks) the syscalls themselves:
+ *     read, pread64, readv, preadv, preadv2
+ *                     bytes returned from a regular file (page cache or not)
+ *     fsync, fdatasync, sync_file_range  time inside
+ *
+ * With --tasks the syscalls are timed in one of two variants, chosen at load by
  * tracer/sources/tasks.py (choose_syscalls):
  *   IOTRACE_TASKS_RAW_SYSCALLS  raw sys_enter / sys_exit: one program each for
  *                     every syscall of the machine, returning after a compare
@@ -152,10 +161,14 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	if (!twanted(tcfg(), id >> 32))
 		return 0;
 	now = bpf_ktime_get_ns();
+	/* its process's row, which the wakeup adds to: a process whose first event is a wait gets one too */
+	if (!current_task(id >> 32, now))
+		return 0;
 	th = current_thread((u32)id, id >> 32);
 	if (!th)
 		return 0;
 	th->block_ns = now;
+	th->flags |= IOTRACE_TASKS_WAITED;
 	/* the wait balance_dirty_pages announced, or any other (a read in progress stays noted) */
 	if (th->flags & IOTRACE_TASKS_THROTTLE_NEXT)
 		th->flags = (th->flags & ~IOTRACE_TASKS_THROTTLE_NEXT) | IOTRACE_TASKS_THROTTLED;
@@ -218,30 +231,6 @@ RAW_TRACEPOINT_PROBE(balance_dirty_pages)
 	return 0;
 }
 
-/*
- * Whether fd of the current task is a regular file:
- * current->files->fdt->fd[fd]->f_inode->i_mode.  The fd table may be
- * replaced meanwhile (it grows under RCU; the old one stays readable), and
- * a read that fails is counted.
- */
-static __always_inline bool fd_is_regular(u64 fd)
-{
-	u64 files = 0, fdt = 0, fds = 0, file = 0, inode = 0;
-	u32 max_fds = 0;
-	u16 mode = 0;
-	u64 task = bpf_get_current_task();
-
-	if (tread(&files, sizeof(files), task + IOTRACE_K_TASK_FILES) || !files ||
-	    tread(&fdt, sizeof(fdt), files + IOTRACE_K_FILES_FDT) || !fdt ||
-	    tread(&max_fds, sizeof(max_fds), fdt + IOTRACE_K_FDT_MAX_FDS) || fd >= max_fds ||
-	    tread(&fds, sizeof(fds), fdt + IOTRACE_K_FDT_FD) || !fds ||
-	    tread(&file, sizeof(file), fds + fd * 8) || !file ||
-	    tread(&inode, sizeof(inode), file + IOTRACE_K_FILE_INODE) || !inode ||
-	    tread(&mode, sizeof(mode), inode + IOTRACE_K_INODE_MODE))
-		return false;
-	return (mode & IOTRACE_TASKS_S_IFMT) == IOTRACE_TASKS_S_IFREG;
-}
-
 #ifdef IOTRACE_TASKS_RAW_SYSCALLS
 /*
  * Threads inside a read or sync syscall that sys_enter noted (READING set,
@@ -267,6 +256,66 @@ static __always_inline void noted_add(s64 n)
 #else
 #define noted_add(n) do { } while (0)
 #endif
+
+/* A sync of traced thread `id` begins (a sync syscall, or ext4_sync_file). */
+static __always_inline void sync_enter(u64 id)
+{
+	struct iotrace_thread *th;
+	u64 now = bpf_ktime_get_ns();
+
+	if (!current_task(id >> 32, now))
+		return;
+	th = current_thread((u32)id, id >> 32);
+	if (!th)
+		return;
+	th->fsync_ns = now;
+	noted_add(1);
+}
+
+static __always_inline void sync_exit(void)
+{
+	struct iotrace_thread *th;
+	struct iotrace_task *t;
+	u32 tid = bpf_get_current_pid_tgid();
+	u64 start;
+
+	th = threads.lookup(&tid);
+	if (!th || !th->fsync_ns)
+		return;
+	start = th->fsync_ns;
+	th->fsync_ns = 0;
+	noted_add(-1);
+	t = tasks.lookup(&th->tgid);
+	if (!t)
+		return;
+	__sync_fetch_and_add(&t->fsync_ns, bpf_ktime_get_ns() - start);
+	__sync_fetch_and_add(&t->fsyncs, 1);
+}
+
+#ifdef IOTRACE_TASKS_SYSCALLS
+/*
+ * Whether fd of the current task is a regular file:
+ * current->files->fdt->fd[fd]->f_inode->i_mode.  The fd table may be
+ * replaced meanwhile (it grows under RCU; the old one stays readable), and
+ * a read that fails is counted.
+ */
+static __always_inline bool fd_is_regular(u64 fd)
+{
+	u64 files = 0, fdt = 0, fds = 0, file = 0, inode = 0;
+	u32 max_fds = 0;
+	u16 mode = 0;
+	u64 task = bpf_get_current_task();
+
+	if (tread(&files, sizeof(files), task + IOTRACE_K_TASK_FILES) || !files ||
+	    tread(&fdt, sizeof(fdt), files + IOTRACE_K_FILES_FDT) || !fdt ||
+	    tread(&max_fds, sizeof(max_fds), fdt + IOTRACE_K_FDT_MAX_FDS) || fd >= max_fds ||
+	    tread(&fds, sizeof(fds), fdt + IOTRACE_K_FDT_FD) || !fds ||
+	    tread(&file, sizeof(file), fds + fd * 8) || !file ||
+	    tread(&inode, sizeof(inode), file + IOTRACE_K_FILE_INODE) || !inode ||
+	    tread(&mode, sizeof(mode), inode + IOTRACE_K_INODE_MODE))
+		return false;
+	return (mode & IOTRACE_TASKS_S_IFMT) == IOTRACE_TASKS_S_IFREG;
+}
 
 /* A read syscall of traced thread `id` (pid_tgid) begins: note it when its fd is a regular file. */
 static __always_inline void read_enter(u64 id, u32 fd)
@@ -303,41 +352,6 @@ static __always_inline void read_exit(long ret)
 		return;
 	__sync_fetch_and_add(&t->read_bytes, ret);
 	__sync_fetch_and_add(&t->reads, 1);
-}
-
-/* A sync syscall of traced thread `id` begins. */
-static __always_inline void sync_enter(u64 id)
-{
-	struct iotrace_thread *th;
-	u64 now = bpf_ktime_get_ns();
-
-	if (!current_task(id >> 32, now))
-		return;
-	th = current_thread((u32)id, id >> 32);
-	if (!th)
-		return;
-	th->fsync_ns = now;
-	noted_add(1);
-}
-
-static __always_inline void sync_exit(void)
-{
-	struct iotrace_thread *th;
-	struct iotrace_task *t;
-	u32 tid = bpf_get_current_pid_tgid();
-	u64 start;
-
-	th = threads.lookup(&tid);
-	if (!th || !th->fsync_ns)
-		return;
-	start = th->fsync_ns;
-	th->fsync_ns = 0;
-	noted_add(-1);
-	t = tasks.lookup(&th->tgid);
-	if (!t)
-		return;
-	__sync_fetch_and_add(&t->fsync_ns, bpf_ktime_get_ns() - start);
-	__sync_fetch_and_add(&t->fsyncs, 1);
 }
 
 #ifdef IOTRACE_TASKS_RAW_SYSCALLS
@@ -444,6 +458,9 @@ SYNC_SYSCALL(fsync)
 SYNC_SYSCALL(fdatasync)
 SYNC_SYSCALL(sync_file_range)
 #endif /* IOTRACE_TASKS_RAW_SYSCALLS */
+#endif /* IOTRACE_TASKS_SYSCALLS */
+
+#include "pagecache.bpf.h"
 
 /* sched_process_fork(parent, child): forks of traced processes join the filter */
 RAW_TRACEPOINT_PROBE(sched_process_fork)

@@ -1,13 +1,16 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * tasks.h - the contract between bpf/tasks.bpf.c (per-process I/O wait, file
- * reads, fsync and dirty-page throttling) and tracer/sources/tasks.py.
+ * reads, page-cache misses, fsync and dirty-page throttling; its page-cache
+ * and ext4 handlers in bpf/pagecache.bpf.h) and tracer/sources/tasks.py.
  *
  * Same rules as iotrace.h, whose parser (tracer/contract.py) reads this file
  * too: constants are "#define IOTRACE_NAME <integer>", enums list
  * "NAME = <integer>," one per line and end with a *_COUNT.  The kernel
  * members and raw tracepoints these programs read are in iotrace.h's
- * IOTRACE_KERNEL_TABLE (marked "tasks.bpf.c").
+ * IOTRACE_KERNEL_TABLE (marked "tasks.bpf.c"; the page-cache sources'
+ * own entries "tasks.bpf.c reads" and "tasks.bpf.c fsync", each group
+ * resolved apart: a kernel without one loses that counter only).
  */
 #ifndef IOTRACE_TASKS_H
 #define IOTRACE_TASKS_H
@@ -23,6 +26,21 @@
 #define IOTRACE_TASKS_THROTTLE_NEXT 1	/* balance_dirty_pages said it will sleep: the next I/O wait is throttling */
 #define IOTRACE_TASKS_THROTTLED 2	/* the I/O wait in progress is dirty-page throttling */
 #define IOTRACE_TASKS_READING 4	/* in a read syscall on a regular file */
+#define IOTRACE_TASKS_WAITED 8	/* blocked in I/O wait since its last read batch (page-cache source) */
+
+/*
+ * A read whose first batch the kernel did not trace: filemap_get_pages()
+ * returns the folios before a locked one untraced, once it has waited for
+ * that one (AOP_TRUNCATED_PAGE with more than one folio).  When a new read's
+ * first traced batch begins at most this many pages after where the
+ * thread's previous read of the file ended, and it waited in I/O meanwhile,
+ * the read is counted from there (a sequential read catching up with its
+ * readahead).
+ */
+#define IOTRACE_TASKS_READ_GAP_MAX 32
+
+/* The page cache's own numbers (fixed by the kernel's folio layout, include/linux/mm.h folio_order) */
+#define IOTRACE_TASKS_FOLIO_ORDER_MASK 0xff	/* folio._flags_1: the order of a large folio */
 
 /*
  * x86_64: thread_info.status bit of a task inside a 32-bit (ia32) syscall,
@@ -59,9 +77,11 @@ struct iotrace_tasks_config {
 struct iotrace_task {
 	u64 io_wait_ns;		/* threads blocked in I/O wait (in_iowait), block to wakeup */
 	u64 io_waits;
-	u64 read_bytes;		/* returned by read syscalls on regular files */
+	u64 read_bytes;		/* read from regular files: the syscalls' returns (--tasks), else the ranges of buffered reads (mm_filemap_get_pages, clipped at EOF) */
 	u64 reads;
-	u64 fsync_ns;		/* in fsync, fdatasync, sync_file_range */
+	u64 read_pages;		/* pages of those ranges (page-cache source only) */
+	u64 missed_pages;	/* pages its reads added to the page cache (readahead of a miss; page-cache source only) */
+	u64 fsync_ns;		/* in fsync, fdatasync, sync_file_range (--tasks), else ext4_sync_file */
 	u64 fsyncs;
 	u64 throttle_ns;	/* blocked by balance_dirty_pages */
 	u64 throttles;
@@ -72,12 +92,20 @@ struct iotrace_task {
 	char comm[IOTRACE_TASKS_COMM_LEN];
 };
 
-/* A thread's wait or fsync in progress, by tid. */
+/*
+ * A thread's wait, fsync or read in progress, by tid.  The rd_ and pend_
+ * members are written in the thread's own context only (page-cache source).
+ */
 struct iotrace_thread {
 	u64 block_ns;		/* blocked in I/O wait since; 0 when not */
-	u64 fsync_ns;		/* in a sync syscall since; 0 when not */
+	u64 fsync_ns;		/* in a sync syscall (or ext4_sync_file) since; 0 when not */
 	u32 tgid;
 	u32 flags;		/* IOTRACE_TASKS_THROTTLE_NEXT, _THROTTLED, _READING */
+	u64 rd_mapping;		/* the read last counted: its file's address_space, */
+	u64 rd_last;		/* its last page (as requested, not clipped) */
+	u64 rd_index;		/* and the first page of its latest batch */
+	u64 pend_mapping;	/* pages added to this address_space's cache since the thread's last read batch */
+	u64 pend_pages;
 };
 
 #endif /* IOTRACE_TASKS_H */

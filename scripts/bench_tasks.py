@@ -1,23 +1,31 @@
-"""What the per-process programs (bpf/tasks.bpf.c) cost, their two syscall variants side by side.
+"""What the per-process programs (bpf/tasks.bpf.c) cost: by default (page-cache events) and with --tasks (syscalls).
 
     sudo .venv/bin/python scripts/bench_tasks.py [--seconds 1] [--rounds 5] [--filter] [--skips 10]
 
 Costs: in each of --rounds rounds, runs the workloads with nothing loaded
-("untraced"), with the tasks programs timing syscalls on the syscalls'
-perf-event tracepoints ("tracepoint", the fallback) and on raw
-sys_enter/sys_exit ("raw_tp"), in an order that rotates each round, loading
+("untraced"), with the default per-process programs ("default": reads,
+misses and fsync from the page cache's and ext4's events, no syscall hook),
+and with --tasks' programs timing syscalls on the syscalls' perf-event
+tracepoints ("tracepoint", the fallback) and on raw sys_enter/sys_exit
+("raw_tp"), in an order that rotates each round, loading
 the programs afresh each time (every process traced, or with --filter only
 this script's own process).  The workloads: a pipe ping-pong between two
 processes (two context switches per round trip; sched_switch and
 sched_wakeup run for every switch on the machine, and the pipe reads are
 read syscalls, on no regular file), pread() of 4 KiB of a regular file (a
-timed read) and getppid() (a syscall no program watches: on "tracepoint" it
-takes the syscall-tracepoint slow path, on "raw_tp" the raw tracepoints' two
-programs return at their first compares).  Reported per mode: the median
+buffered read: a timed read on the syscall variants, one
+mm_filemap_get_pages by default) and getppid() (a syscall no program
+watches: on "tracepoint" it takes the syscall-tracepoint slow path, on
+"raw_tp" the raw tracepoints' two programs return at their first compares,
+by default nothing runs).  Reported per mode: the median
 over rounds of traced/untraced of the same round, and of traced - untraced
 in ns.  The wall-clock rounds run with kernel.bpf_stats_enabled off (the
 stats themselves cost two clock reads per program run); one more pass per
-mode with it on gives ns per program run.
+mode with it on gives ns per program run, with two more workloads for the
+default mode's other events: a cold read of 64 KiB (the file dropped from the
+page cache first: mm_filemap_add_to_page_cache per folio) and a 4 KiB write
+with fsync (ext4_sync_file_enter/exit; the file is on this script's
+temporary directory: ext4 on the machines measured).
 
 --skips S: the other cost of the perf-event variant.  Perf-event tracepoint
 and kprobe programs share one per-CPU recursion guard (bpf_prog_active): an
@@ -46,7 +54,7 @@ from tracer.sources.bpfobject import prog_stats  # noqa: E402
 from tracer.sources.tasks import TaskTracer  # noqa: E402
 
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
-MODES = ("untraced", "tracepoint", "raw_tp")
+MODES = ("untraced", "default", "tracepoint", "raw_tp")
 
 COUNTER = r"""
 BPF_PERCPU_ARRAY(done, u64, 1);
@@ -108,12 +116,35 @@ def workloads(fd: int) -> dict:
             "getppid_ns": lambda s: syscalls(s, os.getppid)}
 
 
+def cold_read(fd: int) -> None:
+    """64 KiB read after the file was dropped from the page cache: readahead adds its folios."""
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.pread(fd, 1 << 16, 0)
+
+
+def fsync_4k(fd: int) -> None:
+    os.pwrite(fd, b"x" * 4096, 0)
+    os.fsync(fd)
+
+
+def event_workloads(fd: int, wfd: int) -> dict:
+    """The bpf_stats pass's workloads: the timed ones, and those that fire the default mode's other events."""
+    return {**workloads(fd), "cold_read_64k_ns": lambda s: syscalls(s / 10, lambda: cold_read(fd)),
+            "fsync_4k_ns": lambda s: syscalls(s / 100, lambda: fsync_4k(wfd))}
+
+
 def run_all(seconds: float, fd: int) -> dict[str, float]:
     return {name: fn(seconds) for name, fn in workloads(fd).items()}
 
 
 def load(mode: str, filtered: bool) -> TaskTracer:
-    tr = TaskTracer([os.getpid()] if filtered else [], True, syscalls=mode)
+    pids = [os.getpid()] if filtered else []
+    if mode == "default":
+        tr = TaskTracer(pids, True)
+        missing = {k: v for k, v in tr.sources.items() if v.startswith("unavailable")}
+        assert not missing, missing
+        return tr
+    tr = TaskTracer(pids, True, syscalls=mode, syscall_hooks=True)
     assert tr.syscalls == mode, (mode, tr.syscalls, tr.syscalls_note)
     return tr
 
@@ -143,7 +174,7 @@ def costs(ns: argparse.Namespace, fd: int) -> dict:
     return out
 
 
-def program_costs(ns: argparse.Namespace, fd: int) -> dict[str, dict[str, dict[str, dict]]]:
+def program_costs(ns: argparse.Namespace, fd: int, wfd: int) -> dict[str, dict[str, dict[str, dict]]]:
     """mode -> workload -> program -> its runs, ns per run and skips during that workload."""
     out: dict[str, dict[str, dict[str, dict]]] = {}
     old = STATS.read_text().strip()
@@ -153,7 +184,7 @@ def program_costs(ns: argparse.Namespace, fd: int) -> dict[str, dict[str, dict[s
             tr = load(mode, ns.filter)
             out[mode] = {}
             try:
-                for work, fn in workloads(fd).items():
+                for work, fn in event_workloads(fd, wfd).items():
                     before = tr.program_costs()
                     fn(ns.seconds)
                     after = tr.program_costs()
@@ -237,11 +268,15 @@ def main() -> int:
         data = Path(tmp) / "data"
         data.write_bytes(os.urandom(1 << 16))
         fd = os.open(data, os.O_RDONLY)
+        # the fsync workload's file: in the current directory (the checkout: a real disk), not a tmpfs /tmp
+        wfd, wpath = tempfile.mkstemp(prefix=".bench_tasks.", dir=os.getcwd())
         try:
             result["costs"] = costs(ns, fd)
-            result["programs"] = program_costs(ns, fd)
+            result["programs"] = program_costs(ns, fd, wfd)
         finally:
             os.close(fd)
+            os.close(wfd)
+            os.unlink(wpath)
         if ns.skips:
             result["skips"] = skips(ns, Path(tmp))
     if ns.json:

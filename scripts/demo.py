@@ -10,12 +10,13 @@ formats it ext4 and mounts it; writes a small data set there with
 scripts/workload.py prepare; syncs and drops the page cache so the first
 epoch reads from disk; then runs
 
-    python -m tracer.cli --tasks -o TMP/demo.jsonl --dev loopN -- python scripts/workload.py --mark ...
+    python -m tracer.cli -o TMP/demo.jsonl --dev loopN -- python scripts/workload.py --mark ...
 
 with its output on this terminal.  Each epoch of the workload is a marker
 window "epoch N" with its checkpoint nested in it, "epoch N / checkpoint"
-(tracer.marker), sent with the loop's wait for data; --tasks adds each
-process's I/O wait, file and disk read bytes.  It ends with a guide to
+(tracer.marker), sent with the loop's wait for data; the per-process rows
+(on by default, no flag) add each process's I/O wait, file and disk read
+bytes and page-cache hits.  It ends with a guide to
 reading the tables and the epochs side by side (iotrace report --by label),
 whose last lines are iotrace's verdict per window: was the epoch waiting
 for the disk (the cold first one), or not (the warm ones)?  A disk that
@@ -307,7 +308,7 @@ How to read the tables above
     trainer row, during its fsync (large AVGSZ: sequential writeback), plus flush requests if
     the device asks for them. Writes from ext4's journal thread (jbd2) and background writeback
     are not the command's processes, so they are not in the tables.
-  * 'tasks:' under a table sums up the per-process rows (--tasks): the I/O wait of the trainer
+  * 'tasks:' under a table sums up the per-process rows (on by default): the I/O wait of the trainer
     and of its loaders (a share of the dump's time), the bytes read from files and the share of
     them the page cache served, fsync and dirty-page throttling time.
   * Per-dump totals (from the JSONL file, one line per table above):
@@ -341,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                "  1. temp dir, 512 MiB sparse file, losetup --find --show, mkfs.ext4 -q, mount\n"
                "  2. workload.py prepare (2000 small samples + 4 x 16 MiB shards), sync,\n"
                "     echo 3 > /proc/sys/vm/drop_caches (so epoch 1 reads from disk)\n"
-               "  3. python -m tracer.cli --tasks -o TMP/demo.jsonl --dev loopN -- "
+               "  3. python -m tracer.cli -o TMP/demo.jsonl --dev loopN -- "
                "python scripts/workload.py --mark ...\n"
                "     (each epoch a marker window 'epoch N', its checkpoint 'epoch N / checkpoint')\n"
                "  4. a guide to reading the tables, then python -m tracer.cli report --by label,\n"
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"the workload reads the disk at most {ns.slow_disk:g} MB/s (cgroup {slow.cg})" if slow.cg else
                 f"cannot slow the disk down ({slow.why}): the workload reads it at its own speed")
             workload = slow.wrap(workload)
-        cmd = [PY, "-m", "tracer.cli", "--tasks", "-o", str(dump), "--dev", name, "--", *workload]
+        cmd = [PY, "-m", "tracer.cli", "-o", str(dump), "--dev", name, "--", *workload]
         say("running: " + " ".join(os.path.relpath(c, ROOT) if c.startswith(str(ROOT)) else c for c in cmd))
         sys.stdout.flush()
         status = run_traced(cmd)

@@ -26,6 +26,8 @@ _KERNEL_TABLE = re.compile(r"^#ifdef IOTRACE_KERNEL_TABLE\b(.*?)^#endif", re.M |
 _KERNEL_ENTRY = re.compile(r"^(KMEMBER|KENUM|KHEAD|KRAWTP|KBIT)\((.*?)\)\s*(?:/\*.*\*/)?\s*$")
 # "/* tasks.bpf.c syscalls */" or "/* tasks.bpf.c syscalls x86_64: what it is */": group 1 the architecture
 _SYSCALLS_MARK = re.compile(r"/\*\s*tasks\.bpf\.c\s+syscalls\b(?:\s+(\w+))?")
+# "/* tasks.bpf.c reads */", "... cache", "... fsync": one page-cache (or ext4) source of the per-process programs
+_SOURCE_MARK = re.compile(r"/\*\s*tasks\.bpf\.c\s+(reads|cache|fsync)\b")
 
 
 def bpf_dir() -> Path:
@@ -81,6 +83,9 @@ class Contract:
     # the entries marked "tasks.bpf.c syscalls": the per-process programs' raw sys_enter/sys_exit
     # variant only, by architecture ("" for every one; else platform.machine(), e.g. "x86_64")
     kernel_syscalls: dict[str, KernelReads] = field(default_factory=dict)
+    # the entries marked "tasks.bpf.c reads|cache|fsync": one source each of the per-process programs'
+    # default mode (page-cache and ext4 events), resolved apart: a kernel without one loses that counter only
+    kernel_sources: dict[str, KernelReads] = field(default_factory=dict)
     # IOTRACE_EVENT_TABLE: the block-layer programs' events, in the table's order
     events: tuple[Event, ...] = ()
 
@@ -138,11 +143,13 @@ class Contract:
         return self.const("HIST_BUCKETS")
 
 
-def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, KernelReads]]:
+def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, KernelReads], dict[str, KernelReads]]:
     """(the block-layer programs' reads, the per-process programs' reads: lines marked tasks.bpf.c,
-    their raw-syscall variant's by architecture: lines marked "tasks.bpf.c syscalls [arch]")."""
+    their raw-syscall variant's by architecture: lines marked "tasks.bpf.c syscalls [arch]", their
+    page-cache sources' by source: lines marked "tasks.bpf.c reads|cache|fsync")."""
     block, tasks = KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {})
     syscalls: dict[str, KernelReads] = {}
+    sources: dict[str, KernelReads] = {}
     table = _KERNEL_TABLE.search(text)
     for line in (table.group(1).splitlines() if table else ()):
         if not line.strip():
@@ -150,9 +157,11 @@ def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, Kernel
         m = _KERNEL_ENTRY.match(line.strip())
         if not m:
             raise ValueError(f"iotrace.h: bad line in IOTRACE_KERNEL_TABLE: {line.strip()!r}")
-        mark = _SYSCALLS_MARK.search(line)
+        mark, source = _SYSCALLS_MARK.search(line), _SOURCE_MARK.search(line)
         if mark:
             reads = syscalls.setdefault(mark.group(1) or "", KernelReads({}, {}, {}, {}))
+        elif source:
+            reads = sources.setdefault(source.group(1), KernelReads({}, {}, {}, {}))
         else:
             reads = tasks if "tasks.bpf.c" in line else block
         kind, args = m.group(1), [a.strip() for a in m.group(2).split(",")]
@@ -166,7 +175,7 @@ def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, Kernel
             reads.bits[args[0]] = (args[1], args[2])
         else:
             reads.raw_tps[args[0]] = args[1:]
-    return block, tasks, syscalls
+    return block, tasks, syscalls, sources
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,8 @@ def test_plot_of_an_interval_run(loop, tmp_path):
 
 @bpf
 def test_plot_of_a_run_with_markers_has_the_epoch_panel(loop, tmp_path):
-    run = traced_run(loop, tmp_path, EPOCHS)
+    # markers alone (the per-process rows, on by default, add the waits panel: the test below)
+    run = traced_run(loop, tmp_path, EPOCHS, "--no-tasks")
     dumps = read_dumps(run)
     assert [d["label"] for d in dumps] == ["epoch 1", "epoch 2", "epoch 3", None]
     png = tmp_path / "epochs.png"
@@ -108,3 +109,11 @@ def test_plot_of_a_run_with_markers_has_the_epoch_panel(loop, tmp_path):
     assert info["Description"] == f"panels: {plot.TITLE_TIME} | {plot.TITLE_HEAT} | {plot.TITLE_LABELS}"
     res = plot.render(list(jsonl.read(str(run))), str(tmp_path / "x.png"), op="read")
     assert res.panels[-1] == plot.TITLE_LABELS and res.height == 3 * round(plot.PANEL_HEIGHT_IN * plot.DPI)
+
+
+def test_plot_of_a_run_with_markers_and_the_default_rows_has_the_waits_panel(loop, tmp_path):
+    run = traced_run(loop, tmp_path, EPOCHS)        # no flag: every dump has its per-process rows
+    assert all(isinstance(d.get("tasks"), list) for d in read_dumps(run))
+    res = plot.render(list(jsonl.read(str(run))), str(tmp_path / "w.png"), op="read")
+    assert res.panels == [plot.TITLE_TIME, plot.TITLE_HEAT, plot.TITLE_LABELS, plot.TITLE_WAITS]
+    check_png(tmp_path / "w.png", panels=4)

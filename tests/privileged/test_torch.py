@@ -96,7 +96,7 @@ def test_the_cold_epoch_is_io_bound_and_the_warm_one_is_not(torch_python, ext4_m
     env = {k: v for k, v in os.environ.items() if not k.startswith("SUDO_") and k != "IOTRACE_CONTROL"}
     env["PYTHONPATH"] = str(ROOT)
     rc, stdout, stderr = run_traced_group(
-        ["--tasks", "-o", str(out), "--dev", loop.name, "--", str(torch_python), str(TRAINER), str(data), str(ckpt),
+        ["-o", str(out), "--dev", loop.name, "--", str(torch_python), str(TRAINER), str(data), str(ckpt),
          "--epochs", "2", "--batch", str(SMALL_BATCH), "--cold", "none", "--join-cgroup", str(procs)], env, TIMEOUT_S)
     context = f"\nstdout:\n{stdout}\nstderr:\n{stderr}"
     assert rc == 0, context

@@ -22,10 +22,12 @@ from tracer.sources import kernel
 from tracer.sources.btf import BtfError, Member
 from tracer.sources.tasks import (
     COUNTERS,
+    PAGECACHE_SOURCES,
     READ_SYSCALLS,
     SYNC_SYSCALLS,
     TaskRaw,
     Window,
+    choose_sources,
     choose_syscalls,
     reason_names,
     syscall_numbers,
@@ -185,3 +187,85 @@ def test_a_one_bit_field_becomes_its_byte_and_mask():
 
 
 # ---- the trainer, traced --------------------------------------------------
+
+
+class SourcesBtf:
+    """A kernel's BTF with some of the page-cache sources' tracepoints (`have`), every member they read."""
+
+    PROTOS = {"mm_filemap_get_pages": ["void *", "struct address_space *", "long unsigned int", "long unsigned int"],
+              "mm_filemap_add_to_page_cache": ["void *", "struct folio *"],
+              "ext4_sync_file_enter": ["void *", "struct file *", "int"],
+              "ext4_sync_file_exit": ["void *", "struct inode *", "int"]}
+
+    def __init__(self, have=tuple(PROTOS), members=True):
+        self.have, self.members = set(have), members
+
+    def member(self, struct, path):
+        if not self.members:
+            raise BtfError(f"struct {struct} has no member {path}")
+        return Member({"i_size": 80, "flags": 0, "_flags_1": 64, "mapping": 24}[path], 8, 0, 0)
+
+    def enumerator(self, name):
+        return {"PG_head": 6}[name]
+
+    def func_proto(self, typedef):
+        name = typedef.removeprefix("btf_trace_")
+        if name not in self.have:
+            raise BtfError(f"no typedef named {typedef!r} in BTF")
+        return self.PROTOS[name]
+
+
+@pytest.mark.parametrize("have,members,want", [
+    # Linux 6.18: every source
+    (tuple(SourcesBtf.PROTOS), True, {"reads": "filemap:mm_filemap_get_pages",
+                                      "cache": "filemap:mm_filemap_add_to_page_cache",
+                                      "fsync": "ext4:ext4_sync_file_enter+ext4:ext4_sync_file_exit"}),
+    # Debian 12's 6.1: no mm_filemap_get_pages, so no reads and no misses (they pair with a read's batch)
+    (("mm_filemap_add_to_page_cache", "ext4_sync_file_enter", "ext4_sync_file_exit"), True,
+     {"reads": "unavailable: raw tracepoint mm_filemap_get_pages", "cache": "unavailable: needs filemap:",
+      "fsync": "ext4:ext4_sync_file_enter+ext4:ext4_sync_file_exit"}),
+    # no ext4 events (ext4 not built in): fsync alone is missing
+    (("mm_filemap_get_pages", "mm_filemap_add_to_page_cache"), True,
+     {"reads": "filemap:mm_filemap_get_pages", "cache": "filemap:mm_filemap_add_to_page_cache",
+      "fsync": "unavailable: raw tracepoint ext4_sync_file_enter; raw tracepoint ext4_sync_file_exit"}),
+    # the events, but a folio or inode layout iotrace cannot read: those counters are missing, fsync is not
+    (tuple(SourcesBtf.PROTOS), False, {"reads": "unavailable: struct inode has no member i_size",
+                                       "cache": "unavailable: needs", "fsync": "ext4:ext4_sync_file_enter"}),
+])
+def test_each_page_cache_source_is_chosen_where_the_kernel_has_it_else_said_unavailable(have, members, want):
+    sources, flags = choose_sources(SourcesBtf(have, members), contract.load(), syscall_hooks=False)
+    for name, text in want.items():
+        assert sources[name].startswith(text), (name, sources[name])
+    assert sources["io_wait"] == "sched:sched_switch+sched_wakeup"
+    assert sources["throttled"] == "writeback:balance_dirty_pages"
+    on = {name for name, (_, flag) in PAGECACHE_SOURCES.items() if flag in flags}
+    assert on == {name for name in PAGECACHE_SOURCES if not sources[name].startswith("unavailable")}
+    assert ("-DIOTRACE_K_INODE_SIZE=80" in flags) == ("reads" in on)
+    assert ("-DIOTRACE_K_PG_HEAD=6" in flags) == ("cache" in on)
+    # never a syscall hook in the default mode: that is its cost promise
+    assert not any("SYSCALLS" in f for f in flags)
+
+
+def test_with_syscall_hooks_reads_and_fsync_are_the_syscalls_and_no_page_counts():
+    sources, flags = choose_sources(SourcesBtf(), contract.load(), syscall_hooks=True, syscalls="raw_tp")
+    assert flags == ["-DIOTRACE_TASKS_SYSCALLS"]
+    assert sources["reads"] == "syscalls:read,pread64,readv,preadv,preadv2 (raw sys_enter/sys_exit)"
+    assert sources["fsync"].startswith("syscalls:fsync,fdatasync,sync_file_range")
+    assert sources["cache"].startswith("unavailable: --tasks")
+
+
+def test_the_page_cache_sources_kernel_entries_are_apart_from_every_other_table():
+    con = contract.load()
+    assert set(con.kernel_sources) == set(PAGECACHE_SOURCES)
+    get_pages = SourcesBtf.PROTOS["mm_filemap_get_pages"][1:]
+    assert con.kernel_sources["reads"].raw_tps == {"mm_filemap_get_pages": get_pages}
+    assert con.kernel_sources["cache"].enums == {"PG_HEAD": "PG_head"}
+    # apart from the tasks object's own table: a source's missing entry makes only that source unavailable
+    names = set().union(*(r.members.keys() | r.raw_tps.keys() for r in con.kernel_sources.values()))
+    assert not names & (con.kernel_tasks.members.keys() | con.kernel_tasks.raw_tps.keys())
+    # the core object's per-file rows read some of the same (another object): the same entry in both
+    for r in con.kernel_sources.values():
+        for name in r.members.keys() & con.kernel.members.keys():
+            assert r.members[name] == con.kernel.members[name], name
+        for name in r.raw_tps.keys() & con.kernel.raw_tps.keys():
+            assert r.raw_tps[name] == con.kernel.raw_tps[name], name

@@ -49,9 +49,9 @@ CASES = [
      TRAINER, IO_BOUND, ["no loop timing", "70% on average"]),
     ("no loop timing, little I/O wait", 10.0, None, trainer_and_workers(1.0, disk=64 * MiB), TRAINER,
      NOT_IO_BOUND, ["no loop timing"]),
-    ("no rows, long waits: cannot tell why", 10.0, loop(4.0), None, None, UNKNOWN, ["--tasks"]),
+    ("no rows, long waits: cannot tell why", 10.0, loop(4.0), None, None, UNKNOWN, ["--no-tasks"]),
     ("no rows, short waits: the loop did not wait", 10.0, loop(0.1), None, None, NOT_IO_BOUND, ["waited 1%"]),
-    ("empty rows list, long waits", 10.0, loop(4.0), [], None, UNKNOWN, ["--tasks"]),
+    ("empty rows list, long waits", 10.0, loop(4.0), [], None, UNKNOWN, ["--no-tasks"]),
     ("neither loop nor rows", 10.0, None, None, None, UNKNOWN, ["no loop timing and no per-process rows"]),
     ("zero wall time", 0.0, loop(1.0), trainer_and_workers(1.0), TRAINER, UNKNOWN, ["empty epoch"]),
     ("a loop with no steps is no timing", 10.0, loop(5.0, steps=0), trainer_and_workers(0.1), TRAINER,
@@ -159,3 +159,20 @@ def test_judge_dump_reads_the_window_and_names_epochs():
     assert v.state == IO_BOUND and "of the epoch for data" in v.line and "its loader 80%" in v.line
     assert verdict.noun_of("epoch 3 / checkpoint") == "window" and verdict.noun_of("run 2 / epoch 3") == "epoch"
     assert verdict.noun_of(None) == "window"
+
+
+def test_page_cache_hits_count_pages_when_the_rows_have_them_else_bytes():
+    # rows from the page cache's events: hits are of the pages read (readahead's misses against them)
+    rows = [TaskRow(pid=TRAINER, ppid=1, read_bytes=64 * MiB, read_pages=16384, missed_pages=4096,
+                    disk_read_bytes=16 * MiB)]
+    v = judge(10.0, loop(0.5), rows, TRAINER)
+    assert v.cache_hit == 0.75 and v.from_disk == 0.25
+    assert "75% of bytes from page cache (page-cache hits 75% of pages read)" in v.line
+    assert v.to_json()["read_pages"] == 16384 and v.to_json()["cache_hit"] == 0.75
+    # readahead may add more than was read in a window: never below 0%
+    rows[0].missed_pages = 20000
+    assert judge(10.0, loop(0.5), rows, TRAINER).cache_hit == 0.0
+    # rows timed at the syscalls (--tasks) count no pages: hits are 1 - bytes from disk, and the JSON is as before
+    v = judge(10.0, loop(0.5), [row(TRAINER, 1, read=64 * MiB, disk=16 * MiB)], TRAINER)
+    assert v.cache_hit == 0.75 and "read_pages" not in v.to_json()
+    assert "(page-cache hits" not in v.line

@@ -66,7 +66,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cgroup", metavar="PATH",
                    help="only I/O submitted from this cgroup v2 or below it, e.g. /kubepods.slice for pods only")
     p.add_argument("--tasks", action="store_true", help="also export per-process I/O wait, file and disk read bytes, "
-                   "fsync and throttled time (iotrace_task_*; tracer.sinks.taskmetrics), with the same labels")
+                   "fsync and throttled time (iotrace_task_*; tracer.sinks.taskmetrics), with the same labels; "
+                   "from scheduler, page-cache and ext4 events, as trace's default rows (no system call pays)")
     output_options(p, "serve")      # --listen, --top, --idle, -o, --csv, --alert, --fail-on-alert
     return p
 

@@ -102,7 +102,8 @@ class TraceArgs:
     fail_on_alert: bool = False
     diskstats: bool = False
     attach: str = "auto"                                    # how the BPF programs attach (--attach)
-    tasks: bool = False                                     # --tasks: per-process rows (tracer.sources.tasks)
+    tasks: bool = False                                     # --tasks: per-process rows' reads, fsyncs at the syscalls
+    no_tasks: bool = False                                  # --no-tasks: no per-process rows (tracer.sources.tasks)
     files: int = 50                                         # --files: file rows kept per dump (the rest summed)
     count: int | None = None                                # reports to make, the final one included
     json: bool = False                                      # -j: dumps as JSON lines on stdout, no table
@@ -142,12 +143,20 @@ def trace_parser() -> argparse.ArgumentParser:
                         "buckets that find no cell still count, in a slower hash map")
     add_attach_option(p)
     output_options(p, "trace")     # -o, -j, --hist, --csv, --alert, --fail-on-alert
-    p.add_argument("--tasks", action="store_true",
-                   help="add per-process rows to every dump (\"tasks\"): I/O wait, bytes read from files (page "
-                        "cache hits included) beside bytes read from disk, fsync and dirty-page throttling time. "
-                        "Costs while on (scripts/bench_tasks.py): ~0.2 us on every system call on the machine (raw "
-                        "syscall tracepoints; ~0.1 us on the perf-event fallback), ~0.9 us per traced file read, "
-                        "~0.1 us per context switch")
+    rows = p.add_mutually_exclusive_group()
+    rows.add_argument("--tasks", action="store_true",
+                      help="per-process rows (\"tasks\", on by default) with reads and fsyncs timed at the system "
+                           "calls instead of the page cache's and ext4's events: what a kernel without those events "
+                           "needs (before 6.11: no mm_filemap_get_pages; the dump's tasks_sources says), and the "
+                           "baseline they are checked against. Costs while on (scripts/bench_tasks.py): ~0.06-0.2 us "
+                           "on every system call of the machine, ~0.3-0.9 us per traced file read; without it no "
+                           "system call pays anything")
+    rows.add_argument("--no-tasks", action="store_true",
+                      help="no per-process rows: by default every dump has them (I/O wait, bytes read from files, "
+                           "page-cache hits, bytes from disk, fsync and dirty-page throttling time, for the "
+                           "per-epoch verdict), from scheduler, page-cache and ext4 events: ~0.05-0.2 us per context "
+                           "switch, ~0.2-0.3 us per buffered read batch, ~0.1 us per folio a miss adds, nothing "
+                           "per system call")
     p.add_argument("--files", type=int, default=50, metavar="N",
                    help="file rows kept in each dump (\"files\"): the top N files by bytes from disk, the rest "
                         "summed into one \"(other files)\" row (default 50; the table at the end shows the top 10)")
@@ -220,7 +229,8 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
                             hist_cells=args.hist_cells, cgroup_id=cgroup_id, cgroup_level=cgroup_level,
                             attach=args.attach, files=True, files_top=max(args.files, 0))
         probe = run.open_probe(opts, on_error=offer_diskstats)
-        tasks, tasks_note = run.open_tasks(opts.pids, opts.follow_children) if args.tasks else (None, "")
+        tasks, tasks_note = ((None, "") if args.no_tasks else
+                             run.open_tasks(opts.pids, opts.follow_children, syscall_hooks=args.tasks))
         # after both filters are armed: what the --pid targets forked before the attach joins them
         attached = run.attach_existing(args.pids, not args.no_children) if args.pids else None
         if not args.command:
@@ -230,12 +240,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
             pidfds.append(os.pidfd_open(child))
             childmod.release(held.pop())
         _announce(args, child, probe, control, control_error, attached)
-        if args.tasks and tasks is None:
-            print(f"iotrace: warning: no per-process rows (\"tasks\") in the dumps: {safe(tasks_note)}",
-                  file=sys.stderr)
-        elif tasks is not None and tasks.syscalls_note:
-            print(f"iotrace: per-process rows time reads and fsyncs on the syscalls' perf-event tracepoints, "
-                  f"not raw ones (costlier for every syscall): {safe(tasks.syscalls_note)}", file=sys.stderr)
+        _announce_tasks(args, tasks, tasks_note)
         windows = run.dump_windows(traced=bool(args.pids or args.command), iostat=bool(args.csv))
         run.loop(windows, Schedule(args.interval, args.duration, args.count), child=child, pidfds=pidfds,
                  control=control)
@@ -264,6 +269,23 @@ def _announce(args: TraceArgs, child: int | None, probe, control, control_error:
     print(safe(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "
                f"(control socket {control.path})" if control else
                f"iotrace: warning: no control socket, markers are off ({control_error})"), file=sys.stderr)
+
+
+def _announce_tasks(args: TraceArgs, tasks, note: str) -> None:
+    """What the per-process rows are made of, when it is not what was asked for (a warning each)."""
+    if args.no_tasks:
+        return
+    if tasks is None:
+        print(f"iotrace: warning: no per-process rows (\"tasks\") in the dumps: {safe(note)}", file=sys.stderr)
+        return
+    if tasks.syscalls_note:
+        print(f"iotrace: per-process rows time reads and fsyncs on the syscalls' perf-event tracepoints, "
+              f"not raw ones (costlier for every syscall): {safe(tasks.syscalls_note)}", file=sys.stderr)
+    missing = {k: v for k, v in tasks.sources.items() if v.startswith("unavailable") and not args.tasks}
+    if missing:
+        print("iotrace: per-process rows without " + "; ".join(f"{k} ({safe(v)})" for k, v in missing.items())
+              + ": the kernel lacks the event; --tasks counts reads and fsyncs at the syscalls instead",
+              file=sys.stderr)
 
 
 def open_control(pids: list[int] | None = None):

@@ -25,14 +25,17 @@ sent the marker (the trainer; tracer.views.verdict tells its rows from its
 loaders' by it).  Merging dumps adds their loops up and keeps a sender_pid
 they share.
 
-Trace-mode dumps also carry "tasks": a row per traced process of the window,
-exited ones included: {"pid", "ppid", "comm", "io_wait_s" (its threads'
-time blocked in I/O wait, delay accounting's block-I/O delay), "io_waits",
-"read_bytes" (returned by reads of regular files, page cache included),
-"reads", "disk_read_bytes" (its read series' bytes), "fsync_s" (in fsync,
-fdatasync, sync_file_range), "fsyncs", "throttled_s" (blocked by dirty-page
-throttling), "throttles", "started", "exited"}.  Merging dumps adds them up
-per pid.
+Trace-mode dumps also carry "tasks" (unless --no-tasks): a row per traced
+process of the window, exited ones included: {"pid", "ppid", "comm",
+"io_wait_s" (its threads' time blocked in I/O wait, delay accounting's
+block-I/O delay), "io_waits", "read_bytes" (read from files, page cache
+included), "reads", "read_pages" and "missed_pages" (pages of those reads,
+and pages they added to the page cache: the hit ratio is 1 - missed/read),
+"disk_read_bytes" (its read series' bytes), "fsync_s", "fsyncs",
+"throttled_s" (blocked by dirty-page throttling), "throttles", "started",
+"exited"}, and "tasks_sources": {counter group: the event(s) it came from,
+the syscalls (--tasks), or "unavailable: why"} for "io_wait", "throttled",
+"reads", "cache" and "fsync".  Merging dumps adds the rows up per pid.
 
 Raw-tracepoint dumps carry "files": a row per file and process of the window,
 the top --files N by bytes from disk and one "(other files)" row summing the
@@ -45,7 +48,7 @@ Merging dumps adds them up per (file, pid).
   nanoseconds (tracer.codec.hdr).
 
   Beside these core keys a line holds the dump's sections (attach,
-  start_event, coverage, bio_devices, tasks, files, enclosing, loop, sender_pid,
+  start_event, coverage, bio_devices, tasks, tasks_sources, files, enclosing, loop, sender_pid,
   bpf_programs, traced_pids, alerts, verdict): each is a class in
   tracer.model.sections with its own from_json / to_json, walked here
   through SECTIONS.  Keys no section claims (a newer iotrace's) are kept on

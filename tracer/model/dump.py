@@ -40,6 +40,7 @@ from tracer.model.sections import (
     TaskMerger,
     TaskRow,
     Tasks,
+    TasksSources,
     TracedPids,
     VerdictSection,
 )
@@ -148,6 +149,7 @@ class Dump:
     bio_devices: BioDevices | None = None
     tasks: Tasks | None = None
     files: Files | None = None
+    tasks_sources: TasksSources | None = None
     enclosing: Enclosing | None = None
     loop: Loop | None = None
     sender_pid: SenderPid | None = None

@@ -223,7 +223,7 @@ class _BioMerger:
         return BioDevices(tuple(sorted(self.names))) if self.names else None
 
 
-# ---- per-process rows (--tasks) ------------------------------------------------
+# ---- per-process rows ("tasks"; their sources) -------------------------------------
 
 @dataclass
 class TaskRow:
@@ -234,10 +234,12 @@ class TaskRow:
     comm: str = ""
     io_wait_s: float = 0.0      # its threads' time blocked in I/O wait (delay accounting's block-I/O delay)
     io_waits: int = 0
-    read_bytes: int = 0         # returned by reads of regular files, page cache included
+    read_bytes: int = 0         # read from files, page cache included (tasks_sources says from which events)
     reads: int = 0
+    read_pages: int = 0         # pages of those reads (the page cache's events only; 0 with --tasks)
+    missed_pages: int = 0       # pages its reads added to the page cache: 1 - missed/read is its hit ratio
     disk_read_bytes: int = 0    # its read series' bytes
-    fsync_s: float = 0.0        # in fsync, fdatasync, sync_file_range
+    fsync_s: float = 0.0        # in fsync, fdatasync (ext4_sync_file; with --tasks the syscalls, sync_file_range too)
     fsyncs: int = 0
     throttled_s: float = 0.0    # blocked by dirty-page throttling
     throttles: int = 0
@@ -256,7 +258,9 @@ class TaskRow:
         return row
 
     def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        # the page counts only where there are some (rows of --tasks, and of files older than them, have none)
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in _PAGE_KEYS or getattr(self, f.name)}
 
     def add(self, r: TaskRow) -> None:
         """`r`, the same process's row of a later window, added in (name and parent from the latest)."""
@@ -269,9 +273,10 @@ class TaskRow:
         self.exited = self.exited or r.exited
 
 
+_PAGE_KEYS = ("read_pages", "missed_pages")
 # the counters a row adds up over windows
-TASK_SUMS = ("io_wait_s", "io_waits", "read_bytes", "reads", "disk_read_bytes", "fsync_s", "fsyncs",
-             "throttled_s", "throttles")
+TASK_SUMS = ("io_wait_s", "io_waits", "read_bytes", "reads", "read_pages", "missed_pages", "disk_read_bytes",
+             "fsync_s", "fsyncs", "throttled_s", "throttles")
 
 
 @dataclass
@@ -291,6 +296,33 @@ class Tasks(Section):
     @classmethod
     def merger(cls) -> Merger:
         return TaskMerger()
+
+
+@dataclass(frozen=True)
+class TasksSources(Section):
+    """Where each counter of the rows came from (tracer.sources.tasks: an event, the syscalls, "unavailable: why")."""
+
+    key: ClassVar[str] = "tasks_sources"
+    items: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, sources: dict[str, str]) -> TasksSources:
+        return cls(tuple(sources.items()))
+
+    @classmethod
+    def from_json(cls, v) -> TasksSources:
+        return cls(tuple((k, text(x, f"tasks_sources {k}")) for k, x in obj(v, "tasks_sources").items()))
+
+    def to_json(self) -> dict:
+        return dict(self.items)
+
+    @property
+    def available(self) -> dict[str, bool]:
+        return {k: not x.startswith("unavailable") for k, x in self.items}
+
+    @classmethod
+    def merger(cls) -> Merger:
+        return _Agreed(cls.key)
 
 
 class TaskMerger:
@@ -505,7 +537,7 @@ class VerdictSection(Section):
 
 
 # Every section, in the order a line holds them.
-SECTIONS: tuple[type[Section], ...] = (Attach, StartEvent, Coverage, BioDevices, Tasks, Files,
+SECTIONS: tuple[type[Section], ...] = (Attach, StartEvent, Coverage, BioDevices, Tasks, TasksSources, Files,
                                        Enclosing, Loop, SenderPid, BpfPrograms, TracedPids, Alerts, VerdictSection)
 BY_KEY: dict[str, type[Section]] = {cls.key: cls for cls in SECTIONS}
 

@@ -127,7 +127,8 @@ def task_rows(tasks: list, series: list[Series]) -> list[TaskRow]:
         c = t.counts
         rows.append(TaskRow(pid=t.pid, ppid=t.ppid, comm=t.comm,
                             io_wait_s=round(c["io_wait_ns"] / 1e9, 6), io_waits=c["io_waits"],
-                            read_bytes=c["read_bytes"], reads=c["reads"], disk_read_bytes=disk.pop(t.pid, 0),
+                            read_bytes=c["read_bytes"], reads=c["reads"], read_pages=c.get("read_pages", 0),
+                            missed_pages=c.get("missed_pages", 0), disk_read_bytes=disk.pop(t.pid, 0),
                             fsync_s=round(c["fsync_ns"] / 1e9, 6), fsyncs=c["fsyncs"],
                             throttled_s=round(c["throttle_ns"] / 1e9, 6), throttles=c["throttles"],
                             started=t.started, exited=t.exited))

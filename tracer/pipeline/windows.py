@@ -1,6 +1,6 @@
 """The pipeline: sources drained at one instant (a cut), then turned into a window in declared stages.
 
-DumpWindows (trace, serve, top): the BPF probe and, with --tasks, the
+DumpWindows (trace, serve, top): the BPF probe and, unless --no-tasks, the
 per-process tracer; a window is a tracer.model.dump.Dump built from both
 (tracer.pipeline.aggregate.build_dump), then, in order:
   1. marker fields (label, loop timing) and, on the final window, what the
@@ -24,7 +24,7 @@ from datetime import datetime
 from tracer.model.diskstats import Diskstats
 from tracer.model.dump import Dump
 from tracer.model.files import fill_containers
-from tracer.model.sections import BpfPrograms, Section, TracedPids
+from tracer.model.sections import BpfPrograms, Section, TasksSources, TracedPids
 from tracer.pipeline.aggregate import Clock, build_dump
 
 
@@ -71,6 +71,8 @@ class DumpWindows:
     def build(self, cut, kind: str, label: str | None = None, sections: tuple[Section, ...] = ()):
         raw, tasks, dropped, final = cut
         d = build_dump(raw, self.clock, kind, label=label, tasks=tasks, tasks_dropped=dropped)
+        if tasks is not None:
+            d.put(TasksSources.of(self.tasks.sources))
         d.put(*sections)
         if final:
             d.put(*self.final_sections())

@@ -86,11 +86,12 @@ class LiveRun:
             raise on_error(exc) from None
         return self.probe
 
-    def open_tasks(self, pids: list[int], follow: bool, required: bool = False):
-        """The per-process tracer, or (None, why not) when it cannot load and is not `required`."""
+    def open_tasks(self, pids: list[int], follow: bool, required: bool = False, syscall_hooks: bool = False):
+        """The per-process tracer, or (None, why not) when it cannot load and is not `required`;
+        `syscall_hooks` (--tasks): reads and fsyncs timed at the syscalls (tracer.sources.tasks)."""
         from tracer.sources.tasks import open_tracer
 
-        self.tasks, why = open_tracer(pids, follow)
+        self.tasks, why = open_tracer(pids, follow, syscall_hooks)
         if self.tasks is None and required:
             raise UserError(f"--tasks: {why}")
         return self.tasks, why

@@ -1,4 +1,4 @@
-"""Per-process rows of every dump: I/O wait, file reads, fsync time, dirty-page throttling.
+"""Per-process rows of every dump: I/O wait, file reads, page-cache misses, fsync time, dirty-page throttling.
 
 Owns bpf/tasks.bpf.c (a BPF object of its own, beside tracer.sources.probe's): it
 loads and attaches it, keeps its pid filter (the same semantics as the
@@ -14,15 +14,28 @@ What is measured, and where (the kernel's own accounting points):
   (sched_switch, not a preemption) to its wakeup (sched_wakeup): delay
   accounting's block-I/O delay, what iotop's IO> shows.  Like delay
   accounting, a wait is counted when it ends.
-- read_bytes: what read, pread64, readv, preadv and preadv2 returned from
-  regular files, page-cache hits included (the raw sys_enter/sys_exit
+- read_bytes, reads, read_pages: by default (no --tasks) the buffered reads
+  the page cache serves, from its own event (filemap:mm_filemap_get_pages,
+  bpf/pagecache.bpf.h): each read's range of pages counted once, clipped at
+  the file's size; whole pages, so exact for page-aligned reads (read,
+  pread, readv, sendfile, splice, io_uring alike; O_DIRECT is not in the
+  page cache).  With --tasks (syscall_hooks): what read, pread64, readv,
+  preadv and preadv2 returned from regular files (the raw sys_enter/sys_exit
   tracepoints, or where those cannot be used the syscalls' own perf-event
   tracepoints: see choose_syscalls; the fd's file type read through
-  current->files at entry).  mmap, sendfile, splice, copy_file_range and
-  io_uring are not counted.
-- fsync: time inside the fsync, fdatasync and sync_file_range syscalls.
+  current->files at entry), read_pages 0.
+- missed_pages (default only): pages a reader's own reads added to the page
+  cache (filemap:mm_filemap_add_to_page_cache, readahead of a miss), so the
+  page-cache hit ratio is 1 - missed_pages / read_pages.
+- fsync: by default time in ext4_sync_file (fsync, fdatasync, msync of ext4
+  files: ext4's enter/exit events); with --tasks time inside the fsync,
+  fdatasync and sync_file_range syscalls.
 - throttled: I/O waits that balance_dirty_pages began (it traces a pause
   > 0, then sleeps in io_schedule_timeout); also counted in io_wait.
+
+Which source each counter came from is the dump's "tasks_sources"
+(`TaskTracer.sources`): an event, the syscalls, or "unavailable: why" where
+the kernel lacks the event (choose_sources, per source at load).
 
 The disk side (disk_read_bytes) comes from the dump's own read series:
 see tracer.pipeline.aggregate.task_rows.
@@ -31,6 +44,7 @@ see tracer.pipeline.aggregate.task_rows.
 from __future__ import annotations
 
 import ctypes as ct
+import os
 import platform
 import re
 import time
@@ -43,13 +57,24 @@ from tracer.sources import bpfobject, kernel
 from tracer.sources.bpfobject import BpfObject, Variant, function_name
 from tracer.sources.proctree import PROC, stat_of
 
-COUNTERS = ("io_wait_ns", "io_waits", "read_bytes", "reads", "fsync_ns", "fsyncs", "throttle_ns", "throttles")
+COUNTERS = ("io_wait_ns", "io_waits", "read_bytes", "reads", "read_pages", "missed_pages", "fsync_ns", "fsyncs",
+            "throttle_ns", "throttles")
 RAW_EVENTS = ("sched_switch", "sched_wakeup", "balance_dirty_pages", "sched_process_fork", "sched_process_exit")
 # The syscalls timed (asm/unistd*.h's __NR_<name>): their reads' bytes, the syncs' time
 READ_SYSCALLS = ("read", "pread64", "readv", "preadv", "preadv2")
 SYNC_SYSCALLS = ("fsync", "fdatasync", "sync_file_range")
 SYSCALL_EVENTS = ("sys_enter", "sys_exit")
 SYSCALL_MODES = ("raw_tp", "tracepoint")
+# The default mode's sources (bpf/pagecache.bpf.h): source -> (its tracepoints as category:name, compile flag);
+# their kernel reads are iotrace.h's entries marked "tasks.bpf.c <source>"
+PAGECACHE_SOURCES = {
+    "reads": (("filemap:mm_filemap_get_pages",), "-DIOTRACE_TASKS_PC_READS"),
+    "cache": (("filemap:mm_filemap_add_to_page_cache",), "-DIOTRACE_TASKS_PC_CACHE"),
+    "fsync": (("ext4:ext4_sync_file_enter", "ext4:ext4_sync_file_exit"), "-DIOTRACE_TASKS_PC_FSYNC"),
+}
+# The sources every mode has
+FIXED_SOURCES = {"io_wait": "sched:sched_switch+sched_wakeup", "throttled": "writeback:balance_dirty_pages"}
+UNAVAILABLE = "unavailable"
 # Per architecture (platform.machine()): the uapi header that numbers its syscalls, and where it is,
 # relative to the kernel header tree bcc compiles against, then to /usr/include (linux-libc-dev).
 # The pt_regs members are iotrace.h's, marked "tasks.bpf.c syscalls <arch>".
@@ -184,6 +209,46 @@ def choose_syscalls(mode: str, btf, con: contract.Contract, headers: Path,
                       *(f"-DIOTRACE_NR_{name.upper()}={nr}" for name, nr in sorted(numbers.items()))], ""
 
 
+def choose_sources(btf, con: contract.Contract, syscall_hooks: bool, syscalls: str = "") -> tuple[dict[str, str],
+                                                                                                 list[str]]:
+    """Where reads, page-cache misses and fsync come from: ({counter group: source}, compiler flags).
+
+    Without `syscall_hooks` (the default): each of PAGECACHE_SOURCES whose
+    tracepoints the running kernel's BTF has with the arguments read, and
+    its kernel members, else "unavailable: why" (a kernel before 6.11 has
+    no mm_filemap_get_pages; "cache" needs "reads": a miss is paired with
+    the read batch that follows it).  With them (--tasks): reads and fsync
+    on the syscalls (`syscalls`: the variant choose_syscalls took), no
+    cache source.  The source of each is said in every dump.
+    """
+    sources = dict(FIXED_SOURCES)
+    if syscall_hooks:
+        how = {"raw_tp": "raw sys_enter/sys_exit", "tracepoint": "perf-event tracepoints"}.get(syscalls, syscalls)
+        sources["reads"] = f"syscalls:{','.join(READ_SYSCALLS)} ({how})"
+        sources["fsync"] = f"syscalls:{','.join(SYNC_SYSCALLS)} ({how})"
+        sources["cache"] = f"{UNAVAILABLE}: --tasks counts reads at the syscalls (hits: 1 - disk_read_bytes/read_bytes)"
+        return sources, ["-DIOTRACE_TASKS_SYSCALLS"]
+    flags: list[str] = []
+    for name, (events, flag) in PAGECACHE_SOURCES.items():
+        if name == "cache" and sources["reads"].startswith(UNAVAILABLE):
+            sources[name] = f"{UNAVAILABLE}: needs {PAGECACHE_SOURCES['reads'][0][0]}"
+            continue
+        reads = con.kernel_sources.get(name, contract.KernelReads({}, {}, {}, {}))
+        try:
+            layout = kernel.load([e.split(":", 1)[1] for e in events], reads=reads, btf=btf, start_events=())
+        except kernel.LayoutError as exc:
+            sources[name] = f"{UNAVAILABLE}: {exc}"
+            continue
+        sources[name] = "+".join(events)
+        flags += [flag, *layout.cflags()]
+    return sources, flags
+
+
+def page_shift() -> int:
+    """log2 of the page size (the kernel's PAGE_SHIFT: pages of the page cache's events)."""
+    return (os.sysconf("SC_PAGESIZE") - 1).bit_length()
+
+
 def _proc_ppid(pid: int, proc: str = PROC) -> int:
     """A process's parent from /proc, 0 if it cannot be read (it exited)."""
     try:
@@ -203,10 +268,13 @@ def _proc_comm(pid: int) -> str:
 class TaskTracer:
     """bpf/tasks.bpf.c loaded and attached; `drain()` gives a window's TaskRaw rows, `close()` detaches."""
 
-    def __init__(self, pids: list[int] | None = None, follow_children: bool = True, syscalls: str = "auto"):
-        """`syscalls`: how the read and sync syscalls are timed, "auto" or one of SYSCALL_MODES
-        (choose_syscalls); the one taken is `self.syscalls`, and `self.syscalls_note` says why
-        "auto" did not take raw_tp."""
+    def __init__(self, pids: list[int] | None = None, follow_children: bool = True, syscalls: str = "auto",
+                 syscall_hooks: bool = False):
+        """`syscall_hooks` (--tasks): reads and fsyncs timed at the syscalls, the fallback and the baseline
+        (every syscall of the machine pays for it), else from the page cache's and ext4's own events
+        (choose_sources; `self.sources` says which each counter has).  `syscalls`: how the syscalls are
+        timed with hooks, "auto" or one of SYSCALL_MODES (choose_syscalls); the one taken is
+        `self.syscalls` ("" without hooks), and `self.syscalls_note` says why "auto" did not take raw_tp."""
         headers = bpfobject.preflight()
         try:
             con = contract.load()
@@ -215,19 +283,33 @@ class TaskTracer:
             layout = kernel.load(RAW_EVENTS, reads=con.kernel.merged(con.kernel_tasks), btf=btf)
         except kernel.LayoutError as exc:
             raise UserError(f"per-process rows need the kernel's BTF: {exc}") from None
-        self.syscalls, syscall_flags, self.syscalls_note = choose_syscalls(syscalls, btf, con, headers)
-        cflags = [f"-I{contract.bpf_dir()}", *layout.cflags()]
+        cflags = [f"-I{contract.bpf_dir()}", *layout.cflags(), f"-DIOTRACE_PAGE_SHIFT={page_shift()}"]
         if layout.group_dead:
             cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
-        variants = [Variant(self.syscalls, (*cflags, *syscall_flags))]
-        if self.syscalls == "raw_tp" and syscalls == "auto":
-            # should the kernel refuse the raw variant, "auto" still has the perf-event one
-            variants.append(Variant("tracepoint", tuple(cflags)))
+        self.syscalls, self.syscalls_note = "", ""
+        variants = []
+        if syscall_hooks:
+            self.syscalls, syscall_flags, self.syscalls_note = choose_syscalls(syscalls, btf, con, headers)
+            self.sources, source_flags = choose_sources(btf, con, True, self.syscalls)
+            variants.append(Variant(self.syscalls, (*cflags, *source_flags, *syscall_flags)))
+            if self.syscalls == "raw_tp" and syscalls == "auto":
+                # should the kernel refuse the raw variant, "auto" still has the perf-event one
+                variants.append(Variant("tracepoint", (*cflags, *source_flags)))
+        else:
+            self.sources, source_flags = choose_sources(btf, con, False)
+            variants.append(Variant("pagecache", (*cflags, *source_flags)))
+            if source_flags:
+                # should the kernel refuse the page-cache programs, the scheduler's rows still load
+                variants.append(Variant("sched", tuple(cflags)))
         self.bpf: BpfObject | None = BpfObject(bpfobject.source(contract.bpf_dir(), "tasks.bpf.c"), variants,
                                                "the per-process programs")
-        if self.bpf.refused:
+        if self.bpf.refused and syscall_hooks:
             self.syscalls = self.bpf.variant.name
             self.syscalls_note = f"the raw sys_enter/sys_exit programs did not load: {self.bpf.refused[0][1]}"
+            self.sources = choose_sources(btf, con, True, self.syscalls)[0]
+        elif self.bpf.refused:
+            why = f"{UNAVAILABLE}: the page-cache programs did not load: {self.bpf.refused[0][1]}"
+            self.sources.update({name: why for name in PAGECACHE_SOURCES})
         self.reasons = reason_names()
         self.filtered = bool(pids)
         self._window = Window()
@@ -293,10 +375,10 @@ class TaskTracer:
             self.bpf = None
 
 
-def open_tracer(pids: list[int], follow_children: bool) -> tuple[TaskTracer | None, str]:
+def open_tracer(pids: list[int], follow_children: bool, syscall_hooks: bool = False) -> tuple[TaskTracer | None, str]:
     """A TaskTracer, or (None, why not): the block-layer trace goes on without per-process rows."""
     try:
-        return TaskTracer(pids, follow_children), ""
+        return TaskTracer(pids, follow_children, syscall_hooks=syscall_hooks), ""
     except UserError as exc:
         return None, str(exc)
 

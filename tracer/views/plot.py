@@ -11,7 +11,7 @@ Panels, top to bottom:
 4. wait shares per label: the training loop's data wait, the I/O wait of the
    trainer and of its loaders, and the share of bytes read from disk, with
    each label's verdict (tracer.views.verdict) under it, only when labelled dumps
-   carry per-process rows (--tasks) or the loop's timing.
+   carry per-process rows ("tasks") or the loop's timing.
 
 render() returns what it drew (PlotResult); the panel titles also go into
 the PNG's Description text, so the file says what it shows.

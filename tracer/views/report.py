@@ -377,7 +377,7 @@ def wait_cells(v: Verdict) -> list[str]:
 def render_waits(windows: list[tuple[str, Dump]], out: TextIO) -> None:
     """Per window (name, merged dump): data wait, I/O wait of the trainer and of its loaders, page-cache
     hits, fsync and throttled time; then one verdict line per window.  Nothing for windows that have
-    neither per-process rows nor loop timing (a run without --tasks or markers)."""
+    neither per-process rows nor loop timing (a run with --no-tasks and no markers)."""
     judged_windows = [(safe(name), judge_dump(d)) for name, d in windows if judged(d)]
     if not judged_windows:
         return

@@ -5,8 +5,9 @@ tracer.views.report and tracer.views.plot show it, nothing here reads files or t
 kernel.  Its input is one window (a dump, or the dumps of one label merged):
 its wall time, the training loop's timing ("loop": data_wait_s, steps,
 wall_s, sent with the window's marker) and its per-process rows ("tasks":
-io_wait_s, read_bytes, disk_read_bytes, fsync_s, throttled_s per pid, with
-ppid).
+io_wait_s, read_bytes, read_pages, missed_pages, disk_read_bytes, fsync_s,
+throttled_s per pid, with ppid; on by default, from the scheduler's,
+page cache's and ext4's events).
 
 Who is who.  The *trainer* is the process that sent the window's markers
 ("sender_pid" of marker dumps), else the one process of the rows whose
@@ -26,8 +27,11 @@ cover):
   loader's share (again summed over each one's threads);
 - from disk: disk_read_bytes / read_bytes over trainer and loaders (capped
   at 100%: readahead may read more than was asked for; all of it when bytes
-  came from disk but none through read(), as with mmap); page-cache hits are
-  the rest.
+  came from disk but none through read(), as with mmap);
+- page-cache hits: 1 - missed_pages / read_pages over trainer and loaders
+  (the pages their reads asked for, and those of them their readahead had
+  to add to the cache: the page cache's own events), else (rows timed at the
+  syscalls, --tasks, which count no pages) 1 - from disk.
 
 The rule (thresholds below, module constants):
 
@@ -40,7 +44,8 @@ The rule (thresholds below, module constants):
    "I/O-bound";
 4. it waited more, but the readers hardly waited for I/O: "not I/O-bound",
    and the line asks "loader CPU?" (decoding, too few workers, the GIL);
-5. it waited more and there are no rows: "no verdict" (run with --tasks);
+5. it waited more and there are no rows: "no verdict" (traced with
+   --no-tasks, or the per-process programs did not load);
 6. no loop timing (a checkpoint window, a plain mark): "I/O-bound" when the
    readers were in I/O wait IO_WAIT_ALONE of the window or more, else
    "not I/O-bound".
@@ -90,12 +95,17 @@ class Verdict:
     read_bytes: int = 0
     disk_read_bytes: int = 0
     from_disk: float | None = None          # share of the bytes read that came from disk
+    read_pages: int = 0                     # pages read (the page cache's events; 0 when timed at the syscalls)
+    missed_pages: int = 0                   # of them, added to the cache by the readers' readahead
     fsync_s: float = 0.0
     throttled_s: float = 0.0
 
     @property
     def cache_hit(self) -> float | None:
-        """Share of the bytes read that the page cache served (1 - from_disk)."""
+        """Share of the reads the page cache served: of the pages read when they were counted (1 - missed /
+        read pages), else of the bytes (1 - from_disk)."""
+        if self.read_pages:
+            return 1.0 - min(1.0, self.missed_pages / self.read_pages)
         return None if self.from_disk is None else 1.0 - self.from_disk
 
     @property
@@ -106,6 +116,8 @@ class Verdict:
 
     def to_json(self) -> dict:
         out = asdict(self)
+        if not self.read_pages:     # as windows of rows timed at the syscalls (and older files) have it
+            del out["read_pages"], out["missed_pages"]
         out["cache_hit"] = None if self.cache_hit is None else round(self.cache_hit, 4)
         for k in ("data_wait", "trainer_io_wait", "loader_io_wait", "busiest_io_wait", "from_disk"):
             if out[k] is not None:
@@ -160,9 +172,10 @@ def _waits(v: Verdict) -> str:
 def _bytes(v: Verdict) -> str:
     if v.from_disk is None:
         return "no file reads"
+    hits = f" (page-cache hits {_pct(v.cache_hit or 0.0)} of pages read)" if v.read_pages else ""
     if v.from_disk >= 0.5:
-        return f"{_pct(v.from_disk)} of bytes from disk"
-    return f"{_pct(v.cache_hit)} of bytes from page cache"
+        return f"{_pct(v.from_disk)} of bytes from disk{hits}"
+    return f"{_pct(1.0 - v.from_disk)} of bytes from page cache{hits}"
 
 
 def _stalls(v: Verdict) -> str:
@@ -190,6 +203,8 @@ def judge(wall_s: float, loop: Loop | None = None, tasks: list[TaskRow] | None =
     if has_rows and wall > 0:
         fields["read_bytes"] = sum(r.read_bytes for r in judged)
         fields["disk_read_bytes"] = sum(r.disk_read_bytes for r in judged)
+        fields["read_pages"] = sum(r.read_pages for r in judged)
+        fields["missed_pages"] = sum(r.missed_pages for r in judged)
         fields["fsync_s"] = round(sum(r.fsync_s for r in judged), 6)
         fields["throttled_s"] = round(sum(r.throttled_s for r in judged), 6)
         if fields["read_bytes"]:
@@ -214,7 +229,8 @@ def _rule(v: Verdict, rows: bool, noun: str) -> tuple[str, str]:
     if v.wall_s <= 0:
         return UNKNOWN, f"empty {noun} (no wall time)"
     if v.data_wait is None and not rows:
-        return UNKNOWN, "no loop timing and no per-process rows (trace with --tasks, mark epochs with tracer.marker)"
+        return UNKNOWN, ("no loop timing and no per-process rows (traced with --no-tasks, or they did not load; "
+                         "mark epochs with tracer.marker)")
     io = v.readers_io_wait or 0.0
     waits, read = _waits(v), _bytes(v)
     if v.data_wait is not None:
@@ -223,7 +239,8 @@ def _rule(v: Verdict, rows: bool, noun: str) -> tuple[str, str]:
             facts = f"; in I/O wait: {waits}; {read}" if rows and waits else (f"; {read}" if rows else "")
             return NOT_IO_BOUND, f"{waited}{facts}{_stalls(v)}"
         if not rows:
-            return UNKNOWN, f"{waited}; no per-process rows to tell whether for the disk (trace with --tasks)"
+            return UNKNOWN, (f"{waited}; no per-process rows to tell whether for the disk (traced with --no-tasks, "
+                             f"or they did not load)")
         disk = v.from_disk if v.from_disk is not None else 0.0
         if io >= IO_WAIT_MIN or (io >= IO_WAIT_DISK_MIN and disk >= DISK_SHARE_MIN):
             return IO_BOUND, f"{waited}; in I/O wait: {waits}; {read}{_stalls(v)}"

@@ -1,0 +1,178 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * pagecache.bpf.h - the per-process programs' default sources: file reads
+ * and page-cache misses from the page cache's own events, fsync time from
+ * ext4's, so that no program runs for any syscall (pasted into tasks.bpf.c
+ * by tracer/sources/bpfobject.py source(); uses its maps and helpers).
+ *
+ *   mm_filemap_get_pages (IOTRACE_TASKS_PC_READS)
+ *                     filemap_read() and filemap_splice_read() call
+ *                     filemap_get_pages() once per batch of folios with what
+ *                     is left of the read, so each batch of one read reports
+ *                     [its first page, the read's last page]: a read is
+ *                     counted at its first batch, and a batch of the same
+ *                     file with the same last page and a later first page is
+ *                     its continuation.  The range is the one asked for:
+ *                     clipped at the inode's i_size.  Whole pages: a read
+ *                     that starts or ends inside a page counts that page.
+ *   mm_filemap_add_to_page_cache (IOTRACE_TASKS_PC_CACHE)
+ *                     a folio added (1 << order pages), in the adder's
+ *                     context: readahead adds a read's misses inside
+ *                     filemap_get_pages(), before its batch's event.  Pages a
+ *                     thread added are misses of its next batch when that is
+ *                     of the same file; otherwise (a write's new pages, a
+ *                     fault, another file) they are forgotten.
+ *   ext4_sync_file_enter / _exit (IOTRACE_TASKS_PC_FSYNC)
+ *                     fsync, fdatasync and msync(MS_SYNC) of ext4 files,
+ *                     timed in the caller's context (xfs and btrfs have only
+ *                     an enter event: not timed).
+ */
+
+#ifndef IOTRACE_PAGE_SHIFT
+#error "IOTRACE_PAGE_SHIFT: the page size's log2, from user space"
+#endif
+
+#ifdef IOTRACE_TASKS_PC_CACHE
+/* Pages added to the cache by the current thread, kept for its next read batch of that file. */
+static __always_inline void pc_pending_take(struct iotrace_thread *th, u64 mapping, struct iotrace_task *t)
+{
+	if (th->pend_pages && th->pend_mapping == mapping)
+		__sync_fetch_and_add(&t->missed_pages, th->pend_pages);
+	th->pend_pages = 0;
+	th->pend_mapping = 0;
+}
+#else
+#define pc_pending_take(th, mapping, t) do { } while (0)
+#endif
+
+#ifdef IOTRACE_TASKS_PC_READS
+/* The bytes of pages [index, last] that lie before EOF of the file at `mapping`; 0 if unknown. */
+static __always_inline u64 pc_range_bytes(u64 mapping, u64 index, u64 last)
+{
+	u64 host = 0, start = index << IOTRACE_PAGE_SHIFT, end = (last + 1) << IOTRACE_PAGE_SHIFT;
+	s64 size = 0;
+
+	if (tread(&host, sizeof(host), mapping + IOTRACE_K_MAPPING_HOST) || !host ||
+	    tread(&size, sizeof(size), host + IOTRACE_K_INODE_SIZE))
+		return 0;
+	if (size < 0)
+		return 0;
+	if (end > (u64)size)
+		end = size;
+	return end > start ? end - start : 0;
+}
+
+/*
+ * The first page of a new read whose first traced batch begins at `index`:
+ * `index`, or where the thread's previous read of the file ended when the
+ * kernel left its first batch untraced (IOTRACE_TASKS_READ_GAP_MAX).
+ */
+static __always_inline u64 pc_read_start(struct iotrace_thread *th, u64 mapping, u64 index, u64 last, bool waited)
+{
+	u64 next = th->rd_last + 1;
+
+	if (waited && th->rd_mapping == mapping && index > next && index - next <= IOTRACE_TASKS_READ_GAP_MAX &&
+	    last > th->rd_last)
+		return next;
+	return index;
+}
+
+/* mm_filemap_get_pages(mapping, index, last_index): a batch of a buffered read, in the reader's context */
+RAW_TRACEPOINT_PROBE(mm_filemap_get_pages)
+{
+	u64 mapping = ctx->args[0], index = ctx->args[1], last = ctx->args[2], id, bytes, start;
+	struct iotrace_thread *th;
+	struct iotrace_task *t;
+	bool waited;
+
+	id = bpf_get_current_pid_tgid();
+	if (!twanted(tcfg(), id >> 32))
+		return 0;
+	t = current_task(id >> 32, bpf_ktime_get_ns());
+	if (!t)
+		return 0;
+	th = current_thread((u32)id, id >> 32);
+	if (!th)
+		return 0;
+	pc_pending_take(th, mapping, t);
+	waited = th->flags & IOTRACE_TASKS_WAITED;
+	th->flags &= ~IOTRACE_TASKS_WAITED;
+	/* the same read's next batch: counted with its first */
+	if (th->rd_mapping == mapping && th->rd_last == last && index > th->rd_index) {
+		th->rd_index = index;
+		return 0;
+	}
+	start = pc_read_start(th, mapping, index, last, waited);
+	th->rd_mapping = mapping;
+	th->rd_last = last;
+	th->rd_index = index;
+	bytes = pc_range_bytes(mapping, start, last);
+	if (!bytes)
+		return 0;
+	__sync_fetch_and_add(&t->read_bytes, bytes);
+	__sync_fetch_and_add(&t->reads, 1);
+	__sync_fetch_and_add(&t->read_pages, (bytes + (1 << IOTRACE_PAGE_SHIFT) - 1) >> IOTRACE_PAGE_SHIFT);
+	return 0;
+}
+#endif /* IOTRACE_TASKS_PC_READS */
+
+#ifdef IOTRACE_TASKS_PC_CACHE
+/* The pages of the folio at `folio`: 1 << its order (folio_order: order 0 unless PG_head is set). */
+static __always_inline u64 pc_folio_pages(u64 folio)
+{
+	u64 flags = 0, flags_1 = 0;
+
+	if (tread(&flags, sizeof(flags), folio + IOTRACE_K_FOLIO_FLAGS))
+		return 0;
+	if (!(flags & (1ULL << IOTRACE_K_PG_HEAD)))
+		return 1;
+	if (tread(&flags_1, sizeof(flags_1), folio + IOTRACE_K_FOLIO_FLAGS_1))
+		return 0;
+	return 1ULL << (flags_1 & IOTRACE_TASKS_FOLIO_ORDER_MASK & 63);
+}
+
+/* mm_filemap_add_to_page_cache(folio): the current thread added a folio to a file's cache */
+RAW_TRACEPOINT_PROBE(mm_filemap_add_to_page_cache)
+{
+	u64 folio = ctx->args[0], mapping = 0, id, pages;
+	struct iotrace_thread *th;
+
+	id = bpf_get_current_pid_tgid();
+	if (!twanted(tcfg(), id >> 32))
+		return 0;
+	if (tread(&mapping, sizeof(mapping), folio + IOTRACE_K_FOLIO_MAPPING))
+		return 0;
+	pages = pc_folio_pages(folio);
+	if (!pages)
+		return 0;
+	th = current_thread((u32)id, id >> 32);
+	if (!th)
+		return 0;
+	/* pending pages of another file were no miss of a read (no batch of that file followed) */
+	if (th->pend_mapping != mapping) {
+		th->pend_mapping = mapping;
+		th->pend_pages = 0;
+	}
+	th->pend_pages += pages;
+	return 0;
+}
+#endif /* IOTRACE_TASKS_PC_CACHE */
+
+#ifdef IOTRACE_TASKS_PC_FSYNC
+/* ext4_sync_file_enter(file, datasync) */
+RAW_TRACEPOINT_PROBE(ext4_sync_file_enter)
+{
+	u64 id = bpf_get_current_pid_tgid();
+
+	if (twanted(tcfg(), id >> 32))
+		sync_enter(id);
+	return 0;
+}
+
+/* ext4_sync_file_exit(inode, ret) */
+RAW_TRACEPOINT_PROBE(ext4_sync_file_exit)
+{
+	sync_exit();
+	return 0;
+}
+#endif /* IOTRACE_TASKS_PC_FSYNC */
