@@ -31,9 +31,10 @@ def sh(*args: str, **kw) -> str:
 
 
 def stat_ios(dev: str) -> dict[str, int]:
-    """Completed requests of /sys/block/DEV/stat: reads, writes, discards, flushes (what exists)."""
+    """Completed requests of /sys/block/DEV/stat: reads, writes, discards, flushes (what exists), and the
+    reads merged into others (a scheduler may merge fio's adjacent random reads: fewer requests)."""
     f = [int(x) for x in Path(f"/sys/block/{dev}/stat").read_text().split()]
-    out = {"read": f[0], "write": f[4]}
+    out = {"read": f[0], "read_merges": f[1], "write": f[4]}
     if len(f) >= 15:
         out["discard"] = f[11]
     if len(f) >= 17:

@@ -237,13 +237,19 @@ def run_kernel(kernel: str, args, env: dict[str, str]) -> dict:
 
 
 def fio_problems(fio: dict) -> list[str]:
-    """The fio runs in which iotrace did not record every request fio made (the run then fails)."""
+    """The fio runs in which iotrace did not record every request the disk completed (the run then
+    fails), or the disk's requests and merges do not add up to fio's I/Os."""
     out = []
     for r in fio.get("runs", []):
         want, got = r.get("fio_total_ios"), r.get("iotrace_recorded")
-        if r.get("error") or want is None or got != want:
-            out.append(f"fio {r.get('scheduler')}/{r.get('attach')}: iotrace recorded {got} of {want} requests"
-                       + (f" ({r['error']})" if r.get("error") else ""))
+        stat = r.get("diskstats", {})
+        disk, merged = stat.get("read", want), stat.get("read_merges")
+        if r.get("error") or want is None or got != disk:
+            out.append(f"fio {r.get('scheduler')}/{r.get('attach')}: iotrace recorded {got} of the disk's {disk} "
+                       f"requests (fio made {want})" + (f" ({r['error']})" if r.get("error") else ""))
+        elif disk != want and (merged is None or disk + merged != want):
+            out.append(f"fio {r.get('scheduler')}/{r.get('attach')}: the disk completed {disk} requests, "
+                       f"{merged if merged is not None else '?'} merged, for fio's {want}")
     return out
 
 
@@ -348,7 +354,7 @@ def report(results: list[dict]) -> bool:
             continue
         print(f"\n== {name}: fio 4 KiB randread O_DIRECT, libaio, 2 jobs x qd16, {fio['requests']} requests, "
               "loop device on a file on ext4 ==")
-        header = ["scheduler", "attach", "fio ios", "stat reads", "iotrace recorded", "dropped",
+        header = ["scheduler", "attach", "fio ios", "stat reads", "merged", "iotrace recorded", "dropped",
                   "getrq", "rq_insert", "rq_issue", "rq_complete", "io_start", "overrun", "note"]
         rows = []
         for r in fio["runs"]:
@@ -359,7 +365,8 @@ def report(results: list[dict]) -> bool:
             if note and r.get("iotrace_stderr"):
                 note += ": " + " ".join(r["iotrace_stderr"].strip().splitlines()[-1:])[:120]
             rows.append([r["scheduler"], r["attach"], r.get("fio_total_ios", "-"),
-                         r.get("diskstats", {}).get("read", "-"), r.get("iotrace_recorded", "-"),
+                         r.get("diskstats", {}).get("read", "-"), r.get("diskstats", {}).get("read_merges", "-"),
+                         r.get("iotrace_recorded", "-"),
                          ",".join(f"{k}={v}" for k, v in (r.get("iotrace_dropped") or {}).items()) or "-",
                          tf.get("block_getrq", "-"), tf.get("block_rq_insert", "-"), tf.get("block_rq_issue", "-"),
                          tf.get("block_rq_complete", "-"), tf.get("block_io_start", "n/a"), tf.get("overrun", "-"),
