@@ -18,21 +18,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tasksload import read_all  # noqa: E402 - the same reader as the --tasks tests
+
 from tracer import marker  # noqa: E402
 
 CHUNK = 1 << 20
-
-
-def read_all(files: list[Path]) -> int:
-    total = 0
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            while chunk := os.read(fd, CHUNK):
-                total += len(chunk)
-        finally:
-            os.close(fd)
-    return total
 
 
 def syncs(path: Path, n: int) -> list[float]:

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 from conftest import PYTHON, evict, read_dumps, reaped, run_iotrace
 from unit.test_core import finish, start_tracer
 
-from privileged.test_writeback import WBLOAD, exact_bytes, nothing_lost, wait_file, wb_bytes, write_back
+from privileged.test_writeback import exact_bytes, nothing_lost, traced_unsynced_writer, wb_bytes
 
 bpf = pytest.mark.bpf
 MIB = 1 << 20
@@ -54,29 +53,8 @@ def test_unsynced_writer_file_row_has_its_write_back(ext4_mnt, tmp_path):
     """64 MiB written without fsync, written back by the flusher: the file's row is the writer's, names the
     file and holds the 64 MiB written, the writer's write-back bytes exactly."""
     loop, mnt = ext4_mnt
-    target, written, go, out = mnt / "ckpt.bin", tmp_path / "written", tmp_path / "go", tmp_path / "out.jsonl"
-    failed: list[BaseException] = []
-
-    def flusher() -> None:
-        try:
-            wait_file(written)
-            write_back(target)
-        except BaseException as exc:    # noqa: BLE001 - reported by the test's own thread
-            failed.append(exc)
-        finally:
-            go.touch()
-
-    t = threading.Thread(target=flusher)
-    t.start()
-    try:
-        r = run_iotrace(["--attach", "raw_tp", "--dev", loop.name, "-o", str(out), "--",
-                         PYTHON, WBLOAD, str(target), "64", str(written), str(go)], timeout=120)
-    finally:
-        go.touch()
-        t.join()
-    assert not failed, failed
-    assert r.returncode == 0, r.stderr
-    pid = int(written.read_text())
+    target, out = mnt / "ckpt.bin", tmp_path / "out.jsonl"
+    r, pid = traced_unsynced_writer(["--attach", "raw_tp", "--dev", loop.name, "-o", str(out)], target, tmp_path)
     dumps = read_dumps(out)
     for d in dumps:
         nothing_lost(d)

@@ -59,6 +59,33 @@ def write_back(*files: Path) -> None:
         subprocess.run(["sync", "-f", str(f)], check=True, timeout=60)
 
 
+def traced_unsynced_writer(iotrace_args: list[str], target: Path, tmp_path: Path):
+    """iotrace ARGS -- wbload: 64 MiB written to `target` without fsync, the writer living on until a
+    thread here has had it written back (write_back); (iotrace's result, the writer's pid)."""
+    written, go = tmp_path / "written", tmp_path / "go"
+    failed: list[BaseException] = []
+
+    def flusher() -> None:
+        try:
+            wait_file(written)
+            write_back(target)
+        except BaseException as exc:    # noqa: BLE001 - reported by the test's own thread
+            failed.append(exc)
+        finally:
+            go.touch()
+
+    t = threading.Thread(target=flusher)
+    t.start()
+    try:
+        r = run_iotrace([*iotrace_args, "--", PYTHON, WBLOAD, str(target), "64", str(written), str(go)], timeout=120)
+    finally:
+        go.touch()
+        t.join()
+    assert not failed, failed
+    assert r.returncode == 0, r.stderr
+    return r, int(written.read_text())
+
+
 def writes(dumps: list[dict], device: str, tgid: int, wb: bool) -> list[dict]:
     return [s for d in dumps for s in series_of(d, device=device, op="write")
             if s["tgid"] == tgid and s.get("wb", False) is wb]
@@ -74,29 +101,8 @@ def test_command_checkpoint_without_fsync_is_its_write_back(ext4_mnt, tmp_path, 
     """`iotrace -- COMMAND` where COMMAND writes 64 MiB without fsync and runs on until it is on disk:
     the 64 MiB are on the command's pid, comm and cgroup, marked write-back, none of it direct."""
     loop, mnt = ext4_mnt
-    target, written, go, out = mnt / "ckpt", tmp_path / "written", tmp_path / "go", tmp_path / "out.jsonl"
-    failed: list[BaseException] = []
-
-    def flusher() -> None:
-        try:
-            wait_file(written)
-            write_back(target)
-        except BaseException as exc:    # noqa: BLE001 - reported by the test's own thread
-            failed.append(exc)
-        finally:
-            go.touch()
-
-    t = threading.Thread(target=flusher)
-    t.start()
-    try:
-        r = run_iotrace(["--attach", attach, "--dev", loop.name, "-o", str(out), "--",
-                         PYTHON, WBLOAD, str(target), "64", str(written), str(go)], timeout=120)
-    finally:
-        go.touch()
-        t.join()
-    assert not failed, failed
-    assert r.returncode == 0, r.stderr
-    pid = int(written.read_text())
+    target, out = mnt / "ckpt", tmp_path / "out.jsonl"
+    r, pid = traced_unsynced_writer(["--attach", attach, "--dev", loop.name, "-o", str(out)], target, tmp_path)
     dumps = read_dumps(out)
     for d in dumps:
         nothing_lost(d)
