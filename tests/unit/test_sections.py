@@ -196,3 +196,38 @@ def test_report_json_of_mains_file_is_mains():
     assert reportcli.run([str(DATA / "main-df49ae4.jsonl"), "--json"], out) == 0
     got = [json.loads(x) for x in out.getvalue().splitlines()]
     assert got == [json.loads(x) for x in lines("main-df49ae4-report.jsonl")]
+
+
+def test_a_long_runs_total_keeps_a_task_row_per_name_of_the_processes_that_came_and_went():
+    """The table's whole-run dump (tracer.sinks.table) folds exited processes' rows by comm past
+    MAX_RUN_ROWS: a soak of 16,000 short-lived readers grew the tracer by ~0.35 MB a second without it."""
+    from tracer.model.sections import TaskRow, Tasks
+    from tracer.sinks import table
+
+    sink = table.TableSink(io.StringIO())
+    t0 = datetime(2026, 1, 3, tzinfo=UTC)
+    pid = 100
+    for w in range(6):
+        rows = [TaskRow(pid=pid + i, comm="dd", read_bytes=4096, exited=True) for i in range(table.MAX_RUN_ROWS // 2)]
+        rows.append(TaskRow(pid=1, comm="trainer", read_bytes=1))      # alive all along
+        pid += len(rows)
+        sink.on_dump(Dump("interval", t0 + timedelta(seconds=w), t0 + timedelta(seconds=w + 1), "h", "k", [],
+                          tasks=Tasks(rows)))
+        assert len(sink.total.tasks.rows) <= table.MAX_RUN_ROWS + 1
+    got = {(r.pid, r.comm): r for r in sink.total.tasks.rows}
+    assert got[(1, "trainer")].read_bytes == 6
+    # every exited reader's bytes are still there, in its own row or in the folded one
+    assert sum(r.read_bytes for r in sink.total.tasks.rows if r.comm == "dd") == 6 * table.MAX_RUN_ROWS // 2 * 4096
+    assert (0, "dd") in got
+
+
+def test_folded_rows_of_two_names_stay_apart_through_a_merge():
+    from tracer.model.sections import TaskRow, Tasks
+
+    t = Tasks([TaskRow(pid=5, comm="a", reads=1, exited=True), TaskRow(pid=6, comm="b", reads=2, exited=True),
+               TaskRow(pid=7, comm="a", reads=4, exited=True), TaskRow(pid=8, comm="c", reads=8)]).folded()
+    assert [(r.pid, r.comm, r.reads) for r in t.rows] == [(0, "a", 5), (0, "b", 2), (8, "c", 8)]
+    acc = Tasks.merger()
+    for rows in (t.rows, [TaskRow(pid=0, comm="b", reads=16, exited=True)]):
+        acc.add_rows(rows)
+    assert [(r.pid, r.comm, r.reads) for r in acc.result().rows] == [(0, "a", 5), (0, "b", 18), (8, "c", 8)]

@@ -28,7 +28,7 @@ cannot know how to add them up, leaves them out.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from tracer.marker import LOOP_KEYS, check_loop
@@ -297,6 +297,13 @@ class Tasks(Section):
     def merger(cls) -> Merger:
         return TaskMerger()
 
+    def folded(self) -> Tasks:
+        """Exited processes' rows summed per comm (pid 0: "these processes"), live ones kept: a long run's
+        total holds a row per name, not per pid, of what came and went (tracer.sinks.table)."""
+        acc = TaskMerger()
+        acc.add_rows([r if not r.exited else replace(r, pid=0, ppid=0, started=False) for r in self.rows])
+        return acc.result() or Tasks([])
+
 
 @dataclass(frozen=True)
 class TasksSources(Section):
@@ -338,15 +345,16 @@ class TaskMerger:
     def add_rows(self, rows: list[TaskRow]) -> None:
         out = self.out = {} if self.out is None else self.out
         for r in rows:
-            acc = out.get(r.pid)
+            key = (r.pid, r.comm if r.pid == 0 else "")    # pid 0: folded rows (Tasks.folded), one per comm
+            acc = out.get(key)
             if acc is None:
-                out[r.pid] = TaskRow(**{f.name: getattr(r, f.name) for f in fields(r)})
+                out[key] = TaskRow(**{f.name: getattr(r, f.name) for f in fields(r)})
             else:
                 acc.add(r)
 
     def result(self) -> Tasks | None:
         """None if no window had rows (not even an empty list)."""
-        return None if self.out is None else Tasks(sorted(self.out.values(), key=lambda r: r.pid))
+        return None if self.out is None else Tasks([self.out[k] for k in sorted(self.out)])
 
 
 # ---- markers: the enclosing window, the training loop's timing, the sender ------------

@@ -49,9 +49,15 @@ class TableSink:
             self.labels = LabelWindows()
         self.labels.add(window)
         self.total = window if self.total is None else dumpmod.merge_dumps([self.total, window])
+        # processes come and go on a long run: keep their sums, not a row per pid
         if len(self.total.series) > MAX_RUN_ROWS:
-            # processes come and go on a long run: keep their sums, not a row per pid
             self.total.series = dumpmod.fold_by_comm(self.total.series)
+        if self.total.tasks is not None and len(self.total.tasks.rows) > MAX_RUN_ROWS:
+            self.total.tasks = self.total.tasks.folded()
+        if self.total.files is not None and len(self.total.files.rows) > MAX_RUN_ROWS:
+            from tracer.model.files import Files, bounded
+
+            self.total.files = Files(bounded(self.total.files.rows, MAX_RUN_ROWS // 2))
 
     def close(self, status: int) -> int:
         if self.windows > 1:
