@@ -55,6 +55,7 @@ bench:
 	$(AS_ROOT) $(PY) scripts/bench_frontend.py --json bench-frontend.json
 	$(AS_ROOT) $(PY) scripts/soak.py --seconds 60 --json bench-soak.json
 	$(AS_ROOT) $(PY) scripts/bench_tasks.py --json bench-tasks.json
+	$(AS_ROOT) $(PY) scripts/bench_files.py --json bench-files.json
 	$(PY) scripts/bench_report.py --json bench-report.json
 	$(AS_ROOT) $(PY) scripts/bench_scrape.py --json bench-scrape.json
 

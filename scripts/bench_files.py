@@ -1,14 +1,15 @@
 """What the per-file rows (bpf/files.bpf.h) cost: the raw-path programs' ns per run with and without them.
 
-    sudo .venv/bin/python scripts/bench_files.py --before DIR [--seconds 10] [--rounds 3]
+    sudo .venv/bin/python scripts/bench_files.py [--before DIR] [--seconds 10] [--rounds 3] [--json FILE]
 
 Makes an ext4 on a loop device (torn down at the end) with a 512 MiB file.  In each of --rounds
 rounds, for buffered and then O_DIRECT 4 KiB random reads of it by fio (POSIX_FADV_RANDOM, the cache
 dropped first: a request per buffered read, each for a page-cache page whose file the completion
 looks up; O_DIRECT's user pages stop the lookup at their anonymous mapping), loads the raw-tracepoint
-programs from this tree's bpf/ ("files") and from DIR ("before": a bpf/ without files.bpf.h, e.g.
-`mkdir /tmp/b && git archive 091f0a3 bpf | tar -x -C /tmp/b`, DIR=/tmp/b/bpf), in alternating order,
-tracing only the fio it forks.  Prints JSON lines: ns per run (BPF_ENABLE_STATS:
+programs from this tree's bpf/ with file rows ("files") and without them ("before": the same sources
+compiled with IOTRACE_NO_FILES, as top and serve load them; or, with --before DIR, a bpf/ without
+files.bpf.h, e.g. `mkdir /tmp/b && git archive 091f0a3 bpf | tar -x -C /tmp/b`, DIR=/tmp/b/bpf), in
+alternating order, tracing only the fio it forks.  Prints JSON lines: ns per run (BPF_ENABLE_STATS:
 run_time_ns / run_cnt) and runs of every program, per mode and round; then the completion program's
 median over the rounds.
 """
@@ -46,8 +47,8 @@ def enable_stats() -> int:
     return fd
 
 
-def one(bpf_dir: str, path: Path, seconds: float, direct: bool) -> dict[str, float]:
-    """ns per run of each program while fio runs, with the sources of `bpf_dir`."""
+def one(bpf_dir: str, path: Path, seconds: float, direct: bool, files: bool = True) -> dict[str, float]:
+    """ns per run of each program while fio runs, with the sources of `bpf_dir` (`files`: with file rows)."""
     code = f"""
 import json, os, sys, time, subprocess
 os.environ["IOTRACE_BPF_DIR"] = {bpf_dir!r}
@@ -64,7 +65,7 @@ if child == 0:
                        f"--direct={int(direct)}", "--fadvise_hint=1", "--ioengine=psync",
                        f"--runtime={seconds}", "--time_based", "--output-format=terse"]!r})
 os.close(r)
-p = Probe(ProbeOptions(attach="raw_tp", pids=[child], files=True))
+p = Probe(ProbeOptions(attach="raw_tp", pids=[child], files={files!r}))
 try:
     p.bpf["files0"]
 except KeyError:
@@ -90,7 +91,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--before", required=True, help="a bpf/ directory without files.bpf.h")
+    ap.add_argument("--before", help="a bpf/ directory without files.bpf.h (default: this tree's, without file rows)")
+    ap.add_argument("--json", metavar="FILE", help="also write the rounds and the medians to FILE")
     ns = ap.parse_args()
     stats_fd = enable_stats()
     tmp = Path(tempfile.mkdtemp(prefix="iotrace-bench-files-"))
@@ -105,17 +107,23 @@ def main() -> int:
         sh("mount", loop, str(mnt))
         data = mnt / "data"
         sh("dd", "if=/dev/urandom", f"of={data}", "bs=1M", "count=512", "conv=fsync")
-        modes = {"files": str(ROOT / "bpf"), "before": ns.before}
+        modes = {"files": (str(ROOT / "bpf"), True), "before": (ns.before or str(ROOT / "bpf"), bool(ns.before))}
+        rounds, medians = [], []
         done: dict[tuple[str, bool], list[float]] = {}
         for rnd in range(ns.rounds):
             for direct in (False, True):
                 order = list(modes) if rnd % 2 == 0 else list(reversed(modes))
                 for mode in order:
-                    costs = one(modes[mode], data, ns.seconds, direct)
-                    print(json.dumps({"round": rnd, "mode": mode, "direct": direct, "ns_per_run": costs}))
+                    bpf_dir, files = modes[mode]
+                    costs = one(bpf_dir, data, ns.seconds, direct, files=files)
+                    rounds.append({"round": rnd, "mode": mode, "direct": direct, "ns_per_run": costs})
+                    print(json.dumps(rounds[-1]))
                     done.setdefault((mode, direct), []).append(costs.get("block_rq_complete", [0])[0])
         for (mode, direct), v in sorted(done.items()):
-            print(json.dumps({"mode": mode, "direct": direct, "block_rq_complete_median_ns": statistics.median(v)}))
+            medians.append({"mode": mode, "direct": direct, "block_rq_complete_median_ns": statistics.median(v)})
+            print(json.dumps(medians[-1]))
+        if ns.json:
+            Path(ns.json).write_text(json.dumps({"rounds": rounds, "medians": medians}, indent=1) + "\n")
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
         if loop:
