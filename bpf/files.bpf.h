@@ -156,7 +156,7 @@ static __always_inline struct iotrace_file_val *file_row(struct iotrace_file_key
 }
 
 /* A file's latency bucket: the core's scheme with IOTRACE_FILE_HIST_SUB_BITS */
-static __always_inline u32 file_bucket(u64 ns)
+static __always_inline u64 file_bucket(u64 ns)
 {
 	const u64 top = (1ULL << (IOTRACE_HIST_MAX_MSB + 1)) - 1;
 	u32 msb;
@@ -179,7 +179,8 @@ static __always_inline void file_request(u64 rq, const struct iotrace_slot *s, u
 	u64 bio = 0, vec = 0, page = 0, mapping = 0, inode = 0, size, ns;
 	struct iotrace_file_key k = {};
 	struct iotrace_file_val *v;
-	u32 op = s->op & ~IOTRACE_OP_WB, b;
+	u32 op = s->op & ~IOTRACE_OP_WB;
+	u64 b;
 
 	if ((op != IOTRACE_OP_READ && op != IOTRACE_OP_WRITE) || !s->done)
 		return;
@@ -203,6 +204,8 @@ static __always_inline void file_request(u64 rq, const struct iotrace_slot *s, u
 	__sync_fetch_and_add(&v->requests, 1);
 	ns = now > s->start_ns ? now - s->start_ns : 0;
 	__sync_fetch_and_add(&v->sum_ns, ns);
+	/* a u64: the bound is checked in the register the address is made from (Linux 6.1's verifier
+	 * rejected a u32 index, zero-extended once for the compare and again for the address) */
 	b = file_bucket(ns);
 	if (b < IOTRACE_FILE_HIST_BUCKETS)
 		__sync_fetch_and_add(&v->hist[b], 1);
