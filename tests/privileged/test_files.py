@@ -67,6 +67,12 @@ def test_unsynced_writer_file_row_has_its_write_back(ext4_mnt, tmp_path):
     assert "files: top" in r.stdout and "ckpt.bin" in r.stdout, r.stdout
 
 
+def kernel_has(event: str) -> bool:
+    """Whether this kernel has the tracepoint CATEGORY/NAME (Debian 12's 6.1 lacks filemap's get_pages and iomap's
+    dio events: the rows then say "unavailable", README, Files)."""
+    return any((Path(d) / "events" / event).is_dir() for d in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"))
+
+
 def traced_loaders(shards: list[list[Path]], out: Path) -> tuple[list[int], str]:
     """Two loader processes reading their shards under a tracer: (their pids, the tracer's table)."""
     loaders = [subprocess.Popen([PYTHON, "-c", "import sys; sys.stdin.read(1)\n" + LOADER, *map(str, s)],
@@ -89,6 +95,7 @@ def test_two_loaders_cold_then_warm(ext4_mnt, tmp_path):
     """8 shards, 4 per loader: cold, each file's bytes from disk are its size (less at most a readahead
     window) and under its reader; warm, ~0 from disk; the page cache served the size both times."""
     loop, mnt = ext4_mnt
+    cache_reads = kernel_has("filemap/mm_filemap_get_pages")     # else the rows say null: no such event
     shards = [[mnt / f"shard-{i}-{j}.rec" for j in range(4)] for i in range(2)]
     for s in shards:
         for f in s:
@@ -111,7 +118,7 @@ def test_two_loaders_cold_then_warm(ext4_mnt, tmp_path):
             total += got
             assert size - READAHEAD <= got <= size + READAHEAD, (f, disk, size)
             assert disk.get(str(f), 0) == got, (f, disk)       # all of it under its reader
-            assert cache.get(str(f)) == size, (f, cache, size)
+            assert cache.get(str(f)) == (size if cache_reads else 0), (f, cache, size)
     assert sum(sizes.values()) - READAHEAD <= total <= sum(sizes.values()), (total, sizes)
     assert "shard-0-0.rec" in table, table
     _, _ = traced_loaders(shards, warm_out)
@@ -119,7 +126,7 @@ def test_two_loaders_cold_then_warm(ext4_mnt, tmp_path):
     disk, cache = per_file(warm, "disk_read_bytes"), per_file(warm, "cache_read_bytes")
     for path, size in sizes.items():
         assert disk.get(path, 0) <= 64 * 1024, (path, disk)
-        assert cache.get(path) == size, (path, cache)
+        assert cache.get(path) == (size if cache_reads else 0), (path, cache)
     r = subprocess.run([sys.executable, "-m", "tracer.cli", "report", "--by", "file", str(cold_out)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -144,6 +151,8 @@ def test_tracepoint_path_has_no_file_rows(ext4_mnt, tmp_path):
 def test_direct_reads_and_writes_are_the_files_bytes_as_asked(ext4_mnt, tmp_path):
     """O_DIRECT's pages are the process's memory, no file's: its bytes come from iomap_dio_rw_begin (clipped at
     EOF for reads), under direct_bytes too, with no request or latency of their own."""
+    if not kernel_has("iomap/iomap_dio_rw_begin"):
+        pytest.skip("this kernel has no iomap:iomap_dio_rw_begin: O_DIRECT I/O is in no file's row (README, Files)")
     loop, mnt = ext4_mnt
     f, out = mnt / "direct.bin", tmp_path / "out.jsonl"
     cmd = (f"dd if=/dev/zero of={f} bs=1M count=4 oflag=direct status=none && "
