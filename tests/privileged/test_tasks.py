@@ -162,6 +162,7 @@ def _run_pcload(mode: str, loop, mnt: Path, data: Path, tmp_path: Path) -> tuple
     did = read_dumps(results)[0]
     dumps = read_dumps(out)
     assert not any(k.startswith("tasks_") and n for d in dumps for k, n in d["dropped"].items())
+    assert all("tasks" in d for d in dumps), f"{mode}: dumps without per-process rows; iotrace said:\n{stderr}"
     rows = {d["label"]: r for d in dumps if d["kind"] == "marker" for r in d["tasks"] if r["pid"] == did["pid"]}
     sources = {json.dumps(d["tasks_sources"], sort_keys=True) for d in dumps}
     assert len(sources) == 1, sources
