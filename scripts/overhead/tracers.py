@@ -46,14 +46,20 @@ tracepoint:block:START_EVENT, tracepoint:block:block_rq_issue, tracepoint:block:
 _START: list[str] = []
 
 
+def _probe():
+    """This tree's tracer.sources.probe: its start events and their chooser."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tracer.sources import probe  # noqa: PLC0415 - only the peers' start event needs it
+
+    return probe
+
+
 def start_event() -> str:
     """The request start iotrace takes on this kernel (block_io_start from 6.5, block_getrq before it):
     the peers start their requests there too, so that every tracer runs on the same events."""
     if not _START:
-        sys.path.insert(0, str(ROOT))
-        from tracer.sources import probe  # noqa: PLC0415 - the tree's own chooser, once
-
-        _START.append(probe.choose_start_event())
+        _START.append(_probe().choose_start_event())
     return _START[0]
 
 
@@ -110,6 +116,15 @@ def _wait_line(proc: subprocess.Popen, stream, needle: str, timeout: float) -> s
     return None
 
 
+def _await_start(proc: subprocess.Popen, stream, needle: str, what: str) -> None:
+    """Wait for a tracer process to print `needle`; else kill it and raise with what it printed."""
+    if _wait_line(proc, stream, needle, 60) is None:
+        said = stream.read() if proc.poll() is not None else ""
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"{what} did not start: {said.strip()}")
+
+
 def _end(proc: subprocess.Popen | None, timeout: float = 60) -> None:
     """SIGINT a tracer process we started, and kill it if it does not go."""
     if proc is None:
@@ -139,15 +154,11 @@ class IOTrace(Tracer):
         # the default a user would run: every process, every device, a report every 10 s
         # without SUDO_*: under sudo iotrace would open -o (root's scratch dir) as the invoking user
         env = {k: v for k, v in os.environ.items() if not k.startswith("SUDO_")}
-        self.proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "-i", "10", "-o", str(self.output), *self.extra],
-                                     cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        self.pid = self.proc.pid
-        if _wait_line(self.proc, self.proc.stderr, "tracing block I/O", 60) is None:
-            err = self.proc.stderr.read() if self.proc.poll() is not None else ""
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-            raise RuntimeError(f"{self.name} did not start: {err.strip()}")
+        proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "-i", "10", "-o", str(self.output), *self.extra],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        self.pid = proc.pid
+        _await_start(proc, proc.stderr, "tracing block I/O", self.name)
+        self.proc = proc
 
     def stop(self) -> None:
         _end(self.proc)
@@ -351,10 +362,7 @@ class Reference(BccTracer):
         self._base = 0
 
     def why_not(self) -> str | None:
-        sys.path.insert(0, str(ROOT))
-        from tracer.sources import probe  # noqa: PLC0415 - the tree's own table of start events
-
-        if probe.starts_at_bio(start_event()):
+        if _probe().starts_at_bio(start_event()):
             # libbpf-tools' biolatency times such kernels from block_rq_issue (or -Q's block_rq_insert)
             return (f"the reference design keys a request by its struct request from the start on; "
                     f"{start_event()}, this kernel's start, gives its bio")
@@ -387,15 +395,11 @@ class BPFTrace(Tracer):
         return None if shutil.which("bpftrace") else "not installed (apt install bpftrace)"
 
     def start(self, device: str) -> None:
-        self.proc = subprocess.Popen(["bpftrace", "-e", with_start(self.prog)], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
-        self.pid = self.proc.pid
-        if _wait_line(self.proc, self.proc.stdout, "Attach", 60) is None:
-            out = self.proc.stdout.read() if self.proc.poll() is not None else ""
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-            raise RuntimeError(f"bpftrace did not start: {out.strip()}")
+        proc = subprocess.Popen(["bpftrace", "-e", with_start(self.prog)], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        self.pid = proc.pid
+        _await_start(proc, proc.stdout, "Attach", "bpftrace")
+        self.proc = proc
         time.sleep(0.5)     # it prints "Attaching" before the last probe is in
 
     def stop(self) -> None:
