@@ -59,6 +59,18 @@ def write_back(*files: Path) -> None:
         subprocess.run(["sync", "-f", str(f)], check=True, timeout=60)
 
 
+def release_writers(start: Path, marks: list[Path], files: list[Path], go: Path, procs: list) -> None:
+    """wbload writers waiting on `start`: let them write, wait until each has (`marks`), have their files
+    written back, then let them exit, each with status 0."""
+    start.touch()
+    for m in marks:
+        wait_file(m)
+    write_back(*files)
+    go.touch()
+    for p in procs:
+        assert p.wait(60) == 0
+
+
 def traced_unsynced_writer(iotrace_args: list[str], target: Path, tmp_path: Path):
     """iotrace ARGS -- wbload: 64 MiB written to `target` without fsync, the writer living on until a
     thread here has had it written back (write_back); (iotrace's result, the writer's pid)."""
@@ -133,13 +145,7 @@ def test_two_writers_each_get_their_own_files_write_back(ext4_mnt, tmp_path, mod
         pids = [a for p in procs for a in ("--pid", str(p.pid))] if mode == "pid" else []
         tracer = start_tracer(["--dev", loop.name, "-o", str(out), *pids])
         with reaped(tracer):
-            start.touch()
-            for m in marks:
-                wait_file(m)
-            write_back(*files)
-            go.touch()
-            for p in procs:
-                assert p.wait(60) == 0
+            release_writers(start, marks, files, go, procs)
             if mode == "all":
                 tracer.send_signal(signal.SIGINT)
             # with --pid the trace ends as its targets do
@@ -192,13 +198,7 @@ def test_cgroup_filter_charges_write_back_to_the_container(ext4_mnt, tmp_path, c
         (inner / "cgroup.procs").write_text(str(procs[0].pid))
         tracer = start_tracer(["--cgroup", "/" + os.path.relpath(top, root), "--dev", loop.name, "-o", str(out)])
         with reaped(tracer):
-            start.touch()
-            for m in marks:
-                wait_file(m)
-            write_back(*files)
-            go.touch()
-            for p in procs:
-                assert p.wait(60) == 0
+            release_writers(start, marks, files, go, procs)
             tracer.send_signal(signal.SIGINT)
             _, err = tracer.communicate(timeout=60)
             assert tracer.returncode == 0, err
