@@ -151,7 +151,14 @@ enum iotrace_reason {
  *                                                  these members: one read
  *   KRAWTP(event, argument types...)               a raw tracepoint and its
  *                                                  arguments as the programs
- *                                                  take them (ctx->args[i])
+ *                                                  take them (ctx->args[i]), up
+ *                                                  to the last one read.  An
+ *                                                  event listed again in one
+ *                                                  table: another kernel era's
+ *                                                  prototype, the first the
+ *                                                  kernel has is taken, and
+ *                                                  IOTRACE_K_<EVENT>_LAST is the
+ *                                                  index of its last argument
  *   KBIT(NAME, struct, member)                     a one-bit bitfield: the byte
  *                                                  holding it (NAME) and its mask
  *                                                  there (NAME_MASK); resolved
@@ -163,7 +170,10 @@ enum iotrace_reason {
  * syscalls' perf-event tracepoints when one is missing.  A syscalls entry
  * that names an architecture (the register names of struct pt_regs, as
  * platform.machine() spells it) is that architecture's alone; one without
- * entries for the running architecture takes the fallback too.
+ * entries for the running architecture takes the fallback too.  Those
+ * marked "tasks.bpf.c <source>" (reads, cache, fsync, throttled) are read
+ * by that source's programs only: a kernel that lacks one loses that source
+ * (said "unavailable" in every dump), not the per-process rows.
  */
 #ifdef IOTRACE_KERNEL_TABLE
 KMEMBER(RQ_Q, request, q, 8)
@@ -237,7 +247,8 @@ KMEMBER(INODE_MODE, inode, i_mode, 2)	/* tasks.bpf.c */
 KBIT(TASK_IN_IOWAIT, task_struct, in_iowait)	/* tasks.bpf.c */
 KRAWTP(sched_switch, bool, struct task_struct *, struct task_struct *, unsigned int)	/* tasks.bpf.c */
 KRAWTP(sched_wakeup, struct task_struct *)	/* tasks.bpf.c */
-KRAWTP(balance_dirty_pages, struct bdi_writeback *, struct dirty_throttle_control *, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long int)	/* tasks.bpf.c */
+KRAWTP(balance_dirty_pages, struct bdi_writeback *, struct dirty_throttle_control *, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long int)	/* tasks.bpf.c throttled: (wb, dtc, ..., pause) */
+KRAWTP(balance_dirty_pages, struct bdi_writeback *, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long int)	/* tasks.bpf.c throttled: before the dtc argument (Debian 12's 6.1): (wb, thresh, ..., period, pause) */
 KRAWTP(sys_enter, struct pt_regs *, long int)	/* tasks.bpf.c syscalls */
 KRAWTP(sys_exit, struct pt_regs *, long int)	/* tasks.bpf.c syscalls */
 KMEMBER(REGS_ARG0, pt_regs, di, 8)	/* tasks.bpf.c syscalls x86_64: a syscall's first argument */

@@ -12,6 +12,8 @@
  *                     process's io_wait_ns (where delayacct_blkio_end runs),
  *                     and to throttle_ns when balance_dirty_pages put it there
  *   balance_dirty_pages  pause > 0: the thread's next I/O wait is throttling
+ *                     (IOTRACE_TASKS_THROTTLE: where the kernel has one of
+ *                     the event's prototypes iotrace.h lists)
  *   sched_process_fork / exit  the pid filter follows forks; a process's
  *                     exit is stamped, and user space deletes it once read
  *
@@ -211,14 +213,20 @@ RAW_TRACEPOINT_PROBE(sched_wakeup)
 	return 0;
 }
 
-/* balance_dirty_pages(wb, dtc, dirty_ratelimit, task_ratelimit, dirtied, period, pause, start_time) */
+#ifdef IOTRACE_TASKS_THROTTLE
+/*
+ * balance_dirty_pages(wb, dtc, dirty_ratelimit, task_ratelimit, dirtied,
+ * period, pause, start_time); before the dtc argument (Debian 12's 6.1) the
+ * limits came one by one and pause was the 11th.  iotrace.h lists both
+ * prototypes up to pause: IOTRACE_K_BALANCE_DIRTY_PAGES_LAST is its index.
+ */
 RAW_TRACEPOINT_PROBE(balance_dirty_pages)
 {
 	struct iotrace_thread *th;
 	u64 id;
 
 	/* pause > 0: io_schedule_timeout(pause) follows */
-	if ((long)ctx->args[6] <= 0)
+	if ((long)ctx->args[IOTRACE_K_BALANCE_DIRTY_PAGES_LAST] <= 0)
 		return 0;
 	id = bpf_get_current_pid_tgid();
 	if (!twanted(tcfg(), id >> 32))
@@ -230,6 +238,7 @@ RAW_TRACEPOINT_PROBE(balance_dirty_pages)
 		th->flags |= IOTRACE_TASKS_THROTTLE_NEXT;
 	return 0;
 }
+#endif /* IOTRACE_TASKS_THROTTLE */
 
 #ifdef IOTRACE_TASKS_RAW_SYSCALLS
 /*

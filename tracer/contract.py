@@ -26,8 +26,8 @@ _KERNEL_TABLE = re.compile(r"^#ifdef IOTRACE_KERNEL_TABLE\b(.*?)^#endif", re.M |
 _KERNEL_ENTRY = re.compile(r"^(KMEMBER|KENUM|KHEAD|KRAWTP|KBIT)\((.*?)\)\s*(?:/\*.*\*/)?\s*$")
 # "/* tasks.bpf.c syscalls */" or "/* tasks.bpf.c syscalls x86_64: what it is */": group 1 the architecture
 _SYSCALLS_MARK = re.compile(r"/\*\s*tasks\.bpf\.c\s+syscalls\b(?:\s+(\w+))?")
-# "/* tasks.bpf.c reads */", "... cache", "... fsync": one page-cache (or ext4) source of the per-process programs
-_SOURCE_MARK = re.compile(r"/\*\s*tasks\.bpf\.c\s+(reads|cache|fsync)\b")
+# "/* tasks.bpf.c reads */", "... cache", "... fsync", "... throttled": one event source of the per-process programs
+_SOURCE_MARK = re.compile(r"/\*\s*tasks\.bpf\.c\s+(reads|cache|fsync|throttled)\b")
 
 
 def bpf_dir() -> Path:
@@ -61,7 +61,9 @@ class KernelReads:
     members: dict[str, tuple[str, str, int]]   # NAME -> (struct, member path, bytes read)
     enums: dict[str, str]                      # NAME -> enumerator
     heads: dict[str, tuple[str, list[str]]]    # NAME -> (struct, member NAMEs read in one go)
-    raw_tps: dict[str, list[str]]              # event -> argument types, as ctx->args[] holds them
+    # event -> its prototypes, each the argument types as ctx->args[] holds them (up to the last one read), in
+    # table order: an event listed more than once has one prototype per kernel era, and the kernel must have one
+    raw_tps: dict[str, list[list[str]]]
     bits: dict[str, tuple[str, str]] = field(default_factory=dict)   # NAME -> (struct, one-bit member)
 
     def merged(self, other: KernelReads) -> KernelReads:
@@ -83,8 +85,8 @@ class Contract:
     # the entries marked "tasks.bpf.c syscalls": the per-process programs' raw sys_enter/sys_exit
     # variant only, by architecture ("" for every one; else platform.machine(), e.g. "x86_64")
     kernel_syscalls: dict[str, KernelReads] = field(default_factory=dict)
-    # the entries marked "tasks.bpf.c reads|cache|fsync": one source each of the per-process programs'
-    # default mode (page-cache and ext4 events), resolved apart: a kernel without one loses that counter only
+    # the entries marked "tasks.bpf.c reads|cache|fsync|throttled": one source each of the per-process programs
+    # (page-cache, ext4 and write-back events), resolved apart: a kernel without one loses that counter only
     kernel_sources: dict[str, KernelReads] = field(default_factory=dict)
     # IOTRACE_EVENT_TABLE: the block-layer programs' events, in the table's order
     events: tuple[Event, ...] = ()
@@ -146,7 +148,7 @@ class Contract:
 def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, KernelReads], dict[str, KernelReads]]:
     """(the block-layer programs' reads, the per-process programs' reads: lines marked tasks.bpf.c,
     their raw-syscall variant's by architecture: lines marked "tasks.bpf.c syscalls [arch]", their
-    page-cache sources' by source: lines marked "tasks.bpf.c reads|cache|fsync")."""
+    event sources' by source: lines marked "tasks.bpf.c reads|cache|fsync|throttled")."""
     block, tasks = KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {})
     syscalls: dict[str, KernelReads] = {}
     sources: dict[str, KernelReads] = {}
@@ -174,7 +176,7 @@ def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, Kernel
         elif kind == "KBIT":
             reads.bits[args[0]] = (args[1], args[2])
         else:
-            reads.raw_tps[args[0]] = args[1:]
+            reads.raw_tps.setdefault(args[0], []).append(args[1:])
     return block, tasks, syscalls, sources
 
 

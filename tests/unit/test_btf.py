@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tracer import contract
+from tracer.sources import kernel, tasks
 from tracer.sources.btf import Btf, BtfError, Member
 
 # -- a small BTF writer
@@ -459,3 +461,28 @@ def test_kernel_block_rq_complete_proto(kernel_btf):
         "blk_status_t",
         "unsigned int",
     ]
+
+
+@needs_vmlinux
+def test_the_per_process_tables_fit_this_kernel(kernel_btf):
+    """What the per-process programs resolve before they compile, against this kernel's BTF (the 6.1 guest's in
+    `make test-kernels`): their own table and events, and every event source either taken or missing because
+    the kernel has no such event, never because iotrace reads it in another shape (a prototype or a member)."""
+    con = contract.load()
+    kernel.load(tasks.RAW_EVENTS, reads=con.kernel.merged(con.kernel_tasks), btf=kernel_btf)
+    sources, _ = tasks.choose_sources(kernel_btf, con, syscall_hooks=False)
+    for name, text in sources.items():
+        if text.startswith(tasks.UNAVAILABLE):
+            assert re.fullmatch(r"unavailable: (needs \S+|raw tracepoint \w+(; raw tracepoint \w+)*)", text), \
+                (name, text)
+    # throttling on every kernel with the event (6.18's prototype and 6.1's older one)
+    if _has_typedef(kernel_btf, "btf_trace_balance_dirty_pages"):
+        assert sources["throttled"] == "writeback:balance_dirty_pages", sources
+
+
+def _has_typedef(btf: Btf, name: str) -> bool:
+    try:
+        btf.func_proto(name)
+    except BtfError:
+        return False
+    return True

@@ -45,7 +45,7 @@ def complete_btf() -> FakeBtf:
         members[s, p] = (8 * seen[s], size)
     members["gendisk", "major"], members["gendisk", "first_minor"] = (0, 4), (4, 4)
     enums = {name: 10 + i for i, name in enumerate(READS.enums.values())}
-    protos = {f"btf_trace_{ev}": ["void *", *args] for ev, args in READS.raw_tps.items()}
+    protos = {f"btf_trace_{ev}": ["void *", *wants[0]] for ev, wants in READS.raw_tps.items()}
     protos["btf_trace_sched_process_exit"].append("bool")
     return FakeBtf(members, enums, protos)
 
@@ -119,3 +119,33 @@ def test_the_running_kernel():
         assert (layout.values[name], m.size) == (m.offset, size), name
     for name, enumerator in READS.enums.items():
         assert layout.values[name] == btf.enumerator(enumerator)
+
+
+# An event whose arguments moved between kernels: iotrace.h lists it once a prototype (bpf/iotrace.h, KRAWTP)
+ERAS = contract.parse("#ifdef IOTRACE_KERNEL_TABLE\n"
+                      "KRAWTP(moved, struct a *, struct b *, long int)\t/* newer */\n"
+                      "KRAWTP(moved, struct a *, long unsigned int, long unsigned int, long int)\t/* older */\n"
+                      "KRAWTP(plain, struct a *)\n"
+                      "#endif\n").kernel
+
+
+@pytest.mark.parametrize("args, last", [
+    (["struct a *", "struct b *", "long int", "long unsigned int"], 2),
+    (["struct a *", "long unsigned int", "long unsigned int", "long int", "long unsigned int"], 3),
+])
+def test_an_event_listed_per_era_takes_the_kernel_s_prototype(args, last):
+    assert ERAS.raw_tps["moved"] == [["struct a *", "struct b *", "long int"],
+                                     ["struct a *", "long unsigned int", "long unsigned int", "long int"]]
+    fake = FakeBtf({}, {}, {"btf_trace_moved": ["void *", *args], "btf_trace_plain": ["void *", "struct a *"]})
+    layout = kernel.resolve(fake, ERAS, ("moved", "plain"), start_events=())
+    # the index of the matching entry's last argument; none for an event with one prototype
+    assert layout.values == {"MOVED_LAST": last}
+    assert layout.cflags() == [f"-DIOTRACE_K_MOVED_LAST={last}"]
+
+
+def test_an_event_in_neither_era_s_prototype_names_both():
+    fake = FakeBtf({}, {}, {"btf_trace_moved": ["void *", "struct a *", "int"]})
+    with pytest.raises(kernel.LayoutError) as e:
+        kernel.resolve(fake, ERAS, ("moved",), start_events=())
+    assert str(e.value) == ("raw tracepoint moved takes (struct a *, int), not (struct a *, struct b *, long int) or "
+                            "(struct a *, long unsigned int, long unsigned int, long int)")

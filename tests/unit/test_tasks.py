@@ -22,6 +22,7 @@ from tracer.sources import kernel
 from tracer.sources.btf import BtfError, Member
 from tracer.sources.tasks import (
     COUNTERS,
+    EVERY_MODE_SOURCES,
     PAGECACHE_SOURCES,
     READ_SYSCALLS,
     SYNC_SYSCALLS,
@@ -99,7 +100,7 @@ def test_the_header_and_the_kernel_table_parse():
     con = contract.load()
     reads = con.kernel_tasks
     assert reads.bits == {"TASK_IN_IOWAIT": ("task_struct", "in_iowait")}
-    assert {"sched_switch", "sched_wakeup", "balance_dirty_pages"} <= reads.raw_tps.keys()
+    assert {"sched_switch", "sched_wakeup"} <= reads.raw_tps.keys()
     assert "TASK_FILES" in reads.members
     # the block-layer programs' table holds none of them: a kernel without one costs them nothing
     assert not (reads.members.keys() | reads.raw_tps.keys() | reads.bits.keys()) & \
@@ -109,8 +110,8 @@ def test_the_header_and_the_kernel_table_parse():
 def test_the_raw_syscall_entries_are_apart_and_by_architecture():
     con = contract.load()
     common, x86 = con.kernel_syscalls[""], con.kernel_syscalls["x86_64"]
-    assert common.raw_tps == {"sys_enter": ["struct pt_regs *", "long int"],
-                              "sys_exit": ["struct pt_regs *", "long int"]}
+    assert common.raw_tps == {"sys_enter": [["struct pt_regs *", "long int"]],
+                              "sys_exit": [["struct pt_regs *", "long int"]]}
     assert x86.members["REGS_ARG0"] == ("pt_regs", "di", 8) and x86.members["REGS_NR"] == ("pt_regs", "orig_ax", 8)
     # none of them in the tables every variant needs: a kernel without them only loses the raw variant
     assert not (x86.members.keys() | common.raw_tps.keys()) & (
@@ -189,16 +190,25 @@ def test_a_one_bit_field_becomes_its_byte_and_mask():
 # ---- the trainer, traced --------------------------------------------------
 
 
+# balance_dirty_pages' whole prototype (after the tracepoint's data pointer) as BTF spells it: since the limits
+# moved into struct dirty_throttle_control (this 6.18), and before (Debian 12's 6.1): pause is its 7th and 11th
+UL, L = "long unsigned int", "long int"
+BDP_618 = ["struct bdi_writeback *", "struct dirty_throttle_control *", UL, UL, UL, UL, L, UL]
+BDP_61 = ["struct bdi_writeback *", UL, UL, UL, UL, UL, UL, UL, UL, UL, L, UL]
+
+
 class SourcesBtf:
     """A kernel's BTF with some of the page-cache sources' tracepoints (`have`), every member they read."""
 
     PROTOS = {"mm_filemap_get_pages": ["void *", "struct address_space *", "long unsigned int", "long unsigned int"],
               "mm_filemap_add_to_page_cache": ["void *", "struct folio *"],
               "ext4_sync_file_enter": ["void *", "struct file *", "int"],
-              "ext4_sync_file_exit": ["void *", "struct inode *", "int"]}
+              "ext4_sync_file_exit": ["void *", "struct inode *", "int"],
+              "balance_dirty_pages": ["void *", *BDP_618]}
 
-    def __init__(self, have=tuple(PROTOS), members=True):
+    def __init__(self, have=tuple(PROTOS), members=True, bdp=None):
         self.have, self.members = set(have), members
+        self.PROTOS = dict(self.PROTOS, **({"balance_dirty_pages": ["void *", *bdp]} if bdp else {}))
 
     def member(self, struct, path):
         if not self.members:
@@ -215,29 +225,33 @@ class SourcesBtf:
         return self.PROTOS[name]
 
 
-@pytest.mark.parametrize("have,members,want", [
+@pytest.mark.parametrize("have,members,want,bdp", [
     # Linux 6.18: every source
     (tuple(SourcesBtf.PROTOS), True, {"reads": "filemap:mm_filemap_get_pages",
                                       "cache": "filemap:mm_filemap_add_to_page_cache",
-                                      "fsync": "ext4:ext4_sync_file_enter+ext4:ext4_sync_file_exit"}),
-    # Debian 12's 6.1: no mm_filemap_get_pages, so no reads and no misses (they pair with a read's batch)
-    (("mm_filemap_add_to_page_cache", "ext4_sync_file_enter", "ext4_sync_file_exit"), True,
+                                      "fsync": "ext4:ext4_sync_file_enter+ext4:ext4_sync_file_exit"}, BDP_618),
+    # Debian 12's 6.1: no mm_filemap_get_pages, so no reads and no misses (they pair with a read's batch);
+    # balance_dirty_pages in its older prototype
+    (("mm_filemap_add_to_page_cache", "ext4_sync_file_enter", "ext4_sync_file_exit", "balance_dirty_pages"), True,
      {"reads": "unavailable: raw tracepoint mm_filemap_get_pages", "cache": "unavailable: needs filemap:",
-      "fsync": "ext4:ext4_sync_file_enter+ext4:ext4_sync_file_exit"}),
+      "fsync": "ext4:ext4_sync_file_enter+ext4:ext4_sync_file_exit"}, BDP_61),
     # no ext4 events (ext4 not built in): fsync alone is missing
-    (("mm_filemap_get_pages", "mm_filemap_add_to_page_cache"), True,
+    (("mm_filemap_get_pages", "mm_filemap_add_to_page_cache", "balance_dirty_pages"), True,
      {"reads": "filemap:mm_filemap_get_pages", "cache": "filemap:mm_filemap_add_to_page_cache",
-      "fsync": "unavailable: raw tracepoint ext4_sync_file_enter; raw tracepoint ext4_sync_file_exit"}),
+      "fsync": "unavailable: raw tracepoint ext4_sync_file_enter; raw tracepoint ext4_sync_file_exit"}, BDP_618),
     # the events, but a folio or inode layout iotrace cannot read: those counters are missing, fsync is not
     (tuple(SourcesBtf.PROTOS), False, {"reads": "unavailable: struct inode has no member i_size",
-                                       "cache": "unavailable: needs", "fsync": "ext4:ext4_sync_file_enter"}),
+                                       "cache": "unavailable: needs", "fsync": "ext4:ext4_sync_file_enter"},
+     BDP_618),
 ])
-def test_each_page_cache_source_is_chosen_where_the_kernel_has_it_else_said_unavailable(have, members, want):
-    sources, flags = choose_sources(SourcesBtf(have, members), contract.load(), syscall_hooks=False)
+def test_each_page_cache_source_is_chosen_where_the_kernel_has_it_else_said_unavailable(have, members, want, bdp):
+    sources, flags = choose_sources(SourcesBtf(have, members, bdp), contract.load(), syscall_hooks=False)
     for name, text in want.items():
         assert sources[name].startswith(text), (name, sources[name])
     assert sources["io_wait"] == "sched:sched_switch+sched_wakeup"
     assert sources["throttled"] == "writeback:balance_dirty_pages"
+    # throttling in either prototype: pause is the argument before start_time, the last
+    assert "-DIOTRACE_TASKS_THROTTLE" in flags and f"-DIOTRACE_K_BALANCE_DIRTY_PAGES_LAST={len(bdp) - 2}" in flags
     on = {name for name, (_, flag) in PAGECACHE_SOURCES.items() if flag in flags}
     assert on == {name for name in PAGECACHE_SOURCES if not sources[name].startswith("unavailable")}
     assert ("-DIOTRACE_K_INODE_SIZE=80" in flags) == ("reads" in on)
@@ -246,9 +260,30 @@ def test_each_page_cache_source_is_chosen_where_the_kernel_has_it_else_said_unav
     assert not any("SYSCALLS" in f for f in flags)
 
 
+@pytest.mark.parametrize("bdp,want", [
+    (BDP_618, ["-DIOTRACE_TASKS_THROTTLE", "-DIOTRACE_K_BALANCE_DIRTY_PAGES_LAST=6"]),
+    (BDP_61, ["-DIOTRACE_TASKS_THROTTLE", "-DIOTRACE_K_BALANCE_DIRTY_PAGES_LAST=10"]),
+    # a third shape (a later kernel that moves pause again): throttling alone is missing, named, not guessed
+    (["struct bdi_writeback *", "struct dirty_throttle_control *", L], "unavailable: raw tracepoint "
+     "balance_dirty_pages takes (struct bdi_writeback *, struct dirty_throttle_control *, long int), not ("),
+])
+@pytest.mark.parametrize("hooks", [False, True])
+def test_throttling_reads_pause_where_the_kernel_s_prototype_puts_it(bdp, want, hooks):
+    """Either prototype iotrace.h lists is taken, and the flag says which argument is pause; in both modes."""
+    sources, flags = choose_sources(SourcesBtf(bdp=bdp), contract.load(), syscall_hooks=hooks, syscalls="raw_tp")
+    if isinstance(want, str):
+        assert sources["throttled"].startswith(want), sources["throttled"]
+        assert not any("THROTTLE" in f or "BALANCE_DIRTY" in f for f in flags)
+    else:
+        assert sources["throttled"] == "writeback:balance_dirty_pages"
+        assert flags[-2:] == want
+    # the other sources do not depend on it
+    assert sources["fsync"].startswith("syscalls:" if hooks else "ext4:")
+
+
 def test_with_syscall_hooks_reads_and_fsync_are_the_syscalls_and_no_page_counts():
     sources, flags = choose_sources(SourcesBtf(), contract.load(), syscall_hooks=True, syscalls="raw_tp")
-    assert flags == ["-DIOTRACE_TASKS_SYSCALLS"]
+    assert flags == ["-DIOTRACE_TASKS_SYSCALLS", "-DIOTRACE_TASKS_THROTTLE", "-DIOTRACE_K_BALANCE_DIRTY_PAGES_LAST=6"]
     assert sources["reads"] == "syscalls:read,pread64,readv,preadv,preadv2 (raw sys_enter/sys_exit)"
     assert sources["fsync"].startswith("syscalls:fsync,fdatasync,sync_file_range")
     assert sources["cache"].startswith("unavailable: --tasks")
@@ -256,9 +291,9 @@ def test_with_syscall_hooks_reads_and_fsync_are_the_syscalls_and_no_page_counts(
 
 def test_the_page_cache_sources_kernel_entries_are_apart_from_every_other_table():
     con = contract.load()
-    assert set(con.kernel_sources) == set(PAGECACHE_SOURCES)
+    assert set(con.kernel_sources) == set(PAGECACHE_SOURCES) | set(EVERY_MODE_SOURCES)
     get_pages = SourcesBtf.PROTOS["mm_filemap_get_pages"][1:]
-    assert con.kernel_sources["reads"].raw_tps == {"mm_filemap_get_pages": get_pages}
+    assert con.kernel_sources["reads"].raw_tps == {"mm_filemap_get_pages": [get_pages]}
     assert con.kernel_sources["cache"].enums == {"PG_HEAD": "PG_head"}
     # apart from the tasks object's own table: a source's missing entry makes only that source unavailable
     names = set().union(*(r.members.keys() | r.raw_tps.keys() for r in con.kernel_sources.values()))

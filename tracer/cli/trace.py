@@ -273,6 +273,8 @@ def _announce(args: TraceArgs, child: int | None, probe, control, control_error:
 
 def _announce_tasks(args: TraceArgs, tasks, note: str) -> None:
     """What the per-process rows are made of, when it is not what was asked for (a warning each)."""
+    from tracer.sources.tasks import PAGECACHE_SOURCES
+
     if args.no_tasks:
         return
     if tasks is None:
@@ -281,11 +283,14 @@ def _announce_tasks(args: TraceArgs, tasks, note: str) -> None:
     if tasks.syscalls_note:
         print(f"iotrace: per-process rows time reads and fsyncs on the syscalls' perf-event tracepoints, "
               f"not raw ones (costlier for every syscall): {safe(tasks.syscalls_note)}", file=sys.stderr)
-    missing = {k: v for k, v in tasks.sources.items() if v.startswith("unavailable") and not args.tasks}
+    # with --tasks the page cache's sources are replaced by the syscalls (cache: unavailable by design)
+    missing = {k: v for k, v in tasks.sources.items()
+               if v.startswith("unavailable") and not (args.tasks and k in PAGECACHE_SOURCES)}
     if missing:
+        hint = ("; --tasks counts reads and fsyncs at the syscalls instead"
+                if missing.keys() & PAGECACHE_SOURCES.keys() else "")
         print("iotrace: per-process rows without " + "; ".join(f"{k} ({safe(v)})" for k, v in missing.items())
-              + ": the kernel lacks the event; --tasks counts reads and fsyncs at the syscalls instead",
-              file=sys.stderr)
+              + f": the kernel lacks the event{hint}", file=sys.stderr)
 
 
 def open_control(pids: list[int] | None = None):

@@ -42,9 +42,20 @@ class Layout:
         return [f"-DIOTRACE_K_{name}={value}" for name, value in sorted(self.values.items())]
 
 
-def _matches(proto: list[str], want: list[str]) -> bool:
+def _which(proto: list[str] | None, wants: list[list[str]]) -> list[str] | None:
+    """The first of an event's prototypes (iotrace.h's entries for it) that the kernel's `proto` begins with."""
     # proto[0] is the tracepoint's private data pointer, which ctx->args[] does not hold
-    return proto[1:1 + len(want)] == want
+    return next((want for want in wants if proto and proto[1:1 + len(want)] == want), None)
+
+
+def _spelled(wants: list[list[str]]) -> str:
+    return " or ".join(f"({', '.join(want)})" for want in wants)
+
+
+def _last_flag(event: str, wants: list[list[str]], want: list[str]) -> dict[str, int]:
+    """For an event with more than one prototype: <EVENT>_LAST, the ctx->args[] index of the last argument
+    the matching one lists (the argument that moved between kernels, which such an entry exists to read)."""
+    return {f"{event.upper()}_LAST": len(want) - 1} if len(wants) > 1 else {}
 
 
 def resolve(btf: Btf, reads: contract.KernelReads, events: Iterable[str],
@@ -87,21 +98,24 @@ def resolve(btf: Btf, reads: contract.KernelReads, events: Iterable[str],
         except BtfError:
             return None
 
-    start = next((ev for ev in start_events if (p := proto(ev)) and _matches(p, reads.raw_tps[ev])), None)
+    start = next((ev for ev in start_events if _which(proto(ev), reads.raw_tps[ev])), None)
     if start is None and start_events:
         missing.append(f"raw tracepoint {' or '.join(start_events)} with the arguments iotrace reads "
-                       f"({'; '.join(f'{ev}: ' + ', '.join(reads.raw_tps[ev]) for ev in start_events)})")
+                       f"({'; '.join(f'{ev}: ' + _spelled(reads.raw_tps[ev]) for ev in start_events)})")
     group_dead = False
     for event in events:
         if event in START_EVENTS:
             continue
-        p, want = proto(event), reads.raw_tps[event]
+        p, wants = proto(event), reads.raw_tps[event]
+        want = _which(p, wants)
         if p is None:
             missing.append(f"raw tracepoint {event}")
-        elif not _matches(p, want):
-            missing.append(f"raw tracepoint {event} takes ({', '.join(p[1:])}), not ({', '.join(want)})")
-        elif event == "sched_process_exit":
-            group_dead = p[2:3] == ["bool"]
+        elif want is None:
+            missing.append(f"raw tracepoint {event} takes ({', '.join(p[1:])}), not {_spelled(wants)}")
+        else:
+            values.update(_last_flag(event, wants, want))
+            if event == "sched_process_exit":
+                group_dead = p[2:3] == ["bool"]
     if missing:
         raise LayoutError("; ".join(missing))
     return Layout(values, start or "", group_dead)
@@ -141,7 +155,7 @@ def present_events(btf: Btf, reads: contract.KernelReads, events: Iterable[str])
             p = btf.func_proto(f"btf_trace_{event}")
         except BtfError:
             continue
-        if _matches(p, reads.raw_tps[event]):
+        if _which(p, reads.raw_tps[event]):
             out.append(event)
     return tuple(out)
 

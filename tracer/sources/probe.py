@@ -137,7 +137,7 @@ def start_events() -> tuple[str, ...]:
 def starts_at_bio(start_event: str) -> bool:
     """Whether `start_event` gives a bio, not a request (block_getrq): then the programs carry the start
     from the bio to its request (IOTRACE_START_BIO), and block_getrq names a partition's dev."""
-    return contract.load().kernel.raw_tps[start_event][:1] == ["struct bio *"]
+    return all(want[:1] == ["struct bio *"] for want in contract.load().kernel.raw_tps[start_event])
 
 
 # The one start event that sees only the requests passing an I/O scheduler (blind_disks).

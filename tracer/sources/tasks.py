@@ -31,7 +31,9 @@ What is measured, and where (the kernel's own accounting points):
   files: ext4's enter/exit events); with --tasks time inside the fsync,
   fdatasync and sync_file_range syscalls.
 - throttled: I/O waits that balance_dirty_pages began (it traces a pause
-  > 0, then sleeps in io_schedule_timeout); also counted in io_wait.
+  > 0, then sleeps in io_schedule_timeout); also counted in io_wait.  The
+  event's arguments changed (Linux 6.1 passes the limits one by one, newer
+  kernels a struct): iotrace.h lists both prototypes, the kernel's is taken.
 
 Which source each counter came from is the dump's "tasks_sources"
 (`TaskTracer.sources`): an event, the syscalls, or "unavailable: why" where
@@ -59,21 +61,24 @@ from tracer.sources.proctree import PROC, stat_of
 
 COUNTERS = ("io_wait_ns", "io_waits", "read_bytes", "reads", "read_pages", "missed_pages", "fsync_ns", "fsyncs",
             "throttle_ns", "throttles")
-RAW_EVENTS = ("sched_switch", "sched_wakeup", "balance_dirty_pages", "sched_process_fork", "sched_process_exit")
+RAW_EVENTS = ("sched_switch", "sched_wakeup", "sched_process_fork", "sched_process_exit")
 # The syscalls timed (asm/unistd*.h's __NR_<name>): their reads' bytes, the syncs' time
 READ_SYSCALLS = ("read", "pread64", "readv", "preadv", "preadv2")
 SYNC_SYSCALLS = ("fsync", "fdatasync", "sync_file_range")
 SYSCALL_EVENTS = ("sys_enter", "sys_exit")
 SYSCALL_MODES = ("raw_tp", "tracepoint")
-# The default mode's sources (bpf/pagecache.bpf.h): source -> (its tracepoints as category:name, compile flag);
-# their kernel reads are iotrace.h's entries marked "tasks.bpf.c <source>"
+# The event sources, each taken where the running kernel has its events (choose_sources): source -> (its
+# tracepoints as category:name, compile flag); their kernel reads are iotrace.h's entries marked
+# "tasks.bpf.c <source>".  The default mode's (bpf/pagecache.bpf.h), which --tasks' syscall hooks replace:
 PAGECACHE_SOURCES = {
     "reads": (("filemap:mm_filemap_get_pages",), "-DIOTRACE_TASKS_PC_READS"),
     "cache": (("filemap:mm_filemap_add_to_page_cache",), "-DIOTRACE_TASKS_PC_CACHE"),
     "fsync": (("ext4:ext4_sync_file_enter", "ext4:ext4_sync_file_exit"), "-DIOTRACE_TASKS_PC_FSYNC"),
 }
-# The sources every mode has
-FIXED_SOURCES = {"io_wait": "sched:sched_switch+sched_wakeup", "throttled": "writeback:balance_dirty_pages"}
+# ... and those of every mode
+EVERY_MODE_SOURCES = {"throttled": (("writeback:balance_dirty_pages",), "-DIOTRACE_TASKS_THROTTLE")}
+# The source every mode has on every kernel (the rows' raw events: RAW_EVENTS)
+FIXED_SOURCES = {"io_wait": "sched:sched_switch+sched_wakeup"}
 UNAVAILABLE = "unavailable"
 # Per architecture (platform.machine()): the uapi header that numbers its syscalls, and where it is,
 # relative to the kernel header tree bcc compiles against, then to /usr/include (linux-libc-dev).
@@ -211,7 +216,7 @@ def choose_syscalls(mode: str, btf, con: contract.Contract, headers: Path,
 
 def choose_sources(btf, con: contract.Contract, syscall_hooks: bool, syscalls: str = "") -> tuple[dict[str, str],
                                                                                                  list[str]]:
-    """Where reads, page-cache misses and fsync come from: ({counter group: source}, compiler flags).
+    """Where reads, page-cache misses, fsync and throttling come from: ({counter group: source}, compiler flags).
 
     Without `syscall_hooks` (the default): each of PAGECACHE_SOURCES whose
     tracepoints the running kernel's BTF has with the arguments read, and
@@ -219,7 +224,8 @@ def choose_sources(btf, con: contract.Contract, syscall_hooks: bool, syscalls: s
     no mm_filemap_get_pages; "cache" needs "reads": a miss is paired with
     the read batch that follows it).  With them (--tasks): reads and fsync
     on the syscalls (`syscalls`: the variant choose_syscalls took), no
-    cache source.  The source of each is said in every dump.
+    cache source.  EVERY_MODE_SOURCES in both.  The source of each is said
+    in every dump.
     """
     sources = dict(FIXED_SOURCES)
     if syscall_hooks:
@@ -227,9 +233,15 @@ def choose_sources(btf, con: contract.Contract, syscall_hooks: bool, syscalls: s
         sources["reads"] = f"syscalls:{','.join(READ_SYSCALLS)} ({how})"
         sources["fsync"] = f"syscalls:{','.join(SYNC_SYSCALLS)} ({how})"
         sources["cache"] = f"{UNAVAILABLE}: --tasks counts reads at the syscalls (hits: 1 - disk_read_bytes/read_bytes)"
-        return sources, ["-DIOTRACE_TASKS_SYSCALLS"]
+        return sources, ["-DIOTRACE_TASKS_SYSCALLS", *_event_sources(btf, con, EVERY_MODE_SOURCES, sources)]
+    return sources, _event_sources(btf, con, {**PAGECACHE_SOURCES, **EVERY_MODE_SOURCES}, sources)
+
+
+def _event_sources(btf, con: contract.Contract, table: dict[str, tuple[tuple[str, ...], str]],
+                   sources: dict[str, str]) -> list[str]:
+    """Each source of `table` into `sources`, its events or "unavailable: why"; the flags of those taken."""
     flags: list[str] = []
-    for name, (events, flag) in PAGECACHE_SOURCES.items():
+    for name, (events, flag) in table.items():
         if name == "cache" and sources["reads"].startswith(UNAVAILABLE):
             sources[name] = f"{UNAVAILABLE}: needs {PAGECACHE_SOURCES['reads'][0][0]}"
             continue
@@ -241,7 +253,7 @@ def choose_sources(btf, con: contract.Contract, syscall_hooks: bool, syscalls: s
             continue
         sources[name] = "+".join(events)
         flags += [flag, *layout.cflags()]
-    return sources, flags
+    return flags
 
 
 def page_shift() -> int:
@@ -309,7 +321,7 @@ class TaskTracer:
             self.sources = choose_sources(btf, con, True, self.syscalls)[0]
         elif self.bpf.refused:
             why = f"{UNAVAILABLE}: the page-cache programs did not load: {self.bpf.refused[0][1]}"
-            self.sources.update({name: why for name in PAGECACHE_SOURCES})
+            self.sources.update({name: why for name in (*PAGECACHE_SOURCES, *EVERY_MODE_SOURCES)})
         self.reasons = reason_names()
         self.filtered = bool(pids)
         self._window = Window()
