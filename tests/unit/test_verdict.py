@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tracer.model import dump as dumpmod
-from tracer.model.sections import Loop, SenderPid, TaskRow, Tasks
+from tracer.model.sections import Loop, SenderPid, TaskRow, Tasks, TasksSources
 from tracer.views import verdict
 from tracer.views.verdict import IO_BOUND, NOT_IO_BOUND, UNKNOWN, family, judge, judge_dump
 
@@ -176,3 +176,22 @@ def test_page_cache_hits_count_pages_when_the_rows_have_them_else_bytes():
     v = judge(10.0, loop(0.5), [row(TRAINER, 1, read=64 * MiB, disk=16 * MiB)], TRAINER)
     assert v.cache_hit == 0.75 and "read_pages" not in v.to_json()
     assert "(page-cache hits" not in v.line
+
+
+def test_rows_that_could_not_count_reads_make_no_disk_share_of_disk_bytes_alone():
+    # a kernel before 6.11 (Debian 12's 6.1) has no page-cache read event: the rows' read_bytes are 0 by
+    # default, not because nothing was read; the disk's bytes alone must not become "100% from disk"
+    waiting = trainer_and_workers(0.8, read=0, disk=64 * MiB)      # loaders in I/O wait 8% of the window
+    counted = judge(10.0, loop(3.0), waiting, TRAINER)
+    assert counted.from_disk == 1.0 and counted.state == IO_BOUND  # taken as mmap reads: "most from disk"
+    v = judge(10.0, loop(3.0), waiting, TRAINER, reads_counted=False)
+    assert v.from_disk is None and v.cache_hit is None
+    # 8% I/O wait is not enough without knowing most bytes came from disk (IO_WAIT_DISK_MIN needs that)
+    assert v.state == NOT_IO_BOUND and "file reads not counted on this kernel (--tasks counts them)" in v.line
+    assert v.to_json()["reads_counted"] is False and "reads_counted" not in counted.to_json()
+    # from a dump: its tasks_sources say whether reads had a source
+    d = _dump("epoch 1", 10.0, waiting, loop(3.0), TRAINER)
+    assert judge_dump(d).state == IO_BOUND
+    d.tasks_sources = TasksSources.of({"io_wait": "sched:sched_switch+sched_wakeup",
+                                       "reads": "unavailable: raw tracepoint mm_filemap_get_pages"})
+    assert judge_dump(d).state == NOT_IO_BOUND and not judge_dump(d).reads_counted

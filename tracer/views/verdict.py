@@ -27,7 +27,10 @@ cover):
   loader's share (again summed over each one's threads);
 - from disk: disk_read_bytes / read_bytes over trainer and loaders (capped
   at 100%: readahead may read more than was asked for; all of it when bytes
-  came from disk but none through read(), as with mmap);
+  came from disk but none through read(), as with mmap); unknown where the
+  rows could not count reads (tasks_sources: a kernel before 6.11 has no
+  page-cache read event, and the rows were not timed at the syscalls), so
+  that no share is made up of disk bytes alone;
 - page-cache hits: 1 - missed_pages / read_pages over trainer and loaders
   (the pages their reads asked for, and those of them their readahead had
   to add to the cache: the page cache's own events), else (rows timed at the
@@ -99,6 +102,7 @@ class Verdict:
     missed_pages: int = 0                   # of them, added to the cache by the readers' readahead
     fsync_s: float = 0.0
     throttled_s: float = 0.0
+    reads_counted: bool = True              # False: the rows had no source for reads (from_disk unknown)
 
     @property
     def cache_hit(self) -> float | None:
@@ -118,6 +122,8 @@ class Verdict:
         out = asdict(self)
         if not self.read_pages:     # as windows of rows timed at the syscalls (and older files) have it
             del out["read_pages"], out["missed_pages"]
+        if self.reads_counted:      # said only where the rows could not count reads
+            del out["reads_counted"]
         out["cache_hit"] = None if self.cache_hit is None else round(self.cache_hit, 4)
         for k in ("data_wait", "trainer_io_wait", "loader_io_wait", "busiest_io_wait", "from_disk"):
             if out[k] is not None:
@@ -170,6 +176,8 @@ def _waits(v: Verdict) -> str:
 
 
 def _bytes(v: Verdict) -> str:
+    if not v.reads_counted:
+        return "file reads not counted on this kernel (--tasks counts them)"
     if v.from_disk is None:
         return "no file reads"
     hits = f" (page-cache hits {_pct(v.cache_hit or 0.0)} of pages read)" if v.read_pages else ""
@@ -187,9 +195,10 @@ def _stalls(v: Verdict) -> str:
 
 
 def judge(wall_s: float, loop: Loop | None = None, tasks: list[TaskRow] | None = None,
-          trainer_pid: int | None = None, noun: str = "window") -> Verdict:
+          trainer_pid: int | None = None, noun: str = "window", reads_counted: bool = True) -> Verdict:
     """The verdict on one window: `wall_s` seconds, the loop's timing (or None), its rows (or None), the
-    trainer's pid if known (the marker sender).  `noun` names the window in the line ("epoch")."""
+    trainer's pid if known (the marker sender).  `noun` names the window in the line ("epoch");
+    `reads_counted`: whether the rows count file reads (their tasks_sources' "reads" is available)."""
     wall = _num(wall_s)
     rows = tasks or []
     has_rows = bool(rows)
@@ -207,7 +216,9 @@ def judge(wall_s: float, loop: Loop | None = None, tasks: list[TaskRow] | None =
         fields["missed_pages"] = sum(r.missed_pages for r in judged)
         fields["fsync_s"] = round(sum(r.fsync_s for r in judged), 6)
         fields["throttled_s"] = round(sum(r.throttled_s for r in judged), 6)
-        if fields["read_bytes"]:
+        if not reads_counted:
+            fields["reads_counted"] = False
+        elif fields["read_bytes"]:
             fields["from_disk"] = min(1.0, fields["disk_read_bytes"] / fields["read_bytes"])
         elif fields["disk_read_bytes"]:
             fields["from_disk"] = 1.0
@@ -259,5 +270,6 @@ def judge_dump(d) -> Verdict:
     """The verdict on a dump (tracer.model.dump.Dump: one window, or one label's dumps merged)."""
     from tracer.model.dump import duration_of
 
+    reads = d.tasks_sources.available.get("reads", True) if d.tasks_sources is not None else True
     return judge(duration_of(d), d.loop, d.tasks.rows if d.tasks is not None else None,
-                 d.sender_pid.pid if d.sender_pid is not None else None, noun_of(d.label))
+                 d.sender_pid.pid if d.sender_pid is not None else None, noun_of(d.label), reads)
