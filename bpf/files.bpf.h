@@ -11,6 +11,7 @@
  *   mm_filemap_get_pages    (Linux 6.11+, IOTRACE_HAVE_MM_FILEMAP_GET_PAGES)
  *                           in the reader's context: the pages a read asks
  *                           of the page cache, clipped at EOF, once per read
+ *                           (readpos.h, as the per-process rows count them)
  *   iomap_dio_rw_begin      (IOTRACE_HAVE_IOMAP_DIO_RW_BEGIN) O_DIRECT's bytes
  *                           as asked, in the submitter's context
  *
@@ -212,45 +213,54 @@ static __always_inline void file_request(u64 rq, const struct iotrace_slot *s, u
 }
 
 #ifdef IOTRACE_HAVE_MM_FILEMAP_GET_PAGES
+#include "readpos.h"
+
+/* A thread's last read through the page cache, and its voluntary context switches then */
+struct iotrace_file_reader {
+	struct iotrace_read_pos pos;
+	u64 nvcsw;
+};
+
 /* tid -> struct iotrace_file_reader */
 BPF_TABLE("lru_hash", u32, struct iotrace_file_reader, file_readers, IOTRACE_FILE_READERS);
 
 /*
  * A read asks the page cache for pages [index, last] of `mapping`, in the
- * reader's context; a read that takes several batches fires again with
- * the pages still to come (the same last page, a later first one): that
- * continuation is not counted again.
+ * reader's context: counted once per read (readpos.h; "blocked" is a
+ * voluntary context switch since the thread's last batch, which this object,
+ * having no scheduler program, reads from task_struct.nvcsw).
  */
 static __always_inline void file_cache_read(u64 mapping, u64 index, u64 last)
 {
-	u64 id = bpf_get_current_pid_tgid(), inode = 0, size, start, end;
-	struct iotrace_file_reader nr = {.mapping = mapping, .index = index, .last = last}, *r;
+	u64 id = bpf_get_current_pid_tgid(), inode = 0, size, first, bytes, nvcsw = 0;
+	struct iotrace_file_reader fresh = {}, *r;
 	struct iotrace_file_key k = {};
 	struct iotrace_file_val *v;
 	u32 tid = id;
 
 	if (!task_wanted(id >> 32))
 		return;
+	fread_k(&nvcsw, sizeof(nvcsw), bpf_get_current_task() + IOTRACE_K_TASK_NVCSW);
 	r = file_readers.lookup(&tid);
-	if (r && r->mapping == mapping && r->last == last && index > r->index) {
-		r->index = index;
+	if (!r) {
+		file_readers.update(&tid, &fresh);
+		r = file_readers.lookup(&tid);
+		if (!r)
+			return;
+	}
+	if (!read_pos_new(&r->pos, mapping, index, last, nvcsw != r->nvcsw, &first)) {
+		r->nvcsw = nvcsw;
 		return;
 	}
-	if (r)
-		*r = nr;
-	else
-		file_readers.update(&tid, &nr);
+	r->nvcsw = nvcsw;
 	if (fread_k(&inode, sizeof(inode), mapping + IOTRACE_K_MAPPING_HOST) || !inode_key(inode, id >> 32, &k, &size, false))
 		return;
-	start = index << IOTRACE_PAGE_SHIFT;
-	end = (last + 1) << IOTRACE_PAGE_SHIFT;
-	if (end > size)
-		end = size;
-	if (start >= end)
+	bytes = read_pos_bytes(first, last, size);
+	if (!bytes)
 		return;
 	v = file_row(&k, inode, 0, 0);
 	if (v)
-		__sync_fetch_and_add(&v->cache_bytes, end - start);
+		__sync_fetch_and_add(&v->cache_bytes, bytes);
 }
 #endif /* IOTRACE_HAVE_MM_FILEMAP_GET_PAGES */
 

@@ -228,6 +228,7 @@ KMEMBER(SB_BDEV, super_block, s_bdev, 8)	/* files: 0 for a file system on no blo
 KMEMBER(DENTRY_ALIAS, dentry, d_u.d_alias, 16)	/* files */
 KMEMBER(DENTRY_NAME, dentry, d_name.name, 8)	/* files */
 KMEMBER(DENTRY_PARENT, dentry, d_parent, 8)	/* files */
+KMEMBER(TASK_NVCSW, task_struct, nvcsw, 8)	/* files: a reader blocked since its last batch (readpos.h) */
 KHEAD(INODE_HEAD_LEN, inode, INODE_SB, INODE_INO, INODE_SIZE)	/* files: one read */
 KRAWTP(mm_filemap_get_pages, struct address_space *, long unsigned int, long unsigned int)	/* files: Linux 6.11+ */
 KMEMBER(KIOCB_FILP, kiocb, ki_filp, 8)	/* files: O_DIRECT */
@@ -433,13 +434,6 @@ struct iotrace_file_name {
 	u32 depth;		/* parts read */
 	u32 rooted;		/* 1: part depth-1's parent is the filesystem's root */
 	char part[IOTRACE_NAME_DEPTH * IOTRACE_NAME_LEN];
-};
-
-/* A thread's last mm_filemap_get_pages range: a later batch of the same read is not counted again. */
-struct iotrace_file_reader {
-	u64 mapping;
-	u64 index;
-	u64 last;
 };
 
 /* Global switches, written by user space: array map of one entry. */

@@ -6,15 +6,12 @@
  * by tracer/sources/bpfobject.py source(); uses its maps and helpers).
  *
  *   mm_filemap_get_pages (IOTRACE_TASKS_PC_READS)
- *                     filemap_read() and filemap_splice_read() call
- *                     filemap_get_pages() once per batch of folios with what
- *                     is left of the read, so each batch of one read reports
- *                     [its first page, the read's last page]: a read is
- *                     counted at its first batch, and a batch of the same
- *                     file with the same last page and a later first page is
- *                     its continuation.  The range is the one asked for:
- *                     clipped at the inode's i_size.  Whole pages: a read
- *                     that starts or ends inside a page counts that page.
+ *                     a buffered read's batch of pages: where a read begins
+ *                     and ends is readpos.h's (shared with the per-file
+ *                     rows), "blocked" being an I/O wait since the thread's
+ *                     last batch; its pages counted once, clipped at the
+ *                     inode's i_size.  Whole pages: a read that starts or
+ *                     ends inside a page counts that page.
  *   mm_filemap_add_to_page_cache (IOTRACE_TASKS_PC_CACHE)
  *                     a folio added (1 << order pages), in the adder's
  *                     context: readahead adds a read's misses inside
@@ -46,35 +43,16 @@ static __always_inline void pc_pending_take(struct iotrace_thread *th, u64 mappi
 #endif
 
 #ifdef IOTRACE_TASKS_PC_READS
-/* The bytes of pages [index, last] that lie before EOF of the file at `mapping`; 0 if unknown. */
-static __always_inline u64 pc_range_bytes(u64 mapping, u64 index, u64 last)
+/* The size of the file at `mapping`; 0 if unknown (then nothing is counted) */
+static __always_inline s64 pc_file_size(u64 mapping)
 {
-	u64 host = 0, start = index << IOTRACE_PAGE_SHIFT, end = (last + 1) << IOTRACE_PAGE_SHIFT;
+	u64 host = 0;
 	s64 size = 0;
 
 	if (tread(&host, sizeof(host), mapping + IOTRACE_K_MAPPING_HOST) || !host ||
 	    tread(&size, sizeof(size), host + IOTRACE_K_INODE_SIZE))
 		return 0;
-	if (size < 0)
-		return 0;
-	if (end > (u64)size)
-		end = size;
-	return end > start ? end - start : 0;
-}
-
-/*
- * The first page of a new read whose first traced batch begins at `index`:
- * `index`, or where the thread's previous read of the file ended when the
- * kernel left its first batch untraced (IOTRACE_TASKS_READ_GAP_MAX).
- */
-static __always_inline u64 pc_read_start(struct iotrace_thread *th, u64 mapping, u64 index, u64 last, bool waited)
-{
-	u64 next = th->rd_last + 1;
-
-	if (waited && th->rd_mapping == mapping && index > next && index - next <= IOTRACE_TASKS_READ_GAP_MAX &&
-	    last > th->rd_last)
-		return next;
-	return index;
+	return size;
 }
 
 /* mm_filemap_get_pages(mapping, index, last_index): a batch of a buffered read, in the reader's context */
@@ -98,15 +76,9 @@ RAW_TRACEPOINT_PROBE(mm_filemap_get_pages)
 	waited = th->flags & IOTRACE_TASKS_WAITED;
 	th->flags &= ~IOTRACE_TASKS_WAITED;
 	/* the same read's next batch: counted with its first */
-	if (th->rd_mapping == mapping && th->rd_last == last && index > th->rd_index) {
-		th->rd_index = index;
+	if (!read_pos_new(&th->rd, mapping, index, last, waited, &start))
 		return 0;
-	}
-	start = pc_read_start(th, mapping, index, last, waited);
-	th->rd_mapping = mapping;
-	th->rd_last = last;
-	th->rd_index = index;
-	bytes = pc_range_bytes(mapping, start, last);
+	bytes = read_pos_bytes(start, last, pc_file_size(mapping));
 	if (!bytes)
 		return 0;
 	__sync_fetch_and_add(&t->read_bytes, bytes);

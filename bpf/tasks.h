@@ -15,6 +15,8 @@
 #ifndef IOTRACE_TASKS_H
 #define IOTRACE_TASKS_H
 
+#include "readpos.h"	/* one read's pages from the page cache's event, shared with the per-file rows */
+
 #define IOTRACE_TASKS_ENTRIES 16384	/* processes with counters (exited ones go at the next drain) */
 #define IOTRACE_TASKS_THREADS 65536	/* threads with a wait in progress, or that had one */
 #define IOTRACE_TASKS_PIDS 65536	/* the traced processes, when a pid filter is set */
@@ -26,18 +28,7 @@
 #define IOTRACE_TASKS_THROTTLE_NEXT 1	/* balance_dirty_pages said it will sleep: the next I/O wait is throttling */
 #define IOTRACE_TASKS_THROTTLED 2	/* the I/O wait in progress is dirty-page throttling */
 #define IOTRACE_TASKS_READING 4	/* in a read syscall on a regular file */
-#define IOTRACE_TASKS_WAITED 8	/* blocked in I/O wait since its last read batch (page-cache source) */
-
-/*
- * A read whose first batch the kernel did not trace: filemap_get_pages()
- * returns the folios before a locked one untraced, once it has waited for
- * that one (AOP_TRUNCATED_PAGE with more than one folio).  When a new read's
- * first traced batch begins at most this many pages after where the
- * thread's previous read of the file ended, and it waited in I/O meanwhile,
- * the read is counted from there (a sequential read catching up with its
- * readahead).
- */
-#define IOTRACE_TASKS_READ_GAP_MAX 32
+#define IOTRACE_TASKS_WAITED 8	/* blocked in I/O wait since its last read batch (page-cache source: readpos.h) */
 
 /* The page cache's own numbers (fixed by the kernel's folio layout, include/linux/mm.h folio_order) */
 #define IOTRACE_TASKS_FOLIO_ORDER_MASK 0xff	/* folio._flags_1: the order of a large folio */
@@ -101,9 +92,7 @@ struct iotrace_thread {
 	u64 fsync_ns;		/* in a sync syscall (or ext4_sync_file) since; 0 when not */
 	u32 tgid;
 	u32 flags;		/* IOTRACE_TASKS_THROTTLE_NEXT, _THROTTLED, _READING */
-	u64 rd_mapping;		/* the read last counted: its file's address_space, */
-	u64 rd_last;		/* its last page (as requested, not clipped) */
-	u64 rd_index;		/* and the first page of its latest batch */
+	struct iotrace_read_pos rd;	/* its last read through the page cache (readpos.h) */
 	u64 pend_mapping;	/* pages added to this address_space's cache since the thread's last read batch */
 	u64 pend_pages;
 };
