@@ -1,9 +1,10 @@
 """The kernel layout the raw-tracepoint programs read, from the running kernel's BTF.
 
 Owns one step: turning bpf/iotrace.h's IOTRACE_KERNEL_TABLE (struct members,
-enum values, one-read struct heads, raw tracepoints and their arguments) into
-the compiler flags ``-DIOTRACE_K_<NAME>=<value>``, or a LayoutError that
-names everything the running kernel lacks.  bcc compiles against whatever
+enum values, one-read struct heads, raw tracepoints and their arguments, an
+event's prototype per kernel era where its arguments moved) into the
+compiler flags ``-DIOTRACE_K_<NAME>=<value>``, or a LayoutError that names
+everything the running kernel lacks.  bcc compiles against whatever
 header tree is installed and applies no CO-RE relocation, so these values
 are the only kernel layout the programs may rely on.  Pure Python over
 tracer.sources.btf: no bcc, no root (the BTF file is world-readable).
