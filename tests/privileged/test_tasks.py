@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, ROOT, read_dumps, run_traced_group
+from conftest import PYTHON, ROOT, evict, read_dumps, run_traced_group
 
 bpf = pytest.mark.bpf
 
@@ -259,7 +259,9 @@ def dirty_limited(loop):
     devno = os.stat(loop.path).st_rdev
     bdi = Path(f"/sys/class/bdi/{os.major(devno)}:{os.minor(devno)}")
     if (bdi / "strict_limit").exists() and (bdi / "max_bytes").exists():
-        saved = {f: (bdi / f).read_text().strip() for f in ("max_bytes", "strict_limit")}
+        # max_bytes is a view of max_ratio_fine (parts per million of the dirty limit): put that back exactly,
+        # or the loop device, which outlives the test, keeps a rounded limit for the next user
+        saved = {f: (bdi / f).read_text().strip() for f in ("max_ratio_fine", "strict_limit")}
         (bdi / "max_bytes").write_text(f"{2 * MiB}\n")
         (bdi / "strict_limit").write_text("1\n")
         try:
@@ -305,30 +307,35 @@ def kernel_pauses():
 
 @bpf
 def test_dirty_page_throttling_is_each_pause_the_kernel_traced(ext4_mnt, tmp_path):
-    """A buffered writer held back by balance_dirty_pages: its row's throttles are the pauses the kernel's own
-    event announced for it, one each, and its throttled time at least their length.  On either prototype of the
-    event (6.18: pause is the 7th argument; 6.1: the 11th), a wrong argument read would count other calls."""
+    """A copy held back by balance_dirty_pages: its row's throttles are the pauses the kernel's own event announced
+    for it, and its throttled time at least their length, while its waits for the cold source's reads are not
+    throttling.  On either prototype of the event (6.18: pause is the 7th argument; 6.1: the 11th): an argument
+    read in the wrong place (always > 0) would mark every wait that follows a call, the reads' too."""
     loop, mnt = ext4_mnt
-    out = tmp_path / "run.jsonl"
+    src, out = mnt / "src", tmp_path / "run.jsonl"
+    src.write_bytes(os.urandom(48 * MiB))
+    evict(src)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with dirty_limited(loop), kernel_pauses() as pauses:
-        code, _, stderr = run_traced_group(["-o", str(out), "--", "dd", "if=/dev/zero", f"of={mnt / 'ckpt'}",
-                                            "bs=1M", "count=128", "status=none"], env, timeout=300)
+        # the source read O_DIRECT: an I/O wait per 1 MiB read, none of them throttling
+        code, _, stderr = run_traced_group(["-o", str(out), "--", "dd", f"if={src}", "iflag=direct",
+                                            f"of={mnt / 'ckpt'}", "bs=1M", "status=none"], env, timeout=300)
     assert code == 0, stderr
     dumps = read_dumps(out)
     final = next(d for d in dumps if d["kind"] == "final")
     assert final["tasks_sources"]["throttled"] == "writeback:balance_dirty_pages", stderr
     # the final dump's rows are the whole run's
-    rows = [r for r in final["tasks"] if r["comm"] == "dd"]
-    assert len(rows) == 1, final["tasks"]
-    pid = rows[0]["pid"]
-    mine = [ms for p, ms in pauses if p == pid]
-    throttles, throttled = sum(r["throttles"] for r in rows), sum(r["throttled_s"] for r in rows)
-    print(f"kernel: {len(mine)} pauses, {sum(mine)} ms; iotrace: {throttles} throttles, {throttled:.3f} s, "
-          f"io_wait {sum(r['io_wait_s'] for r in rows):.3f} s")
+    (row,) = [r for r in final["tasks"] if r["comm"] == "dd"]
+    mine = [ms for p, ms in pauses if p == row["pid"]]
+    print(f"kernel: {len(mine)} pauses, {sum(mine)} ms; iotrace: {row['throttles']} throttles, "
+          f"{row['throttled_s']:.3f} s, of {row['io_waits']} I/O waits, {row['io_wait_s']:.3f} s")
     assert len(mine) >= 10, "the writer was hardly throttled: the set-up did not hold it back"
-    assert throttles == len(mine)
+    # each pause marks the one wait that follows it; a pause whose one-tick timer fired before the thread
+    # switched out never slept (seen: 88 throttles of 89 pauses), so a few may be missing, none extra
+    assert len(mine) - max(2, len(mine) // 20) <= row["throttles"] <= len(mine)
+    # the waits for the source's reads are not throttling
+    assert row["io_waits"] - row["throttles"] >= 10, row
     # each pause sleeps at least its length (a timer: never woken early, at most a tick's rounding) ...
-    assert throttled >= 0.9 * sum(mine) / 1000
+    assert row["throttled_s"] >= 0.9 * sum(mine) / 1000
     # ... and is I/O wait too
-    assert throttled <= sum(r["io_wait_s"] for r in rows) + 1e-6
+    assert row["throttled_s"] <= row["io_wait_s"] + 1e-6
