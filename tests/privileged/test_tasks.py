@@ -313,13 +313,14 @@ def test_dirty_page_throttling_is_each_pause_the_kernel_traced(ext4_mnt, tmp_pat
     read in the wrong place (always > 0) would mark every wait that follows a call, the reads' too."""
     loop, mnt = ext4_mnt
     src, out = mnt / "src", tmp_path / "run.jsonl"
-    src.write_bytes(os.urandom(48 * MiB))
+    src.write_bytes(os.urandom(64 * MiB))
     evict(src)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with dirty_limited(loop), kernel_pauses() as pauses:
-        # the source read O_DIRECT: an I/O wait per 1 MiB read, none of them throttling
+        # the source read O_DIRECT: an I/O wait or more per 4 MiB read, none of them throttling; each read's
+        # 4 MiB dirtied at once is past either limit
         code, _, stderr = run_traced_group(["-o", str(out), "--", "dd", f"if={src}", "iflag=direct",
-                                            f"of={mnt / 'ckpt'}", "bs=1M", "status=none"], env, timeout=300)
+                                            f"of={mnt / 'ckpt'}", "bs=4M", "status=none"], env, timeout=300)
     assert code == 0, stderr
     dumps = read_dumps(out)
     final = next(d for d in dumps if d["kind"] == "final")
