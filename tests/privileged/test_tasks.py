@@ -276,7 +276,10 @@ def dirty_limited(loop):
     try:
         yield
     finally:
-        _sysctl("vm.dirty_bytes", nbytes) if nbytes != "0" else _sysctl("vm.dirty_ratio", ratio)
+        if nbytes != "0":
+            _sysctl("vm.dirty_bytes", nbytes)
+        else:
+            _sysctl("vm.dirty_ratio", ratio)
 
 
 @contextmanager
