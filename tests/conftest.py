@@ -310,6 +310,32 @@ def _whole_disk(rdev: int) -> str:
     return f"{os.major(rdev)}:{os.minor(rdev)}"
 
 
+@contextmanager
+def traced_event(event: str, flt: str, buffer_kb: int = 4096) -> Iterator[list[str]]:
+    """One tracepoint ("category/name") recorded, where `flt` holds, in a private tracefs instance for the
+    block (other tracers' and iotrace's own are untouched): a reference of the kernel's own.  Yields a list
+    that holds the instance's trace lines once the block has ended; a buffer overrun fails the test."""
+    from tracer.sources.probe import tracefs
+
+    inst = tracefs() / "instances" / f"iotrace-ref-{event.replace('/', '-')}-{os.getpid()}"
+    inst.mkdir()
+    ev = inst / "events" / event
+    lines: list[str] = []
+    try:
+        (inst / "buffer_size_kb").write_text(f"{buffer_kb}\n")
+        (ev / "filter").write_text(flt + "\n")
+        (ev / "enable").write_text("1\n")
+        yield lines
+        (ev / "enable").write_text("0\n")
+        lines += [ln for ln in (inst / "trace").read_text().splitlines() if not ln.startswith("#")]
+        overrun = sum(int(ln.split()[1]) for cpu in (inst / "per_cpu").iterdir()
+                      for ln in (cpu / "stats").read_text().splitlines() if ln.startswith("overrun:"))
+        assert overrun == 0, f"the {event} reference's buffer overran"
+    finally:
+        (ev / "enable").write_text("0\n")
+        inst.rmdir()
+
+
 def evict(*paths: Path) -> None:
     """Write back and drop the page cache of these files (directories: every file below them) only, so that
     their next reads come from the device while everything else stays cached."""

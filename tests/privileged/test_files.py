@@ -16,11 +16,10 @@ import os
 import re
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, evict, read_dumps, reaped, run_iotrace
+from conftest import PYTHON, evict, read_dumps, reaped, run_iotrace, traced_event
 from unit.test_core import finish, start_tracer
 
 from privileged.test_writeback import exact_bytes, nothing_lost, traced_unsynced_writer, wb_bytes
@@ -78,31 +77,6 @@ def kernel_has(event: str) -> bool:
     return any((Path(d) / "events" / event).is_dir() for d in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"))
 
 
-@contextmanager
-def pages_added(loop):
-    """A private tracefs instance recording filemap:mm_filemap_add_to_page_cache on `loop`'s file system:
-    yields a dict filled at the end, inode number -> pages the kernel added to the page cache."""
-    from tracer.sources.probe import tracefs
-
-    inst = tracefs() / "instances" / f"iotrace-added-{os.getpid()}"
-    inst.mkdir()
-    event = inst / "events" / "filemap" / "mm_filemap_add_to_page_cache"
-    rdev = os.stat(loop.path).st_rdev
-    added: dict[int, int] = {}
-    try:
-        (inst / "buffer_size_kb").write_text("8192\n")
-        (event / "filter").write_text(f"s_dev == {os.major(rdev) << 20 | os.minor(rdev)}\n")
-        (event / "enable").write_text("1\n")
-        yield added
-        (event / "enable").write_text("0\n")
-        # "ino <hex> ... order=<n>" (no order before the page cache's large folios: one page)
-        for m in re.finditer(r" ino ([0-9a-f]+) .*?ofs=\d+(?: order=(\d+))?", (inst / "trace").read_text()):
-            added[int(m[1], 16)] = added.get(int(m[1], 16), 0) + (1 << int(m[2] or 0))
-    finally:
-        (event / "enable").write_text("0\n")
-        inst.rmdir()
-
-
 def traced_loaders(shards: list[list[Path]], out: Path) -> tuple[list[int], str]:
     """Two loader processes reading their shards under a tracer: (their pids, the tracer's table)."""
     loaders = [subprocess.Popen([PYTHON, "-c", "import sys; sys.stdin.read(1)\n" + LOADER, *map(str, s)],
@@ -154,8 +128,13 @@ def test_two_loaders_cold_then_warm(ext4_mnt, tmp_path):
     assert "shard-0-0.rec" in table, table
     # warm: what the kernel had to read back is the pages it added to the cache again (this machine's DAMON
     # reclaim, kdamond, evicts idle page-cache pages within seconds: some of the cold run's are gone)
-    with pages_added(loop) as added:
+    rdev = os.stat(loop.path).st_rdev
+    with traced_event("filemap/mm_filemap_add_to_page_cache", f"s_dev == {os.major(rdev) << 20 | os.minor(rdev)}",
+                      8192) as lines:
         _, _ = traced_loaders(shards, warm_out)
+    added: dict[int, int] = {}      # inode number -> pages added; "order=" since large folios, else one page
+    for m in filter(None, (re.search(r" ino ([0-9a-f]+) .*?ofs=\d+(?: order=(\d+))?", ln) for ln in lines)):
+        added[int(m[1], 16)] = added.get(int(m[1], 16), 0) + (1 << int(m[2] or 0))
     warm = read_dumps(warm_out)
     disk, cache = per_file(warm, "disk_read_bytes"), per_file(warm, "cache_read_bytes")
     print(f"warm: {sum(disk.values())} bytes from disk, {sum(added.values())} pages added back")

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, ROOT, evict, read_dumps, run_traced_group
+from conftest import PYTHON, ROOT, evict, read_dumps, run_traced_group, traced_event
 
 bpf = pytest.mark.bpf
 
@@ -282,32 +282,6 @@ def dirty_limited(loop):
             _sysctl("vm.dirty_ratio", ratio)
 
 
-@contextmanager
-def kernel_pauses():
-    """A private tracefs instance recording writeback:balance_dirty_pages where it decided to sleep (pause > 0,
-    in ms): the kernel's own list of throttling pauses, yielded as a list filled at the end: (pid, pause ms)."""
-    from tracer.sources.probe import tracefs
-
-    inst = tracefs() / "instances" / f"iotrace-throttle-{os.getpid()}"
-    inst.mkdir()
-    event = inst / "events" / "writeback" / "balance_dirty_pages"
-    found: list[tuple[int, int]] = []
-    try:
-        (inst / "buffer_size_kb").write_text("4096\n")
-        (event / "filter").write_text("pause > 0\n")
-        (event / "enable").write_text("1\n")
-        yield found
-        (event / "enable").write_text("0\n")
-        line = re.compile(r"-(\d+)\s+\[\d+\].*? balance_dirty_pages: .*? pause=(\d+) ")
-        found += [(int(m[1]), int(m[2])) for m in line.finditer((inst / "trace").read_text())]
-        overrun = sum(int(line.split()[1]) for cpu in (inst / "per_cpu").iterdir()
-                      for line in (cpu / "stats").read_text().splitlines() if line.startswith("overrun:"))
-        assert overrun == 0, "the reference's buffer overran"
-    finally:
-        (event / "enable").write_text("0\n")
-        inst.rmdir()
-
-
 @bpf
 def test_dirty_page_throttling_is_each_pause_the_kernel_traced(ext4_mnt, tmp_path):
     """A copy held back by balance_dirty_pages: its row's throttles are the pauses the kernel's own event announced
@@ -319,7 +293,8 @@ def test_dirty_page_throttling_is_each_pause_the_kernel_traced(ext4_mnt, tmp_pat
     src.write_bytes(os.urandom(64 * MiB))
     evict(src)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    with dirty_limited(loop), kernel_pauses() as pauses:
+    # the kernel's own list of the pauses it decided to sleep (ms), from its balance_dirty_pages event
+    with dirty_limited(loop), traced_event("writeback/balance_dirty_pages", "pause > 0") as lines:
         # the source read O_DIRECT: an I/O wait or more per 4 MiB read, none of them throttling; each read's
         # 4 MiB dirtied at once is past either limit
         code, _, stderr = run_traced_group(["-o", str(out), "--", "dd", f"if={src}", "iflag=direct",
@@ -330,7 +305,8 @@ def test_dirty_page_throttling_is_each_pause_the_kernel_traced(ext4_mnt, tmp_pat
     assert final["tasks_sources"]["throttled"] == "writeback:balance_dirty_pages", stderr
     # the final dump's rows are the whole run's
     (row,) = [r for r in final["tasks"] if r["comm"] == "dd"]
-    mine = [ms for p, ms in pauses if p == row["pid"]]
+    pause = re.compile(r"-(\d+)\s+\[\d+\].*? balance_dirty_pages: .*? pause=(\d+) ")
+    mine = [int(m[2]) for m in map(pause.search, lines) if m and int(m[1]) == row["pid"]]
     print(f"kernel: {len(mine)} pauses, {sum(mine)} ms; iotrace: {row['throttles']} throttles, "
           f"{row['throttled_s']:.3f} s, of {row['io_waits']} I/O waits, {row['io_wait_s']:.3f} s")
     assert len(mine) >= 10, "the writer was hardly throttled: the set-up did not hold it back"
