@@ -23,6 +23,7 @@ from conftest import PYTHON, evict, read_dumps, reaped, run_iotrace, traced_even
 from unit.test_core import finish, start_tracer
 
 from privileged.test_writeback import exact_bytes, nothing_lost, traced_unsynced_writer, wb_bytes
+from tracer.sources.files import kernel_dev
 
 bpf = pytest.mark.bpf
 MIB = 1 << 20
@@ -129,7 +130,7 @@ def test_two_loaders_cold_then_warm(ext4_mnt, tmp_path):
     # warm: what the kernel had to read back is the pages it added to the cache again (this machine's DAMON
     # reclaim, kdamond, evicts idle page-cache pages within seconds: some of the cold run's are gone)
     rdev = os.stat(loop.path).st_rdev
-    with traced_event("filemap/mm_filemap_add_to_page_cache", f"s_dev == {os.major(rdev) << 20 | os.minor(rdev)}",
+    with traced_event("filemap/mm_filemap_add_to_page_cache", f"s_dev == {kernel_dev(os.major(rdev), os.minor(rdev))}",
                       8192) as lines:
         _, _ = traced_loaders(shards, warm_out)
     added: dict[int, int] = {}      # inode number -> pages added; "order=" since large folios, else one page
