@@ -48,7 +48,10 @@ BPF_ARRAY(cells, struct iotrace_hist_cell, 2 * IOTRACE_CPUS * IOTRACE_HIST_CELLS
 /* struct iotrace_hist_key -> u64 count, per CPU, generation 0 / 1: keys with no cell */
 BPF_PERCPU_HASH(hist0, struct iotrace_hist_key, u64, IOTRACE_HIST_ENTRIES);
 BPF_PERCPU_HASH(hist1, struct iotrace_hist_key, u64, IOTRACE_HIST_ENTRIES);
-/* struct iotrace_series_key -> struct iotrace_series_val, per CPU, generation 0 / 1 */
+/* (gen * IOTRACE_CPUS + cpu) * IOTRACE_SERIES_CELLS + cell -> struct iotrace_series_cell: the series'
+ * fast path, laid out as the histogram cells are (see struct iotrace_series_cell) */
+BPF_ARRAY(series_cells, struct iotrace_series_cell, 2 * IOTRACE_CPUS * IOTRACE_SERIES_CELLS);
+/* struct iotrace_series_key -> struct iotrace_series_val, per CPU, generation 0 / 1: keys with no cell */
 BPF_PERCPU_HASH(series0, struct iotrace_series_key, struct iotrace_series_val, IOTRACE_SERIES_ENTRIES);
 BPF_PERCPU_HASH(series1, struct iotrace_series_key, struct iotrace_series_val, IOTRACE_SERIES_ENTRIES);
 /* enum iotrace_reason -> u64 events, per CPU, never reset */
@@ -365,7 +368,43 @@ static __always_inline void hist_add(u32 gen, u32 cpu, struct iotrace_hist_key *
 		count_reason(IOTRACE_DROP_HIST_FULL);
 }
 
-static __always_inline struct iotrace_series_val *series_get(u32 gen, struct iotrace_series_key *k)
+/* The 12-byte series keys compared as a u64 and a u32: (pid, dev), then op. */
+static __always_inline bool same_series(const struct iotrace_series_key *a, const struct iotrace_series_key *b)
+{
+	return *(const u64 *)a == *(const u64 *)b && a->op == b->op;
+}
+
+/*
+ * The value of series `k` in this CPU's cells (claimed if new: the caller
+ * counts a request in it at once), else 0.  No atomics: the cells are this
+ * CPU's, and the completion programs do not nest on it (record_once).
+ */
+static __always_inline struct iotrace_series_val *series_cell(u32 gen, u32 cpu, const struct iotrace_series_key *k)
+{
+	u64 x = ((((u64)k->pid << 32) | k->dev) ^ ((u64)k->op * IOTRACE_HASH_MUL)) * IOTRACE_HASH_MUL;
+	u32 h = x >> 32;
+
+	if (cpu >= IOTRACE_CPUS)
+		return 0;
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_SERIES_CELL_PROBES; i++) {
+		u32 idx = (gen * IOTRACE_CPUS + cpu) * IOTRACE_SERIES_CELLS + ((h + i) & (IOTRACE_SERIES_CELLS - 1));
+		struct iotrace_series_cell *c = series_cells.lookup(&idx);
+
+		if (!c)
+			return 0;
+		if (c->val.count == 0) {
+			c->key = *k;
+			return &c->val;
+		}
+		if (same_series(&c->key, k))
+			return &c->val;
+	}
+	return 0;
+}
+
+/* The value of series `k` in the overflow hash, made if new; 0 when the hash is full. */
+static __always_inline struct iotrace_series_val *series_hashed(u32 gen, struct iotrace_series_key *k)
 {
 	struct iotrace_series_val zero = {}, *v;
 
@@ -377,6 +416,13 @@ static __always_inline struct iotrace_series_val *series_get(u32 gen, struct iot
 	else
 		series0.insert(k, &zero);
 	return gen ? series1.lookup(k) : series0.lookup(k);
+}
+
+static __always_inline struct iotrace_series_val *series_get(u32 gen, u32 cpu, struct iotrace_series_key *k)
+{
+	struct iotrace_series_val *v = series_cell(gen, cpu, k);
+
+	return v ? v : series_hashed(gen, k);
 }
 
 static __always_inline void phase_add(u32 gen, u32 cpu, struct iotrace_series_val *v,
@@ -419,7 +465,7 @@ static __always_inline void record(struct iotrace_slot *s, u64 now)
 	sk.pid = cfg->per_thread ? s->tid : s->tgid;
 	sk.dev = s->dev;
 	sk.op = s->op;
-	v = series_get(gen, &sk);
+	v = series_get(gen, cpu, &sk);
 	if (!v) {
 		count_reason(IOTRACE_DROP_SERIES_FULL);
 		return;

@@ -63,6 +63,8 @@
 #ifndef IOTRACE_SERIES_ENTRIES
 #define IOTRACE_SERIES_ENTRIES 16384	/* (tunable) (pid, dev, op) per interval */
 #endif
+#define IOTRACE_SERIES_CELLS 256	/* per CPU and generation: series in a plain array (struct iotrace_series_cell) */
+#define IOTRACE_SERIES_CELL_PROBES 2	/* open-addressing window of the series cells */
 #define IOTRACE_PID_ENTRIES 65536
 #define IOTRACE_DEV_ENTRIES 256
 #define IOTRACE_WB_INODES 16384		/* inodes whose last dirtier is kept (LRU): see struct iotrace_dirtier */
@@ -494,6 +496,23 @@ struct iotrace_series_val {
 	u32 tgid;		/* process of the last submitter */
 	u32 pad;
 	char comm[IOTRACE_COMM_LEN];	/* comm of the last submitter */
+};
+
+/*
+ * Series cell: the fast path for a series' value.  Each CPU has
+ * IOTRACE_SERIES_CELLS of these per generation, indexed by a hash of the key
+ * with a short probe, in one plain array (as struct iotrace_hist_cell, and
+ * for the same reasons): a completion finds its series with no helper call.
+ * val.count == 0 marks a free cell; user space zeroes the cells it drains.
+ * A key that finds no cell goes to the series hash map, as before: a
+ * series may then be in a cell on one CPU and in the hash on another (never
+ * both on one CPU within a generation: cells are not evicted), and user
+ * space adds the two.
+ */
+struct iotrace_series_cell {
+	struct iotrace_series_key key;
+	u32 pad;
+	struct iotrace_series_val val;
 };
 
 #endif /* IOTRACE_H */

@@ -1,6 +1,7 @@
 """tracer.sources.drain.MapDrain on fake maps (no root, no BPF): the generation flip, the batch drains' walk
 through the reused buffers (a hash handed out a few elements per syscall), the cells of one generation
-read and zeroed, the overflow hash's per-CPU counts summed after the cells'."""
+read and zeroed, the overflow hash's per-CPU counts summed after the cells', and a series' values from its
+cells on some CPUs and the overflow hash on others folded into one row."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ SKEY = np.dtype([("pid", "u4"), ("dev", "u4"), ("op", "u4")])
 SVAL = np.dtype([("count", "u8"), ("bytes", "u8"), ("sum_ns", "u8", PHASES), ("min_ns", "u8", PHASES),
                  ("max_ns", "u8", PHASES), ("phase_count", "u8", PHASES), ("last_ns", "u8"), ("cgroup", "u8"),
                  ("tgid", "u4"), ("pad", "u4"), ("comm", "S16")])
+SCELL = np.dtype([("key", SKEY), ("pad", "u4"), ("val", SVAL)])
+SERIES_CELLS = drainmod.contract.load().const("SERIES_CELLS")     # per CPU and generation
 BATCH = 3       # elements a fake hash hands out per syscall, fewer than asked: the walk must go on
 
 
@@ -85,7 +88,8 @@ class FakeObject:
                        "series1": FakeHash("series1", 2, SKEY, SVAL, entries),
                        "hist0": FakeHash("hist0", 3, HKEY, np.dtype(np.uint64), entries),
                        "hist1": FakeHash("hist1", 4, HKEY, np.dtype(np.uint64), entries),
-                       "cells": FakeArray("cells", 5, CELL, 2 * cells_per_gen)}
+                       "cells": FakeArray("cells", 5, CELL, 2 * cells_per_gen),
+                       "series_cells": FakeArray("series_cells", 6, SCELL, 2 * NCPU * SERIES_CELLS)}
         self.lib = FakeLib({t.map_fd: t for t in self.tables.values()})
         self.config = types.SimpleNamespace(gen=0)
 
@@ -159,3 +163,38 @@ def test_merge_hist_sums_only_the_overflow_hash_per_cpu():
     hk = np.zeros(1, HKEY)
     keys, counts = drainmod.merge_hist(ck, np.array([2], np.uint64), hk, np.array([[1, 1]], np.uint64), HKEY)
     assert len(keys) == 2 and counts.tolist() == [2, 2]
+
+
+def test_a_series_in_cells_on_one_cpu_and_in_the_hash_on_another_is_one_row():
+    """Series 100 sits in a cell on CPU 1 and in the hash for CPU 0 (its cell there was taken); 101 only in
+    CPU 0's cells; 102 only in the hash.  Generation 1's cells stay; the drained ones are zeroed."""
+    obj = FakeObject()
+    cells = obj["series_cells"].vals
+    cpu0, cpu1, gen1 = 3, SERIES_CELLS + 7, 2 * SERIES_CELLS      # generation 0's CPU 0 and CPU 1, then gen 1
+    for idx, pid, count, last, comm in ((cpu1, 100, 4, 50, b"late"), (cpu0, 101, 2, 10, b"b"), (gen1, 100, 9, 1, b"x")):
+        cells[idx]["key"]["pid"] = pid
+        cells[idx]["val"]["count"] = count
+        cells[idx]["val"]["bytes"] = count * 4096
+        cells[idx]["val"]["last_ns"] = last
+        cells[idx]["val"]["min_ns"] = [0, 0, 7 * count]
+        cells[idx]["val"]["max_ns"] = [0, 0, 9 * count]
+        cells[idx]["val"]["comm"] = comm
+    h = obj["series0"]
+    h.keys = np.zeros(2, SKEY)
+    h.keys["pid"] = [100, 102]
+    h.vals = np.zeros((2, NCPU), SVAL)
+    h.vals["count"] = [[3, 0], [0, 1]]
+    h.vals["last_ns"] = [[20, 0], [0, 5]]
+    h.vals["min_ns"] = [[[0, 0, 5], [0, 0, 0]], [[0, 0, 0], [0, 0, 6]]]
+    h.vals["comm"] = [[b"early", b""], [b"", b"c"]]
+    d = MapDrain(obj, NCPU)
+    out = d.drain(0)
+    rows = {int(k["pid"]): v for k, v in zip(out.series_keys, out.series_vals, strict=True)}
+    assert sorted(rows) == [100, 101, 102]
+    assert [int(rows[p]["count"]) for p in (100, 101, 102)] == [7, 2, 1]
+    assert int(rows[100]["bytes"]) == 4 * 4096
+    assert rows[100]["comm"] == b"late"                        # the latest request's CPU: the cell's
+    assert rows[100]["min_ns"].tolist() == [0, 0, 5] and rows[100]["max_ns"].tolist() == [0, 0, 36]
+    assert rows[102]["comm"] == b"c" and rows[102]["min_ns"].tolist() == [0, 0, 6]
+    assert not cells["val"]["count"][:gen1].any() and cells["val"]["count"][gen1] == 9
+    assert not len(d.drain(0).series_keys)

@@ -3,8 +3,9 @@ cleared, as plain numpy arrays.
 
 Owns the reading side of the maps the programs record into (bpf/core.bpf.h):
 the per-CPU hashes series0/series1 and hist0/hist1 (emptied with batch
-look-up-and-delete), the per-CPU histogram cell array `cells` (both
-generations, half each: read in one batch, the populated cells zeroed), the
+look-up-and-delete), the per-CPU cell arrays `series_cells` and `cells` in
+front of them (both generations, half each: read in one batch, the
+populated cells zeroed), the
 generation flip in the config map that tells the programs which half to
 write, and the numpy buffers the reads go into (made once: fresh ones every
 interval would ratchet malloc's heap up).  Per-CPU series values are folded
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tracer import contract
 from tracer.sources.bpfobject import BpfObject
 
 # Programs that began on the old generation finish within microseconds
@@ -97,6 +99,38 @@ def drain_cells(table, start: int, idx: np.ndarray, cells: np.ndarray, lib) -> t
     return picked["key"], picked["count"].astype(np.uint64)
 
 
+def drain_series_cells(table, start: int, idx: np.ndarray, cells: np.ndarray, per_cpu: int,
+                       lib) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read every CPU's series cells of one generation (from index `start`, `per_cpu` a CPU), zero the
+    populated ones, return (keys, values, the CPU of each)."""
+    cells = read_array(table, idx, cells, lib, start)
+    rows = np.flatnonzero(cells["val"]["count"])
+    if len(rows):
+        zeros = np.zeros(len(rows), dtype=cells.dtype)
+        keys = np.ascontiguousarray(idx[rows])
+        n = ct.c_uint32(len(rows))
+        if lib.bpf_update_batch(table.map_fd, ct.c_void_p(keys.ctypes.data), ct.c_void_p(zeros.ctypes.data),
+                                ct.byref(n)) != 0:
+            err = ct.get_errno()
+            raise OSError(err, f"clearing BPF map {table.name!r}: {os.strerror(err)}")
+    picked = cells[rows]
+    return picked["key"], picked["val"], (idx[rows].astype(np.int64) - start) // per_cpu
+
+
+def merge_series(cell_keys: np.ndarray, cell_vals: np.ndarray, cell_cpus: np.ndarray, cpus: int,
+                 hash_keys: np.ndarray, hash_vals: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One generation's series: each key once, with its per-CPU values from the cells (column = the CPU,
+    `cpus` columns) and from the overflow hash (the columns after), unfolded: a series is in a cell on one
+    CPU and in the hash on another when its cell there was taken."""
+    key_dtype, val_dtype = hash_keys.dtype, hash_vals.dtype
+    both = np.concatenate([cell_keys.astype(key_dtype), hash_keys])
+    keys, where = np.unique(both, return_inverse=True)
+    vals = np.zeros((len(keys), cpus + hash_vals.shape[1]), val_dtype)
+    vals[where[:len(cell_keys)], cell_cpus] = cell_vals.astype(val_dtype)
+    vals[where[len(cell_keys):], cpus:] = hash_vals
+    return keys, vals
+
+
 def fold_series(vals: np.ndarray) -> np.ndarray:
     """Fold per-CPU series values (n, ncpu) into one value per series."""
     out = np.zeros(len(vals), dtype=vals.dtype)
@@ -148,17 +182,21 @@ class MapDrain:
     def __init__(self, bpf: BpfObject, ncpu: int, config: str = "config"):
         self.bpf, self.ncpu, self.config = bpf, ncpu, config
         self.gen = 0            # the generation the programs write
-        hist, series, cells = bpf["hist0"], bpf["series0"], bpf["cells"]
+        hist, series, cells, scells = bpf["hist0"], bpf["series0"], bpf["cells"], bpf["series_cells"]
         self.hist_key = np.dtype(hist.Key)
         self.hist_cell = np.dtype(cells.Leaf)
         self.cells_per_gen = cells.max_entries // 2   # the array holds both generations
         self.series_key = np.dtype(series.Key)
         self.series_val = np.dtype(series.sLeaf)
+        self.series_cells_per_gen = scells.max_entries // 2     # IOTRACE_CPUS parts of IOTRACE_SERIES_CELLS
+        self.series_cells_per_cpu = contract.load().const("SERIES_CELLS")
         # drain buffers, made once: fresh ones every interval would ratchet malloc's heap up
         self._buffers = {
             "series": (np.zeros(series.max_entries, self.series_key),
                        np.zeros((series.max_entries, ncpu), self.series_val)),
             "cells": (np.zeros(self.cells_per_gen, np.uint32), np.zeros(self.cells_per_gen, self.hist_cell)),
+            "series_cells": (np.zeros(self.series_cells_per_gen, np.uint32),
+                             np.zeros(self.series_cells_per_gen, np.dtype(scells.Leaf))),
             "hist": (np.zeros(hist.max_entries, self.hist_key),
                      np.zeros((hist.max_entries, ncpu), np.uint64)),
         }
@@ -176,7 +214,11 @@ class MapDrain:
     def drain(self, gen: int) -> Drained:
         """Read and clear generation `gen`'s series, cells and histogram overflow."""
         lib = self.bpf.lib
-        skeys, svals = batch_drain(self.bpf[f"series{gen}"], *self._buffers["series"], lib)
+        per_cpu = self.series_cells_per_cpu
+        ckeys, cvals, ccpus = drain_series_cells(self.bpf["series_cells"], gen * self.series_cells_per_gen,
+                                                 *self._buffers["series_cells"], per_cpu, lib)
+        hkeys, hvals = batch_drain(self.bpf[f"series{gen}"], *self._buffers["series"], lib)
+        skeys, svals = merge_series(ckeys, cvals, ccpus, self.series_cells_per_gen // per_cpu, hkeys, hvals)
         ckeys, ccounts = drain_cells(self.bpf["cells"], gen * self.cells_per_gen, *self._buffers["cells"], lib)
         hkeys, hvals = batch_drain(self.bpf[f"hist{gen}"], *self._buffers["hist"], lib)
         hist_keys, hist_counts = merge_hist(ckeys, ccounts, hkeys, hvals, self.hist_key)
