@@ -172,12 +172,13 @@ static __always_inline u64 file_bucket(u64 ns)
 }
 
 /*
- * A request at `rq`, accounted (record) with its slot `s`: its bytes and
+ * A request whose first bio is `bio` (its rq->bio, from the completion's
+ * read of the request), accounted (record) with its slot `s`: its bytes and
  * latency to its file's row, if its first page is a file's page-cache page.
  */
-static __always_inline void file_request(u64 rq, const struct iotrace_slot *s, u64 now)
+static __always_inline void file_request(u64 bio, const struct iotrace_slot *s, u64 now)
 {
-	u64 bio = 0, vec = 0, page = 0, mapping = 0, inode = 0, size, ns;
+	u64 vec = 0, page = 0, mapping = 0, inode = 0, size, ns;
 	struct iotrace_file_key k = {};
 	struct iotrace_file_val *v;
 	u32 op = s->op & ~IOTRACE_OP_WB;
@@ -185,8 +186,7 @@ static __always_inline void file_request(u64 rq, const struct iotrace_slot *s, u
 
 	if ((op != IOTRACE_OP_READ && op != IOTRACE_OP_WRITE) || !s->done)
 		return;
-	if (fread_k(&bio, sizeof(bio), rq + IOTRACE_K_RQ_BIO) || !bio ||
-	    fread_k(&vec, sizeof(vec), bio + IOTRACE_K_BIO_IO_VEC) || !vec ||
+	if (!bio || fread_k(&vec, sizeof(vec), bio + IOTRACE_K_BIO_IO_VEC) || !vec ||
 	    fread_k(&page, sizeof(page), vec + IOTRACE_K_BVEC_PAGE) || !page ||
 	    fread_k(&mapping, sizeof(mapping), page + IOTRACE_K_PAGE_MAPPING))
 		return;

@@ -186,7 +186,7 @@ KMEMBER(RQ_SECTOR, request, __sector, 8)	/* the ground-truth stamper only */
 KMEMBER(Q_DISK, request_queue, disk, 8)
 KMEMBER(DISK_MAJOR, gendisk, major, 4)
 KMEMBER(DISK_FIRST_MINOR, gendisk, first_minor, 4)	/* read with major: must follow it */
-KMEMBER(RQ_BIO, request, bio, 8)	/* block_getrq starts only (and the ground-truth stamper) */
+KMEMBER(RQ_BIO, request, bio, 8)	/* block_getrq starts, files (in the completion's head read) and the ground-truth stamper */
 KMEMBER(BIO_NEXT, bio, bi_next, 8)	/* block_getrq starts only (and the ground-truth stamper) */
 KMEMBER(BIO_BDEV, bio, bi_bdev, 8)
 KMEMBER(BIO_OPF, bio, bi_opf, 4)
@@ -201,7 +201,7 @@ KENUM(REQ_OP_DISCARD, REQ_OP_DISCARD)
 KENUM(REQ_OP_SECURE_ERASE, REQ_OP_SECURE_ERASE)
 KENUM(REQ_OP_BITS, __REQ_FAILFAST_DEV)	/* the flag bits begin right above the op bits */
 KENUM(REQ_PREFLUSH, __REQ_PREFLUSH)
-KHEAD(RQ_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN, RQ_PART)	/* at completion */
+KHEAD(RQ_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN, RQ_PART, RQ_BIO)	/* at completion */
 KHEAD(BIO_HEAD_LEN, bio, BIO_BDEV, BIO_OPF, BIO_SIZE)
 KRAWTP(block_io_start, struct request *)
 KRAWTP(block_getrq, struct bio *)

@@ -425,7 +425,7 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 	s->op = opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_RQ_CMD_FLAGS), s->done) | (s->op & IOTRACE_OP_WB);
 	record_once(s, now);
 #ifndef IOTRACE_NO_FILES
-	file_request(rq, s, now);
+	file_request(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_BIO), s, now);
 #endif
 	slot_release(&r);
 	return 0;
