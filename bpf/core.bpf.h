@@ -25,8 +25,9 @@
  * races a delete.  Keys, values and codes live in iotrace.h.
  *
  * The loader defines IOTRACE_BIO_LEVEL when a bio-based disk is to be
- * traced, and IOTRACE_HAVE_GROUP_DEAD where sched_process_exit says whether
- * a thread group died.
+ * traced, IOTRACE_HAVE_GROUP_DEAD where sched_process_exit says whether
+ * a thread group died, and IOTRACE_NO_WRITEBACK to leave write-back
+ * attribution out (its programs and the request path's look-up).
  */
 #ifndef IOTRACE_CORE_BPF_H
 #define IOTRACE_CORE_BPF_H
@@ -491,9 +492,17 @@ static __always_inline void record(struct iotrace_slot *s, u64 now)
 
 /* ---- request start, shared by both paths -------------------------------- */
 
-/* The dirtier whose inode the current thread (`tid`) is writing back, or 0: one array read while none is. */
+/*
+ * The dirtier whose inode the current thread (`tid`) is writing back, or 0:
+ * one array read while none is.  Without write-back attribution
+ * (IOTRACE_NO_WRITEBACK: the cost bench's "off", scripts/bench_cost.py) the
+ * request path does not look at all.
+ */
 static __always_inline struct iotrace_dirtier *wb_writing(u32 tid)
 {
+#ifdef IOTRACE_NO_WRITEBACK
+	return 0;
+#endif
 	u32 zero = 0, *busy = wb_busy.lookup(&zero);
 
 	if (!busy || !*busy)

@@ -491,6 +491,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 	return 0;
 }
 
+#ifndef IOTRACE_NO_WRITEBACK
 /* writeback_dirty_folio(folio, mapping): an inode is its address, mapping->host */
 RAW_TRACEPOINT_PROBE(writeback_dirty_folio)
 {
@@ -516,6 +517,7 @@ RAW_TRACEPOINT_PROBE(writeback_single_inode)
 	wb_end();
 	return 0;
 }
+#endif /* IOTRACE_NO_WRITEBACK */
 
 #ifdef IOTRACE_HAVE_MM_FILEMAP_GET_PAGES
 /* mm_filemap_get_pages(mapping, index, last_index): a read's pages asked of the page cache */

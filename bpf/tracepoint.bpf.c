@@ -308,6 +308,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
 	return 0;
 }
 
+#ifndef IOTRACE_NO_WRITEBACK
 /*
  * Write-back: an inode is a hash of its backing device's name and its
  * inode number, the fields both events have.
@@ -340,6 +341,7 @@ TRACEPOINT_PROBE(writeback, writeback_single_inode)
 	wb_end();
 	return 0;
 }
+#endif /* IOTRACE_NO_WRITEBACK */
 
 #ifdef IOTRACE_BIO_LEVEL
 /*

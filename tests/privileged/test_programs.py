@@ -34,3 +34,19 @@ def test_every_attached_program_is_in_the_table_and_its_skips_are_reported(attac
         if short == "complete" and attach == "tracepoint":
             continue        # found lost through the in-flight table instead (lost_completion)
         assert f"drop_skipped_{short}" in raw.reasons, (event, sorted(raw.reasons))
+
+
+@pytest.mark.parametrize("attach", probemod.ATTACH_MODES)
+def test_write_back_attribution_off_attaches_none_of_its_programs(attach, loop):
+    """writeback=False (IOTRACE_NO_WRITEBACK, priced by scripts/bench_cost.py): the three write-back events
+    have no program, everything else is attached as usual."""
+    from reference import groundtruth as gt
+
+    wb = {e.name for e in probemod.EVENTS if e.category == "writeback"}
+    p = Probe(ProbeOptions(devs=[gt.kdev_of_path(loop.path)], attach=attach, writeback=False))
+    try:
+        attached = set(p.prog_stats())
+    finally:
+        p.close()
+    assert wb and not attached & wb, attached & wb
+    assert {"block_rq_issue", "block_rq_complete", p.start_event} <= attached

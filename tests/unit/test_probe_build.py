@@ -50,3 +50,12 @@ def test_the_program_text_names_the_start_event(attach):
     text = probe.program_text(attach, "block_rq_insert")
     assert "IOTRACE_START_EVENT" not in text and "IOTRACE_START_CATEGORY" not in text
     assert "block_rq_insert" in text
+
+
+def test_write_back_attribution_off_is_compiled_out(monkeypatch):
+    """ProbeOptions(writeback=False), the cost bench's "-writeback": its programs and the request path's look-up
+    are left out at compile time (IOTRACE_NO_WRITEBACK), on either path."""
+    monkeypatch.setattr(probe, "tracepoint_fields", lambda ev, cat="block": None)
+    assert "-DIOTRACE_NO_WRITEBACK" not in probe.compile_flags(ProbeOptions(), None, False, "block_io_start", [0])
+    assert "-DIOTRACE_NO_WRITEBACK" in probe.compile_flags(ProbeOptions(writeback=False), None, False,
+                                                           "block_io_start", [0])

@@ -70,6 +70,7 @@ class ProbeOptions:
     attach: str = "auto"        # "raw_tp", "tracepoint", or "auto": raw_tp where the kernel's BTF allows
     files: bool = False         # per-file rows (bpf/files.bpf.h; raw path): trace mode's, not top's or serve's
     files_top: int = 50         # --files: file rows kept per window (top by bytes from disk), the rest summed
+    writeback: bool = True      # write-back under its writer (IOTRACE_NO_WRITEBACK when off: the cost bench's)
 
 
 @dataclass
@@ -248,6 +249,8 @@ def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, s
         cflags.append(f"-DIOTRACE_PAGE_SHIFT={(os.sysconf('SC_PAGE_SIZE') - 1).bit_length()}")
     elif "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()):
         cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
+    if not opts.writeback:
+        cflags.append("-DIOTRACE_NO_WRITEBACK")
     if starts_at_bio(start_event):
         cflags.append("-DIOTRACE_START_BIO")
     cflags.append(f"-DIOTRACE_CPUS={max(possible) + 1}")
