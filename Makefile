@@ -45,13 +45,15 @@ demo: setup
 	$(AS_ROOT) $(PY) scripts/demo.py
 
 # Overhead vs no tracer, bpftrace and blktrace (fio on a RAM-backed loop device, interleaved
-# runs), the cost of a 100k-bucket dump, a short soak run, what the per-process rows cost (the
+# runs), the request path's price feature by feature and as work grows (BENCH_BASE=REV: also
+# the gate, failing when the request path grew past its noise band against REV), the cost of a 100k-bucket dump, a short soak run, what the per-process rows cost (the
 # default page-cache events and --tasks' syscall hooks: per event in bpf_stats, per buffered read,
 # per getppid, against untraced), report's time and peak RSS on a 200 MB file, and a scrape of
 # `iotrace serve` under fio load; results also in bench-*.json.
 bench:
 	@bash scripts/setup.sh --bench
 	$(AS_ROOT) $(PY) scripts/bench_overhead.py --json bench-overhead.json
+	$(AS_ROOT) $(PY) scripts/bench_cost.py --json bench-cost.json $(if $(BENCH_BASE),--base $(BENCH_BASE))
 	$(AS_ROOT) $(PY) scripts/bench_frontend.py --json bench-frontend.json
 	$(AS_ROOT) $(PY) scripts/soak.py --seconds 60 --json bench-soak.json
 	$(AS_ROOT) $(PY) scripts/bench_tasks.py --json bench-tasks.json

@@ -278,6 +278,66 @@ RAW_TRACEPOINT_PROBE(START_EVENT) { return stamp(); }
 RAW_TRACEPOINT_PROBE(block_rq_issue) { return stamp(); }
 RAW_TRACEPOINT_PROBE(block_rq_complete) { return stamp(); }
 """
+# The least any exact per-process latency tracer does on these events: a slot per in-flight
+# request in a plain array, indexed by a hash of its address (no claim: collisions are lost, which
+# a real tracer may not accept), the start and issue stamped and the submitter noted, and three
+# log2 counts in a per-CPU array at completion.  No comm, cgroup, filters, series or fine buckets.
+# What it costs above "empty_raw" is the floor of the work itself (bench_cost.py's "lean").
+class Lean(BccTracer):
+    name = "lean"
+    raw = True
+    text = """
+struct slot { u64 rq; u64 id; u64 start; u64 issue; };
+BPF_ARRAY(slots, struct slot, 8192);
+BPF_PERCPU_ARRAY(hist, u64, 3 * 64);
+static __always_inline struct slot *slot_of(u64 rq)
+{
+    u32 i = (u32)((rq * 0x9E3779B97F4A7C15ULL) >> 51);
+    return slots.lookup(&i);
+}
+static __always_inline void count(u32 base, u64 ns)
+{
+    u32 k = base + (ns ? bpf_log2l(ns) & 63 : 0);
+    u64 *c = hist.lookup(&k);
+    if (c)
+        (*c)++;
+}
+RAW_TRACEPOINT_PROBE(START_EVENT)
+{
+    u64 rq = ctx->args[0];
+    struct slot *s = slot_of(rq);
+    if (s) {
+        s->start = bpf_ktime_get_ns();
+        s->id = bpf_get_current_pid_tgid();
+        s->issue = 0;
+        s->rq = rq;
+    }
+    return 0;
+}
+RAW_TRACEPOINT_PROBE(block_rq_issue)
+{
+    u64 rq = ctx->args[0];
+    struct slot *s = slot_of(rq);
+    if (s && s->rq == rq)
+        s->issue = bpf_ktime_get_ns();
+    return 0;
+}
+RAW_TRACEPOINT_PROBE(block_rq_complete)
+{
+    u64 rq = ctx->args[0], now;
+    struct slot *s = slot_of(rq);
+    if (!s || s->rq != rq)
+        return 0;
+    now = bpf_ktime_get_ns();
+    count(0, now - s->start);
+    count(64, now - s->issue);
+    count(128, s->issue - s->start);
+    s->rq = 0;
+    return 0;
+}
+"""
+
+
 # The reference design, as libbpf-tools' biolatency builds it: raw tracepoints, in-flight
 # requests in a hash keyed by the struct request pointer, and log2 histograms (of total, queue
 # and device time, in microseconds) in a per-CPU array: no per-process keys.  It stores the

@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""The request path's price: BPF ns per block request, feature by feature, as work grows, and a gate.
+
+    sudo .venv/bin/python scripts/bench_cost.py [--rounds 3] [--ios 100000] [--base REV] [--json FILE]
+    sudo .venv/bin/python scripts/bench_cost.py --quick            # a smoke run (make bench runs the default)
+
+Every figure is kernel.bpf_stats_enabled's run time of the programs one
+loader process holds (found from its /proc/PID/fdinfo, so other BPF tools
+on the machine are not charged), divided by the requests fio completed, in
+interleaved rounds, median shown: fio 4 KiB O_DIRECT random reads (libaio)
+on a loop device over a file in /dev/shm.  In the same run:
+
+  floor       three raw-tracepoint programs that return at once (the price
+              the kernel asks of any BPF program on the start, issue and
+              completion events; scripts/overhead's empty_raw)
+  lean        the least an exact per-process tracer does on those events
+              (scripts/overhead's: stamps, the submitter, three log2 counts)
+  reference   the libbpf-tools design (raw tracepoints, a hash keyed by the
+              request, per-CPU log2 histograms; scripts/overhead's)
+  request     iotrace's block-layer programs as `serve` and `top` load them:
+              every process, every device, no file rows
+  +files / +pid / +cgroup / +dev / -writeback / +tasks
+              the same with one feature switched on (or write-back
+              attribution compiled out): what that feature adds to a request
+  trace       what `iotrace` loads by default: file rows and the
+              per-process rows' programs (tracer.sources.tasks) beside
+
+Then the request path as work grows: in-flight depth (1, 32, 256), live
+series (10 and 1,000 fio threads, series per thread), devices (1 and 16).
+Each feature's programs on events of their own (fork, exit, exec, the
+scheduler's) are reported per run of their own event too.
+
+--base REV also loads the request path of another revision (a git worktree
+of it, removed at the end) in the same rounds and exits 1 when this tree's
+ns per request exceed the base's by more than the noise band (the larger of
+10% and the spread of the base's rounds): the gate that keeps a new feature
+from quietly adding to every request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from overhead.programs import BPFStats, bpf_programs, held_program_ids  # noqa: E402
+from overhead.run import environment  # noqa: E402
+from overhead.tracers import EmptyRaw, Lean, Reference, Tracer  # noqa: E402
+
+PYTHON = str(ROOT / ".venv" / "bin" / "python")
+# Targets of the cost issue, as ratios from this run
+TARGET_FLOOR_RATIO = 2.0        # iotrace's request path <= 2.0x the three empty raw programs
+TARGET_PEER_RATIO = 0.7         # and <= 0.7x the libbpf-tools design
+GATE_BAND = 0.10                # the gate's least noise band
+
+# A loader: this (or the base) tree's Probe, and with "tasks" its per-process tracer, held until stdin closes.
+LOADER = r"""
+import json, os, sys
+root, opts = sys.argv[1], json.loads(sys.argv[2])
+sys.path.insert(0, root)
+os.environ.pop("IOTRACE_BPF_DIR", None)
+from tracer.sources.probe import Probe, ProbeOptions
+tasks = opts.pop("tasks", False)
+probe = Probe(ProbeOptions(**opts))
+tracer = None
+if tasks:
+    from tracer.sources.tasks import TaskTracer
+    tracer = TaskTracer(opts.get("pids", []), opts.get("follow_children", True))
+print("ready", flush=True)
+sys.stdin.read()
+if tracer is not None:
+    tracer.close()
+probe.close()
+"""
+
+
+@dataclass
+class Config:
+    """One set of programs to price: ProbeOptions' fields (plus "tasks"), from `root`'s tree."""
+
+    name: str
+    opts: dict = field(default_factory=dict)
+    root: Path = ROOT
+    what: str = ""
+
+
+class Loaded(Tracer):
+    """A loader process holding one Config's programs; its programs are the ones it holds."""
+
+    bpf = True
+
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.name, self.cfg, self.proc = cfg.name, cfg, None
+
+    def start(self, device: str) -> None:
+        opts = dict(self.cfg.opts)
+        if opts.pop("pid_self", False):
+            opts["pids"] = [os.getpid()]        # fio is this bench's child: followed at its fork
+        if opts.pop("cgroup_self", False):
+            opts["cgroup_id"], opts["cgroup_level"] = own_cgroup()
+        if opts.pop("dev_self", False):
+            opts["devs"] = [kdev(device)]
+        self.proc = subprocess.Popen([PYTHON, "-c", LOADER, str(self.cfg.root), json.dumps(opts)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=self.cfg.root)
+        if self.proc.stdout.readline().strip() != "ready":
+            self.proc.wait()
+            raise SystemExit(f"bench_cost: {self.name}: the programs did not load (rc {self.proc.returncode})")
+        self.prog_ids = dict.fromkeys(held_program_ids(self.proc.pid), "")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+            self.proc = None
+
+
+def own_cgroup() -> tuple[int, int]:
+    """This process's cgroup v2 id (the directory's inode) and depth below the root."""
+    rel = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+               if line.startswith("0::")).strip()
+    path = Path("/sys/fs/cgroup") / rel.lstrip("/")
+    return os.stat(path).st_ino, len([p for p in rel.split("/") if p])
+
+
+def kdev(device: str) -> int:
+    """The kernel's dev_t of a block device node, as the tracepoints give it (MKDEV: major << 20 | minor)."""
+    rdev = os.stat(device).st_rdev
+    return (os.major(rdev) << 20) | os.minor(rdev)
+
+
+def fio(devices: list[str], ios: int, depth: int = 32, jobs: int = 1) -> dict:
+    """fio 4 KiB O_DIRECT random reads of `devices`, `ios` in all (jobs > 1: threads, psync, one each in flight)."""
+    argv = ["fio", "--name=cost", f"--filename={':'.join(devices)}", "--rw=randread", "--bs=4k", "--direct=1",
+            "--size=256M", "--output-format=json", "--group_reporting"]
+    if jobs > 1:
+        argv += ["--thread", f"--numjobs={jobs}", "--ioengine=psync", f"--number_ios={max(1, ios // jobs)}"]
+    else:
+        argv += ["--ioengine=libaio", f"--iodepth={depth}", f"--number_ios={ios}", "--file_service_type=random"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["jobs"][0]["read"]
+
+
+def measure(t: Tracer, devices: list[str], ios: int, depth: int = 32, jobs: int = 1) -> dict:
+    """One run: `t`'s programs' run time per request (and per run of each program) while fio runs."""
+    t.start(devices[0])
+    try:
+        ids = set(t.prog_ids)
+        with BPFStats():
+            p0 = bpf_programs()
+            job = fio(devices, ios, depth, jobs)
+            p1 = bpf_programs()
+    finally:
+        t.stop()
+    reqs = job["total_ios"]
+    progs = {}
+    for i in ids & set(p0) & set(p1):
+        runs = p1[i].get("run_cnt", 0) - p0[i].get("run_cnt", 0)
+        ns = p1[i].get("run_time_ns", 0) - p0[i].get("run_time_ns", 0)
+        if runs:
+            name = p1[i].get("name", str(i))
+            progs[name] = {"runs": runs, "ns": ns}
+    block = sum(p["ns"] for n, p in progs.items() if is_block(n))
+    # the programs watch every disk: other I/O on the machine meanwhile runs them too, so where the
+    # completion program ran more often than fio's requests, its runs are the divisor
+    seen = max([reqs, *(p["runs"] for n, p in progs.items() if "block_rq_complete" in n)])
+    return {"requests": reqs, "seen": seen, "iops": job["iops"],
+            "ns_per_request": sum(p["ns"] for p in progs.values()) / seen,
+            "block_ns_per_request": block / seen, "programs": progs}
+
+
+BLOCK_EVENTS = ("block_io_start", "block_getrq", "block_rq_insert", "block_rq_issue", "block_rq_complete",
+                "block_rq_merge", "block_rq_requeue")
+
+
+def is_block(prog: str) -> bool:
+    """Whether a program (by bcc's name, cut at 15 characters by the kernel) is on a block request event."""
+    return any(ev in prog or prog == ev[:15] for ev in BLOCK_EVENTS)
+
+
+def rounds(tracers: list[Tracer], n: int, devices: list[str], ios: int, depth: int = 32, jobs: int = 1,
+           label: str = "") -> dict[str, list[dict]]:
+    """`n` interleaved rounds of every tracer (a rotating order), each run's measure() by tracer name."""
+    out: dict[str, list[dict]] = {t.name: [] for t in tracers}
+    for r in range(n):
+        for t in tracers[r % len(tracers):] + tracers[:r % len(tracers)]:
+            m = measure(t, devices, ios, depth, jobs)
+            out[t.name].append(m)
+            print(f"  {label}round {r + 1}/{n} {t.name:12} {m['ns_per_request']:7.0f} ns/request "
+                  f"(block events {m['block_ns_per_request']:6.0f}) {m['iops']:9.0f} IOPS", file=sys.stderr)
+    return out
+
+
+def med(runs: list[dict], key: str = "ns_per_request") -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def per_event(runs: list[dict]) -> dict[str, float]:
+    """ns per run of each program, median over the runs."""
+    names = {n for r in runs for n in r["programs"]}
+    return {n: statistics.median(r["programs"][n]["ns"] / r["programs"][n]["runs"] for r in runs
+                                 if n in r["programs"]) for n in sorted(names)}
+
+
+def base_tree(rev: str, where: Path) -> Path:
+    """A worktree of `rev` (its own venv is not needed: the loader runs this tree's venv on its sources)."""
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(where), rev], check=True)
+    return where
+
+
+FEATURES = [
+    Config("request", {"files": False}, what="block-layer programs, every process and device (serve, top)"),
+    Config("+files", {"files": True}, what="per-file rows (page-cache requests pay; O_DIRECT stops at its page)"),
+    Config("+pid", {"files": False, "pid_self": True}, what="--pid of the bench, fork following on"),
+    Config("+cgroup", {"files": False, "cgroup_self": True}, what="--cgroup of the bench's own cgroup"),
+    Config("+dev", {"files": False, "dev_self": True}, what="--dev of the loop device"),
+    Config("-writeback", {"files": False, "writeback": False}, what="write-back attribution compiled out"),
+    Config("+tasks", {"files": False, "tasks": True}, what="per-process rows (scheduler, page-cache events)"),
+    Config("trace", {"files": True, "tasks": True}, what="`iotrace` as run with no option"),
+]
+
+
+def loop_devices(n: int, tmp: Path) -> list[str]:
+    devs = []
+    for i in range(n):
+        img = tmp / f"img{i}"
+        with open(img, "wb") as f:
+            f.truncate(256 << 20)
+        devs.append(subprocess.run(["losetup", "-f", "--show", str(img)], capture_output=True, text=True,
+                                   check=True).stdout.strip())
+    return devs
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--ios", type=int, default=100_000, help="fio requests a run (default 100000)")
+    p.add_argument("--base", metavar="REV", help="gate: also price REV's request path; exit 1 if this tree's grew")
+    p.add_argument("--no-scaling", action="store_true", help="skip the depth, series and devices runs")
+    p.add_argument("--quick", action="store_true", help="2 rounds of 30000 requests: a smoke run")
+    p.add_argument("--json", metavar="FILE", help="also write every run as JSON")
+    args = p.parse_args()
+    if args.quick:
+        args.rounds, args.ios = 2, 30_000
+    if args.rounds < 1 or args.ios < 1000:
+        print("bench_cost: --rounds takes at least 1, --ios at least 1000", file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print("bench_cost: needs root (BPF, losetup): run it with sudo, or `make bench`", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="iotrace-cost-", dir="/dev/shm"))
+    devices: list[str] = []
+    base_dir: Path | None = None
+    try:
+        devices = loop_devices(16, tmp)
+        floor, ref = EmptyRaw(), Reference()
+        peers = [t for t in (floor, Lean(), ref) if t.why_not() is None]
+        configs = list(FEATURES)
+        if args.base:
+            base_dir = base_tree(args.base, tmp / "base")
+            configs.append(Config(f"base:{args.base}", {"files": False}, root=base_dir,
+                                  what=f"{args.base}'s request path"))
+        tracers = peers + [Loaded(c) for c in configs]
+        print(f"bench_cost: {args.rounds} rounds of {len(tracers)} program sets, {args.ios} requests each",
+              file=sys.stderr)
+        main_runs = rounds(tracers, args.rounds, devices[:1], args.ios)
+        scaling: dict[str, dict[str, list[dict]]] = {}
+        if not args.no_scaling:
+            req = [Loaded(configs[0])]
+            for depth in (1, 256):
+                scaling[f"depth {depth}"] = rounds(req + [floor], args.rounds, devices[:1],
+                                                   args.ios // (8 if depth == 1 else 1), depth, label=f"qd{depth} ")
+            for jobs in (10, 1000):
+                scaling[f"series {jobs}"] = rounds([Loaded(Config("request", {"files": False, "per_thread": True})),
+                                                    floor], args.rounds, devices[:1], args.ios // 4, jobs=jobs,
+                                                   label=f"{jobs} threads ")
+            scaling["devices 16"] = rounds(req + [floor], args.rounds, devices, args.ios, label="16 devices ")
+        return report(args, main_runs, scaling, configs)
+    finally:
+        for d in devices:
+            subprocess.run(["losetup", "-d", d], check=False)
+        if base_dir is not None:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_dir)], check=False)
+        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+
+
+def report(args, runs: dict[str, list[dict]], scaling: dict[str, dict[str, list[dict]]],
+           configs: list[Config]) -> int:
+    env = environment()
+    floor = med(runs["empty_raw"]) if runs.get("empty_raw") else None
+    ref = med(runs["reference"]) if runs.get("reference") else None
+    req = med(runs["request"])
+    print(f"\nBPF ns per request, median of {args.rounds} rounds; {env['kernel']}, {env['nproc']} CPUs, {env['cpu']}")
+    print(f"{'programs':14} {'ns/request':>10} {'vs request':>10} {'x floor':>8}  what")
+    rows = []
+    for name, what in [("empty_raw", "three empty raw programs: the floor"),
+                       ("lean", "stamps, submitter, three log2 counts: the work's own floor"),
+                       ("reference", "the libbpf-tools design"), *((c.name, c.what) for c in configs)]:
+        if not runs.get(name):
+            continue
+        ns = med(runs[name])
+        added = f"{ns - req:+10.0f}" if name not in ("empty_raw", "lean", "reference", "request") else f"{'':>10}"
+        x = f"{ns / floor:8.2f}" if floor else f"{'':>8}"
+        print(f"{name:14} {ns:10.0f} {added} {x}  {what}")
+        rows.append({"programs": name, "ns_per_request": ns, "added": ns - req, "what": what,
+                     "rounds": [r["ns_per_request"] for r in runs[name]]})
+    print("\nper run of a feature's own events (ns, median), in `trace`:")
+    for prog, ns in per_event(runs["trace"]).items():
+        if not is_block(prog):
+            print(f"  {prog:28} {ns:7.0f}")
+    if scaling:
+        print("\nthe request path as work grows (ns/request, median; the floor beside it in the same rounds):")
+        for what, r in scaling.items():
+            mine = next(k for k in r if k != "empty_raw")
+            print(f"  {what:14} {med(r[mine]):7.0f}   floor {med(r['empty_raw']):5.0f}")
+    checks = []
+    if floor:
+        checks.append((f"request path <= {TARGET_FLOOR_RATIO}x the floor", req <= TARGET_FLOOR_RATIO * floor,
+                       f"{req:.0f} ns = {req / floor:.2f}x {floor:.0f}"))
+    if ref:
+        checks.append((f"request path <= {TARGET_PEER_RATIO}x the libbpf-tools design", req <= TARGET_PEER_RATIO * ref,
+                       f"{req:.0f} ns = {req / ref:.2f}x {ref:.0f}"))
+    gate_failed = False
+    if args.base:
+        base = runs[f"base:{args.base}"]
+        b = med(base)
+        spread = (max(r["ns_per_request"] for r in base) - min(r["ns_per_request"] for r in base)) / b
+        band = max(GATE_BAND, spread)
+        gate_failed = req > b * (1 + band)
+        checks.append((f"gate: request path within {band:.0%} of {args.base}'s", not gate_failed,
+                       f"{req:.0f} vs {b:.0f} ns ({req / b - 1:+.1%})"))
+    print("\ntargets, from this run:")
+    for what, ok, detail in checks:
+        print(f"  {'met' if ok else 'NOT MET':8} {what}: {detail}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"environment": env, "rows": rows, "runs": runs, "scaling": scaling,
+                                               "checks": [{"target": w, "met": o, "detail": d}
+                                                          for w, o, d in checks]}, indent=1))
+    return 1 if gate_failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
