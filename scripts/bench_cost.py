@@ -211,6 +211,14 @@ def per_event(runs: list[dict]) -> dict[str, float]:
                                  if n in r["programs"]) for n in sorted(names)}
 
 
+def gate(mine: list[float], base: list[float]) -> tuple[bool, float]:
+    """(whether this tree's request path grew past the noise band, the band): the band is the base's spread
+    between rounds relative to its median, or GATE_BAND where that is smaller; medians are compared."""
+    b = statistics.median(base)
+    band = max(GATE_BAND, (max(base) - min(base)) / b)
+    return statistics.median(mine) > b * (1 + band), band
+
+
 def base_tree(rev: str, where: Path) -> Path:
     """A worktree of `rev` (its own venv is not needed: the loader runs this tree's venv on its sources)."""
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(where), rev], check=True)
@@ -332,11 +340,9 @@ def report(args, runs: dict[str, list[dict]], scaling: dict[str, dict[str, list[
                        f"{req:.0f} ns = {req / ref:.2f}x {ref:.0f}"))
     gate_failed = False
     if args.base:
-        base = runs[f"base:{args.base}"]
-        b = med(base)
-        spread = (max(r["ns_per_request"] for r in base) - min(r["ns_per_request"] for r in base)) / b
-        band = max(GATE_BAND, spread)
-        gate_failed = req > b * (1 + band)
+        base = [r["ns_per_request"] for r in runs[f"base:{args.base}"]]
+        gate_failed, band = gate([r["ns_per_request"] for r in runs["request"]], base)
+        b = statistics.median(base)
         checks.append((f"gate: request path within {band:.0%} of {args.base}'s", not gate_failed,
                        f"{req:.0f} vs {b:.0f} ns ({req / b - 1:+.1%})"))
     print("\ntargets, from this run:")
