@@ -129,10 +129,6 @@ def load_sides(specs: list[tuple[str, str, str | None]]) -> list[Side]:
             for acc, (tag, path, label) in zip(accs, specs, strict=True)]
 
 
-def load_side(tag: str, path: str, label: str | None) -> Side:
-    return load_sides([(tag, path, label)])[0]
-
-
 def compare(a: Dump, b: Dump) -> Comparison:
     ra, rb = rows_of(a.series), rows_of(b.series)
 
