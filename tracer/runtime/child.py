@@ -1,10 +1,10 @@
 """The traced command: forked, held before exec until the tracer's filter has its pid, then released.
 
-It never outlives the tracer untraced: it gets SIGTERM when the tracer dies
+It never outlives the tracer untraced: it gets SIGKILL when the tracer dies
 (PR_SET_PDEATHSIG, even on SIGKILL), and every way the tracer ends reaps it
-(end(): SIGTERM, then SIGKILL after a grace).  A COMMAND that cannot run is
-refused before anything is forked, as a shell would: 127 not found, 126 not
-runnable.
+(end(): SIGTERM, then SIGKILL after a grace).  What it starts is the
+business of tracer.runtime.cmdtree.  A COMMAND that cannot run is refused
+before anything is forked, as a shell would: 127 not found, 126 not runnable.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import time
 from tracer.errors import UserError
 from tracer.osutil import PR_SET_PDEATHSIG, invoking_user, libc_prctl
 
-# the signal the command gets when the tracer dies: the one iotrace itself sends to end it
-DEATH_SIGNAL = signal.SIGTERM
+# the signal the command gets when the tracer dies: from then on nothing traces it, and a command
+# that ignores SIGTERM would run on
+DEATH_SIGNAL = signal.SIGKILL
 # seconds a command has after SIGTERM before SIGKILL, once iotrace is ending it without waiting
 KILL_GRACE_S = 2.0
 # a shell's exit statuses for a command it cannot run
