@@ -103,7 +103,7 @@ def test_an_error_while_starting_is_one_line_with_alerts_on(tmp_path):
     r = run_iotrace(["--alert", "p99>1ms", "--csv", str(tmp_path / "x.csv"), "--", "no-such-command-for-iotrace"],
                     timeout=60)
     lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert r.returncode == 2 and lines == ["iotrace: command not found: no-such-command-for-iotrace"], r.stderr
+    assert r.returncode == 127 and lines == ["iotrace: command not found: no-such-command-for-iotrace"], r.stderr
 
 # ---- checking crafted dumps ------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """Failing safely (issue 19): a lost output, a teardown step that fails, the traced command ended and reaped,
-stale control sockets, and coverage across a disk that appears or goes away.  No BPF, no root needed."""
+a COMMAND that cannot run refused as a shell would (issue 32), stale control sockets, and coverage across a
+disk that appears or goes away.  No BPF, no root needed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ import time
 import types
 from datetime import UTC, datetime
 
+import pytest
+from conftest import run_iotrace
+
 from tracer import marker
+from tracer.errors import UserError
 from tracer.model.diskstats import DiskStats
 from tracer.model.dump import Dump
 from tracer.pipeline.aggregate import coverage
@@ -173,6 +178,40 @@ def test_end_of_an_exited_child_is_its_status():
         os._exit(3)
     time.sleep(0.2)
     assert childmod.end(pid) == 3
+
+
+def test_a_command_that_cannot_run_is_refused_as_a_shell_would(tmp_path):
+    plain = tmp_path / "plain"
+    plain.write_text("not a program\n")
+    plain.chmod(0o644)
+    runnable = tmp_path / "runnable"
+    runnable.write_text("#!/bin/sh\n")
+    runnable.chmod(0o755)
+    for name, path, status, message in [
+        (str(plain), None, 126, f"cannot run {plain}: it is not executable"),
+        (str(tmp_path), None, 126, f"cannot run {tmp_path}: it is a directory"),
+        (str(tmp_path / "gone"), None, 127, f"cannot run {tmp_path / 'gone'}: no such file"),
+        ("plain", [str(tmp_path)], 126, f"cannot run plain: {plain} is not executable"),
+        ("no-such-command-for-iotrace", [str(tmp_path)], 127, "command not found: no-such-command-for-iotrace"),
+    ]:
+        with pytest.raises(UserError) as exc:
+            childmod.check_command(name, path)
+        assert (str(exc.value), exc.value.exit_code) == (message, status)
+    childmod.check_command(str(runnable))
+    childmod.check_command("runnable", [str(tmp_path)])
+
+
+def test_iotrace_says_why_a_command_cannot_run_and_exits_as_a_shell(tmp_path):
+    plain = tmp_path / "plain"
+    plain.write_text("not a program\n")
+    plain.chmod(0o644)
+    for argv, status, line in [
+        ([str(plain)], 126, f"iotrace: cannot run {plain}: it is not executable"),
+        ([str(tmp_path)], 126, f"iotrace: cannot run {tmp_path}: it is a directory"),
+        (["no-such-command-for-iotrace"], 127, "iotrace: command not found: no-such-command-for-iotrace"),
+    ]:
+        r = run_iotrace(["-d", "1", "--", *argv], timeout=60)
+        assert (r.returncode, r.stderr) == (status, line + "\n")
 
 
 def test_a_killed_tracers_command_gets_the_death_signal(tmp_path):

@@ -190,6 +190,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     """Trace until the command or the --pid targets exit, -d or count is reached, or Ctrl-C."""
     from tracer.marker import ENV_CONTROL
     from tracer.runtime import child as childmod
+    from tracer.runtime.cmdtree import CommandTree
     from tracer.sources import cgroups, devices
 
     if args.diskstats:
@@ -207,7 +208,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         # compile would be taken only when the loop starts, seconds late, and close the wrong stretch
         control, control_error = open_control(args.pids) if args.command else (None, None)
         run.control = control
-        child = None
+        child = tree = None
         held: list[int] = []        # the held child's release fd, until it is let go
         if args.command:
             env = {ENV_CONTROL: control.path} if control else None
@@ -217,9 +218,15 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
             def end_command() -> None:
                 if held:
                     os.close(held.pop())    # unblocks the held child: it exits 125
-                childmod.end(child)         # a no-op once the loop reaped it; else SIGTERM, then SIGKILL
+                try:
+                    if tree is not None:    # all it started: SIGTERM, SIGKILL after a grace; its cgroup removed
+                        tree.end(childmod.KILL_GRACE_S)
+                finally:
+                    childmod.end(child)     # a no-op once the loop reaped it; else SIGTERM, then SIGKILL
 
             run.end_command = end_command
+            # held, it has forked nothing yet: all it will start is in its tree (a cgroup of its own)
+            tree = CommandTree.open(child)
         # from here on, Ctrl-C and SIGTERM end the trace in order instead of raising
         run.catch_signals()
         from tracer.sources.probe import ProbeOptions
@@ -240,10 +247,12 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
             pidfds.append(os.pidfd_open(child))
             childmod.release(held.pop())
         _announce(args, child, probe, control, control_error, attached)
+        if tree is not None and tree.note:
+            print(f"iotrace: warning: {safe(tree.note)}", file=sys.stderr)
         _announce_tasks(args, tasks, tasks_note)
         windows = run.dump_windows(traced=bool(args.pids or args.command), iostat=bool(args.csv))
-        run.loop(windows, Schedule(args.interval, args.duration, args.count), child=child, pidfds=pidfds,
-                 control=control)
+        run.loop(windows, Schedule(args.interval, args.duration, args.count), child=child, tree=tree,
+                 pidfds=pidfds, control=control)
     # leaving `with` closed everything in order (tracer.runtime.session): the outputs, the command, the
     # programs, the per-process tracer, the control socket, and last the signal handlers
     return run.status

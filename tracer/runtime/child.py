@@ -1,24 +1,65 @@
 """The traced command: forked, held before exec until the tracer's filter has its pid, then released.
 
-It never outlives the tracer untraced: it gets SIGTERM when the tracer dies
+It never outlives the tracer untraced: it gets SIGKILL when the tracer dies
 (PR_SET_PDEATHSIG, even on SIGKILL), and every way the tracer ends reaps it
-(end(): SIGTERM, then SIGKILL after a grace).
+(end(): SIGTERM, then SIGKILL after a grace).  What it starts is the
+business of tracer.runtime.cmdtree.  A COMMAND that cannot run is refused
+before anything is forked, as a shell would: 127 not found, 126 not runnable.
 """
 
 from __future__ import annotations
 
+import errno
 import os
-import shutil
 import signal
+import stat
 import time
 
 from tracer.errors import UserError
 from tracer.osutil import PR_SET_PDEATHSIG, invoking_user, libc_prctl
 
-# the signal the command gets when the tracer dies: the one iotrace itself sends to end it
-DEATH_SIGNAL = signal.SIGTERM
+# the signal the command gets when the tracer dies: from then on nothing traces it, and a command
+# that ignores SIGTERM would run on
+DEATH_SIGNAL = signal.SIGKILL
 # seconds a command has after SIGTERM before SIGKILL, once iotrace is ending it without waiting
 KILL_GRACE_S = 2.0
+# a shell's exit statuses for a command it cannot run
+NOT_FOUND, NOT_RUNNABLE = 127, 126
+
+
+def check_command(name: str, path: list[str] | None = None) -> None:
+    """UserError, with a shell's status, if `name` cannot be run: not found (127), a directory or not
+    executable (126).  A name without "/" is looked up in `path` (default: our PATH) as execvp does."""
+    if "/" in name:
+        try:
+            st = os.stat(name)
+        except OSError as exc:
+            raise UserError(f"cannot run {name}: {_why(exc)}", NOT_FOUND if exc.errno == errno.ENOENT
+                            else NOT_RUNNABLE) from None
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError(f"cannot run {name}: it is a directory", NOT_RUNNABLE)
+        if not os.access(name, os.X_OK) or not stat.S_ISREG(st.st_mode):
+            raise UserError(f"cannot run {name}: it is not executable", NOT_RUNNABLE)
+        return
+    found = None        # a file of that name that is not executable: a shell says "Permission denied"
+    for d in os.get_exec_path() if path is None else path:
+        candidate = os.path.join(d or ".", name)
+        try:
+            st = os.stat(candidate)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        if os.access(candidate, os.X_OK):
+            return
+        found = found or candidate
+    if found:
+        raise UserError(f"cannot run {name}: {found} is not executable", NOT_RUNNABLE)
+    raise UserError(f"command not found: {name}", NOT_FOUND)
+
+
+def _why(exc: OSError) -> str:
+    return "no such file" if exc.errno == errno.ENOENT else (exc.strerror or str(exc)).lower()
 
 
 def spawn_held(command: list[str], env: dict[str, str] | None = None, stdout_to_stderr: bool = False
@@ -31,8 +72,7 @@ def spawn_held(command: list[str], env: dict[str, str] | None = None, stdout_to_
     before the command runs, so its very first I/O is traced.  Closing the fd
     unwritten makes the child exit 125.
     """
-    if shutil.which(command[0]) is None:
-        raise UserError(f"command not found: {command[0]}")
+    check_command(command[0])
     user = invoking_user()
     prctl = libc_prctl()
     tracer = os.getpid()
@@ -70,7 +110,9 @@ def spawn_held(command: list[str], env: dict[str, str] | None = None, stdout_to_
 
             os.write(2, f"iotrace: cannot run {safe(command[0])}: {safe(exc)}\n".encode(errors="replace"))
         finally:
-            os._exit(127)
+            # as a shell: 127 when it is not there (any more), 126 when it is but cannot run (EACCES as
+            # the sudo user, ENOEXEC, ...)
+            os._exit(NOT_FOUND if isinstance(exc, FileNotFoundError) else NOT_RUNNABLE)
 
 
 def release(fd: int) -> None:

@@ -4,8 +4,10 @@ It owns time and events: interval ticks (a tick that falls behind is
 skipped, never burst), the deadline (-d, or `count` reports), signals
 (SIGUSR1: a report now; SIGINT/SIGTERM: end, or with a traced command,
 forward the signal to it and end when it exits; a second signal ends the
-command: SIGTERM, then SIGKILL after child.KILL_GRACE_S), markers from the control socket, the traced command and --pid
-targets exiting, and extra inputs (top's keys).  On each event it closes a
+command's whole tree: SIGTERM, then SIGKILL after child.KILL_GRACE_S; the
+deadline sends the tree SIGTERM and waits for the command), markers from
+the control socket, the traced command and --pid targets exiting, and
+extra inputs (top's keys).  On each event it closes a
 window through `windows` and hands the result to `sinks`.
 
 It imports no source and no sink: it is given a `Windows` (the pipeline:
@@ -166,6 +168,7 @@ class Live:
     schedule: Schedule
     signals: Any                                   # runtime.signals.Signals
     child: int | None = None                        # the traced command's pid: its exit ends the run
+    tree: Any = None                               # runtime.cmdtree.CommandTree: what ending the command signals
     pidfds: list[int] = field(default_factory=list)  # --pid targets: the run ends when all have exited
     control: Any = None                            # runtime.control.ControlSocket: markers
     inputs: dict[int, Callable[[], bool]] = field(default_factory=dict)  # fd -> handler; True ends the run
@@ -191,6 +194,13 @@ class Live:
         if self.final:
             self.sinks.on_dump(self.windows.build(self.windows.cut(final=True), "final"))
         return status
+
+    def _signal_tree(self, sig: int) -> None:
+        """`sig` to the command and everything it started (to the command alone without a tree)."""
+        if self.tree is not None:
+            self.tree.signal(sig, command=True)     # not reaped yet: its pid is still its own
+        else:
+            os.kill(self.child, sig)
 
     def _end(self, reason: str, status: int = 0) -> int:
         self.reason = reason
@@ -235,15 +245,15 @@ class Live:
                         os.kill(child, s)
                 elif kill_at is None:
                     # asked again: the command is ended (SIGTERM, SIGKILL after a grace), not left running
-                    os.kill(child, signal.SIGTERM)
+                    self._signal_tree(signal.SIGTERM)
                     kill_at = time.monotonic() + KILL_GRACE_S
                 else:
-                    os.kill(child, signal.SIGKILL)
+                    self._signal_tree(signal.SIGKILL)
             if self.pidfds and child is None and not alive:
                 return self._end("pids")       # every --pid target has exited
             now = time.monotonic()
             if kill_at is not None and now >= kill_at:
-                os.kill(child, signal.SIGKILL)
+                self._signal_tree(signal.SIGKILL)
                 kill_at = float("inf")      # killed: only its exit is awaited now
             if interval_due(now, next_tick, end):
                 self.emit("interval")
@@ -251,9 +261,10 @@ class Live:
             if end is not None and now >= end:
                 if child is None:
                     return self._end("deadline")
-                # the command gets SIGTERM and we wait for it (a signal then ends it for good)
+                # the command and all it started get SIGTERM, and we wait for the command (a signal then
+                # ends it for good); what outlives it is ended as the run closes (CommandTree.end)
                 if not stopping:
-                    os.kill(child, signal.SIGTERM)
+                    self._signal_tree(signal.SIGTERM)
                     stopping = "deadline"
                 end = next_tick = None
 
