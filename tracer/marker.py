@@ -51,9 +51,10 @@ Wire format (one UNIX datagram, UTF-8 JSON, at most MAX_DATAGRAM bytes):
      "loop": {"data_wait_s": 1.25, "steps": 400, "wall_s": 30.5}}
 label: 1..MAX_LABEL printable characters.  enclosing (the label of the
 window the closed stretch lies in), began (when the window the stretch
-belongs to opened, the sender's time.monotonic(): the machine's
-CLOCK_MONOTONIC, the tracer's clock too, so that a tracer attached after it
-opened knows by how much) and loop are optional: version-1 tracers that
+belongs to opened; for a plain mark, when the stretch began: the process's
+last marker, or the import of this module; the sender's time.monotonic(),
+the machine's CLOCK_MONOTONIC, the tracer's clock too, so that a tracer
+attached after it opened knows by how much) and loop are optional: version-1 tracers that
 predate them ignore them, as they ignore any unknown key, and a bad one is
 left out without losing the marker.  "manual": true says a person sent it
 (`iotrace mark`), not a training loop.  A sender that bound its own socket
@@ -367,6 +368,9 @@ def send(label: str, path: str, wait: float = 0.0, enclosing: str | None = None,
 
 DEFAULT_WAIT = 2.0      # seconds a marker waits for the tracer's confirmation unless told otherwise
 _unconfirmed = False    # a tracer failed to confirm in time: default waits are off for this process
+# when this process's last marker was sent (CLOCK_MONOTONIC; at first, when this module was imported): where the
+# stretch a plain marker closes began, sent as its "began"
+_last_sent = time.monotonic()
 
 
 def _wait_for(wait: float | None) -> float:
@@ -395,9 +399,13 @@ def mark(label: object, wait: float | None = None) -> bool:
 
 def _send_marker(label: object, wait: float | None, enclosing: str | None, loop: dict | None = None,
                  began: float | None = None) -> bool:
-    """To every tracer found (find_tracers); True if one took it (and confirmed it, when waited for)."""
+    """To every tracer found (find_tracers); True if one took it (and confirmed it, when waited for).
+    `began`: when the window it closes opened; None: it closes the stretch since this process's last marker."""
+    global _last_sent
     try:
         text = clean_label(label)
+        now = time.monotonic()
+        began, _last_sent = (_last_sent if began is None else began), now
         paths, where = find_tracers()
         if not paths:
             _warn(where)

@@ -667,18 +667,20 @@ def test_keras_missing_is_a_clear_import_error():
 
 # ---- when a window began, for a tracer that attached after it (issue 29, item 2) ----------------------
 
-def test_each_window_says_when_it_began_and_a_plain_mark_does_not(fake_tracer, monkeypatch):
+def test_each_window_says_when_it_began_and_a_plain_mark_when_its_stretch_did(fake_tracer, monkeypatch):
     clock = iter(range(100, 200))
     monkeypatch.setattr(marker.time, "monotonic", lambda: float(next(clock)))
-    marker.mark("plain")
+    monkeypatch.setattr(marker, "_last_sent", 50.0)     # this process's start, as far as markers know
+    marker.mark("plain")                                # sent at 100
     for _ in marker.epochs(2):
         with marker.phase("checkpoint"):
             pass
     got = [(d["label"], d["began"]) for d in fake_tracer.dumps]
-    # epoch 1 opened at 100, its phase at 101, epoch 2 at 102, its phase at 103; the split before a phase
-    # closes the stretch of the epoch it lies in, so it says when that epoch began
-    assert got == [("plain", None), ("before epoch 1", None), ("epoch 1", 100.0), ("epoch 1 / checkpoint", 101.0),
-                   ("epoch 1", 100.0), ("epoch 2", 102.0), ("epoch 2 / checkpoint", 103.0), ("epoch 2", 102.0)]
+    # each send reads the clock once, each window as it opens: "before epoch 1" sent at 101 (its stretch
+    # since the plain mark), epoch 1 opened at 102, its split sent at 103, its phase opened at 104, ...;
+    # the split before a phase closes the stretch of the epoch it lies in, so it says when that epoch began
+    assert got == [("plain", 50.0), ("before epoch 1", 100.0), ("epoch 1", 102.0), ("epoch 1 / checkpoint", 104.0),
+                   ("epoch 1", 102.0), ("epoch 2", 107.0), ("epoch 2 / checkpoint", 109.0), ("epoch 2", 107.0)]
 
 
 def test_wire_carries_began_and_manual_and_a_bad_began_is_left_out():

@@ -485,7 +485,7 @@ class SenderPid(Section):
 @dataclass(frozen=True)
 class BeforeAttach(Section):
     """A window that began before the tracer attached (`iotrace --pid` mid-epoch, a tracer started after the
-    trainer): `by_s` seconds before (None: how long is not known, e.g. a plain marker's stretch); the dump
+    trainer): `by_s` seconds before (None: how long is not known: an older sender's marker does not say); the dump
     holds only what came after.  Merged: the longest of them."""
 
     key: ClassVar[str] = "before_attach"

@@ -16,8 +16,8 @@ Before the attach: the tracer's first window begins when it attached (for
 --pid, once the filters hold the whole tree).  A marker dump whose window
 began earlier, as its marker says ("began", the sender's CLOCK_MONOTONIC),
 holds only the part after that: it carries BeforeAttach(by how much).  A
-training loop's marker that does not say when its window began (a plain
-mark, an older sender) closing the first window of a tracer that attached to
+training loop's marker that does not say when its window began (an older
+tracer.marker's) closing the first window of a tracer that attached to
 running processes (`attached`: --pid or every process, not a COMMAND, which
 starts inside the trace) closed the stretch since its last marker, which
 came before the tracer: BeforeAttach(None).  A person's `iotrace mark`
