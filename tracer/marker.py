@@ -38,19 +38,29 @@ into the caller.  With no tracer listening every call is a no-op returning
 False, and the first one emits a single MarkerWarning.
 
 Finding the tracer: $IOTRACE_CONTROL (set by `iotrace -- COMMAND` for the
-command it runs), else the one tracer listening in the run directory
-($IOTRACE_RUN_DIR, default /run/iotrace), e.g. one started with --pid.
+command it runs), else every tracer listening in the run directory
+($IOTRACE_RUN_DIR, default /run/iotrace), e.g. one started with --pid: each
+marker goes to each of them, and each tracer takes it or refuses it by who
+sent it (tracer/runtime/control.py: a --pid or COMMAND tracer only from its
+traced tree; one training loop's markers at a time), so the markers reach
+the tracers that trace the sender and no other.
 
 Wire format (one UNIX datagram, UTF-8 JSON, at most MAX_DATAGRAM bytes):
     {"v": 1, "label": "epoch 3"}
-    {"v": 1, "label": "epoch 2 / checkpoint", "enclosing": "epoch 2",
+    {"v": 1, "label": "epoch 2 / checkpoint", "enclosing": "epoch 2", "began": 8123.456789,
      "loop": {"data_wait_s": 1.25, "steps": 400, "wall_s": 30.5}}
 label: 1..MAX_LABEL printable characters.  enclosing (the label of the
-window the closed stretch lies in) and loop are optional: version-1 tracers
-that predate them ignore them, as they ignore any unknown key, and a bad one
-is left out without losing the marker.  A sender that bound its own socket
+window the closed stretch lies in), began (when the window the stretch
+belongs to opened; for a plain mark, when the stretch began: the process's
+last marker, or the import of this module; the sender's time.monotonic(),
+the machine's CLOCK_MONOTONIC, the tracer's clock too, so that a tracer
+attached after it opened knows by how much) and loop are optional: version-1 tracers that
+predate them ignore them, as they ignore any unknown key, and a bad one is
+left out without losing the marker.  "manual": true says a person sent it
+(`iotrace mark`), not a training loop.  A sender that bound its own socket
 (to wait) gets {"v": 1, "ack": "epoch 3"} back once the dump is closed: its
-next I/O falls in the next dump.
+next I/O falls in the next dump; or {"v": 1, "refused": "epoch 3", "why":
+...} from a tracer that does not take it (an older tracer says nothing).
 """
 
 from __future__ import annotations
@@ -115,17 +125,21 @@ def _loop_json(loop: dict) -> str:
             f'"wall_s": {float(loop["wall_s"]):.6f}}}')
 
 
-def encode(label: str, enclosing: str | None = None, loop: dict | None = None) -> bytes:
-    """One marker datagram; the optional fields are left out (enclosing first) to keep it in MAX_DATAGRAM."""
+def encode(label: str, enclosing: str | None = None, loop: dict | None = None, began: float | None = None,
+           manual: bool = False) -> bytes:
+    """One marker datagram; the optional fields are left out (enclosing first) to keep it in MAX_DATAGRAM;
+    `manual`: sent by a person (`iotrace mark`), not by a training loop."""
     why = check_label(label)
     if why:
         raise ValueError(why)
     if loop is not None and check_loop(loop):
         raise ValueError(check_loop(loop))
-    head = f'{{"v": {WIRE_VERSION}, "label": {_json_string(label)}'
+    head = f'{{"v": {WIRE_VERSION}, "label": {_json_string(label)}' + (', "manual": true' if manual else "")
     extras = []
     if enclosing is not None and not check_label(enclosing):
         extras.append(f', "enclosing": {_json_string(enclosing)}')
+    if began is not None and not check_began(began):
+        extras.append(f', "began": {float(began):.6f}')
     if loop is not None:
         extras.append(f', "loop": {_loop_json(loop)}')
     while True:
@@ -159,8 +173,19 @@ def check_loop(loop: object) -> str | None:
     return None
 
 
+MAX_BEGAN = float(2**40)      # seconds of CLOCK_MONOTONIC: far beyond any uptime
+
+
+def check_began(began: object) -> str | None:
+    """Why `began` is not a CLOCK_MONOTONIC time in seconds (finite, 0..MAX_BEGAN), or None."""
+    if isinstance(began, bool) or not isinstance(began, int | float) or not 0 <= began <= MAX_BEGAN:
+        return f"began is not a number of seconds from 0 to {MAX_BEGAN:g}"
+    return None
+
+
 def decode_message(data: bytes) -> dict:
-    """One datagram as {"label", "enclosing", "loop", "ignored"} (the optional ones None when absent or
+    """One datagram as {"label", "enclosing", "began", "loop", "manual", "ignored"} (the optional ones None
+    (manual: False) when absent or
     bad, "ignored" saying which bad ones were left out and why); ValueError saying what is wrong with a
     datagram that is no marker at all.  Nothing else is raised, whatever `data` holds."""
     import json
@@ -187,14 +212,18 @@ def decode_message(data: bytes) -> dict:
     if enclosing is not None and (why := check_label(enclosing)):
         ignored.append(f"enclosing: {why}")
         enclosing = None
+    began = msg.get("began")
+    if began is not None and (why := check_began(began)):
+        ignored.append(why)
+        began = None
     loop = msg.get("loop")
     if loop is not None and (why := check_loop(loop)):
         ignored.append(why)
         loop = None
-    return {"label": label, "enclosing": enclosing,
+    return {"label": label, "enclosing": enclosing, "began": None if began is None else float(began),
             "loop": None if loop is None else {"data_wait_s": float(loop["data_wait_s"]), "steps": int(loop["steps"]),
                                                "wall_s": float(loop["wall_s"])},
-            "ignored": ignored}
+            "manual": msg.get("manual") is True, "ignored": ignored}
 
 
 def decode(data: bytes) -> str:
@@ -204,6 +233,11 @@ def decode(data: bytes) -> str:
 
 def encode_ack(label: str) -> bytes:
     return f'{{"v": {WIRE_VERSION}, "ack": {_json_string(label)}}}'.encode()
+
+
+def encode_refusal(label: str, why: str) -> bytes:
+    why = _json_string(clean_label(why))
+    return f'{{"v": {WIRE_VERSION}, "refused": {_json_string(label)}, "why": {why}}}'.encode()
 
 
 # ---- finding the tracer ------------------------------------------------------
@@ -253,19 +287,20 @@ def scan(directory: str | None = None) -> list[tuple[int, str, str | None]]:
     return out
 
 
-def find_tracer() -> tuple[str | None, str]:
-    """(socket path or None, where it came from or why there is none)."""
+def find_tracers() -> tuple[list[str], str]:
+    """(the socket paths to send to, where they came from or why there are none): $IOTRACE_CONTROL's, else
+    every tracer listening in the run directory (each takes or refuses a marker by its sender)."""
     path = os.environ.get(ENV_CONTROL)
     if path:
-        return path, f"${ENV_CONTROL}"
-    found = scan()
-    live = [(pid, p) for pid, p, why in found if why is None]
-    if len(live) == 1:
-        return live[0][1], f"the tracer in {run_dir()}"
+        return [path], f"${ENV_CONTROL}"
+    live = [p for _pid, p, why in scan() if why is None]
     if live:
-        return None, (f"{len(live)} tracers listen in {run_dir()} (pids {', '.join(str(p) for p, _ in live)}): "
-                      f"set {ENV_CONTROL} to one of their sockets")
-    return None, f"{ENV_CONTROL} is not set and no tracer listens in {run_dir()}"
+        return live, f"the tracer{'s' if len(live) > 1 else ''} in {run_dir()}"
+    return [], f"{ENV_CONTROL} is not set and no tracer listens in {run_dir()}"
+
+
+class Refused(Exception):
+    """The tracer does not take markers from this process (its reason is the message)."""
 
 
 # ---- sending -----------------------------------------------------------------
@@ -298,13 +333,14 @@ def _sender() -> socket.socket:
     return _cached[1]
 
 
-def send(label: str, path: str, wait: float = 0.0, enclosing: str | None = None, loop: dict | None = None) -> bool:
+def send(label: str, path: str, wait: float = 0.0, enclosing: str | None = None, loop: dict | None = None,
+         began: float | None = None, manual: bool = False) -> bool:
     """Send one marker to the socket at `path`; with wait > 0, wait that long for the ack.
 
-    Raises OSError if it cannot be sent; returns whether it was confirmed
-    (always True without waiting, once sent).
+    Raises OSError if it cannot be sent, Refused if the tracer answered that it does not take it;
+    returns whether it was confirmed (always True without waiting, once sent).
     """
-    data = encode(label, enclosing, loop)
+    data = encode(label, enclosing, loop, began, manual)
     if wait <= 0:
         _sender().sendto(data, path)
         return True
@@ -325,11 +361,16 @@ def send(label: str, path: str, wait: float = 0.0, enclosing: str | None = None,
                 continue
             if isinstance(reply, dict) and reply.get("ack") == label:
                 return True
+            if isinstance(reply, dict) and reply.get("refused") == label:
+                raise Refused(clean_label(reply.get("why", "refused")))
     return False
 
 
 DEFAULT_WAIT = 2.0      # seconds a marker waits for the tracer's confirmation unless told otherwise
 _unconfirmed = False    # a tracer failed to confirm in time: default waits are off for this process
+# when this process's last marker was sent (CLOCK_MONOTONIC; at first, when this module was imported): where the
+# stretch a plain marker closes began, sent as its "began"
+_last_sent = time.monotonic()
 
 
 def _wait_for(wait: float | None) -> float:
@@ -356,43 +397,63 @@ def mark(label: object, wait: float | None = None) -> bool:
         return False
 
 
-def _send_marker(label: object, wait: float | None, enclosing: str | None, loop: dict | None = None) -> bool:
-    global _unconfirmed
+def _send_marker(label: object, wait: float | None, enclosing: str | None, loop: dict | None = None,
+                 began: float | None = None) -> bool:
+    """To every tracer found (find_tracers); True if one took it (and confirmed it, when waited for).
+    `began`: when the window it closes opened; None: it closes the stretch since this process's last marker."""
+    global _last_sent
     try:
         text = clean_label(label)
-        path, where = find_tracer()
-        if path is None:
+        now = time.monotonic()
+        began, _last_sent = (_last_sent if began is None else began), now
+        paths, where = find_tracers()
+        if not paths:
             _warn(where)
             return False
         wait = _wait_for(wait)
-        try:
-            confirmed = send(text, path, wait, enclosing, loop)
-        except BlockingIOError:
-            _warn(f"the tracer at {path} ({where}) is not keeping up; marker {text!r} dropped")
-            return False
-        except OSError as exc:
-            _warn(f"cannot reach the tracer at {path} ({where}): {exc.strerror or exc}")
-            return False
-        if not confirmed:
-            _unconfirmed = True
-            _warn(f"the tracer at {path} did not confirm marker {text!r} within {wait:g} s; "
-                  f"later markers do not wait for it")
-        return confirmed
+        results = [_send_one(text, path, where, wait, enclosing, loop, began) for path in paths]
+        refused = [r for r in results if isinstance(r, str)]
+        if refused and len(refused) == len(results):    # none takes it: say why, once
+            _warn(f"no tracer takes markers from this process ({'; '.join(refused)}); marker {text!r} dropped")
+        return any(r is True for r in results)
     except Exception as exc:  # noqa: BLE001 - a marker must never break the training loop
         _warn(f"marker not sent: {exc!r}")
         return False
 
 
+def _send_one(text: str, path: str, where: str, wait: float, enclosing: str | None, loop: dict | None,
+              began: float | None) -> bool | str:
+    """True: taken (confirmed, when waited for); False: lost or unconfirmed (said); a str: refused, why."""
+    global _unconfirmed
+    try:
+        confirmed = send(text, path, wait, enclosing, loop, began)
+    except Refused as exc:
+        return str(exc)
+    except BlockingIOError:
+        _warn(f"the tracer at {path} ({where}) is not keeping up; marker {text!r} dropped")
+        return False
+    except OSError as exc:
+        _warn(f"cannot reach the tracer at {path} ({where}): {exc.strerror or exc}")
+        return False
+    if not confirmed:
+        _unconfirmed = True
+        _warn(f"the tracer at {path} did not confirm marker {text!r} within {wait:g} s; "
+              f"later markers do not wait for it")
+    return confirmed
+
+
 # ---- windows that nest -------------------------------------------------------
 
 class _Window:
-    """An open window: its full label ("epoch 2 / checkpoint"), when it opened, and the loop's steps in it."""
+    """An open window: its full label ("epoch 2 / checkpoint"), when it opened (the loop's clock, and
+    CLOCK_MONOTONIC for the tracer: "began"), and the loop's steps in it."""
 
-    __slots__ = ("label", "opened", "data_wait_s", "steps")
+    __slots__ = ("label", "opened", "began", "data_wait_s", "steps")
 
     def __init__(self, label: str):
         self.label = label
         self.opened = time.perf_counter()
+        self.began = time.monotonic()
         self.data_wait_s = 0.0
         self.steps = 0
 
@@ -446,7 +507,8 @@ def begin(label: object, wait: float | None = None, split: bool = True) -> bool:
         sent = True
         if split:
             outer = enclosing if enclosing is not None else clean_label(f"before {full}")
-            sent = _send_marker(outer, wait, stack[-2].label if len(stack) > 1 else None)
+            sent = _send_marker(outer, wait, stack[-2].label if len(stack) > 1 else None,
+                                began=stack[-1].began if stack else None)
         stack.append(_Window(full))
         return sent
     except Exception as exc:  # noqa: BLE001 - a marker must never break the training loop
@@ -469,7 +531,7 @@ def end(wait: float | None = None, depth: int | None = None) -> bool:
         keep = len(stack) - 1 if depth is None else max(0, depth)
         while len(stack) > keep:
             w = stack.pop()
-            ok = _send_marker(w.label, wait, stack[-1].label if stack else None, w.loop()) and ok
+            ok = _send_marker(w.label, wait, stack[-1].label if stack else None, w.loop(), w.began) and ok
         return ok
     except Exception as exc:  # noqa: BLE001 - a marker must never break the training loop
         _warn(f"marker not sent: {exc!r}")

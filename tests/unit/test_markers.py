@@ -225,10 +225,10 @@ class _FakeTracer:
     def io(self, op: str, n: int) -> None:
         self.pending[op] += n
 
-    def send(self, label, path, wait=0.0, enclosing=None, loop=None):
-        marker.decode_message(marker.encode(label, enclosing, loop))    # what is sent must be valid
+    def send(self, label, path, wait=0.0, enclosing=None, loop=None, began=None):
+        marker.decode_message(marker.encode(label, enclosing, loop, began))    # what is sent must be valid
         self.waits.append(wait)
-        self.dumps.append({"label": label, "enclosing": enclosing, "loop": loop, **self.pending})
+        self.dumps.append({"label": label, "enclosing": enclosing, "loop": loop, "began": began, **self.pending})
         self.pending = {"read": 0, "write": 0}
         return True
 
@@ -362,8 +362,9 @@ def test_wire_carries_enclosing_and_loop_compatibly():
     data = marker.encode("epoch 2 / checkpoint", "epoch 2", loop)
     assert marker.decode(data) == "epoch 2 / checkpoint"          # what a label-only reader takes
     assert marker.decode_message(data) == {"label": "epoch 2 / checkpoint", "enclosing": "epoch 2", "loop": loop,
-                                           "ignored": []}
-    assert marker.decode_message(marker.encode("x")) == {"label": "x", "enclosing": None, "loop": None, "ignored": []}
+                                           "began": None, "manual": False, "ignored": []}
+    assert marker.decode_message(marker.encode("x")) == {"label": "x", "enclosing": None, "loop": None,
+                                                         "began": None, "manual": False, "ignored": []}
     # a bad optional field is left out, the marker still counts
     for bad in ({"data_wait_s": -1, "steps": 1, "wall_s": 1}, {"steps": 1}, [1, 2],
                 {"data_wait_s": 1e400, "steps": 1, "wall_s": 1}, {"data_wait_s": 1, "steps": 1.5, "wall_s": 1}):
@@ -377,7 +378,8 @@ def test_wire_carries_enclosing_and_loop_compatibly():
     long = "✓" * marker.MAX_LABEL
     data = marker.encode(long, long, loop)
     assert len(data) <= marker.MAX_DATAGRAM
-    assert marker.decode_message(data) == {"label": long, "enclosing": None, "loop": loop, "ignored": []}
+    assert marker.decode_message(data) == {"label": long, "enclosing": None, "loop": loop, "began": None,
+                                           "manual": False, "ignored": []}
 
 
 def test_the_tracer_end_reads_enclosing_and_loop(tracer_end):
@@ -661,3 +663,143 @@ def test_keras_missing_is_a_clear_import_error():
 
 
 # ---- with the real tracer ----------------------------------------------------
+
+
+# ---- when a window began, for a tracer that attached after it (issue 29, item 2) ----------------------
+
+def test_each_window_says_when_it_began_and_a_plain_mark_when_its_stretch_did(fake_tracer, monkeypatch):
+    clock = iter(range(100, 200))
+    monkeypatch.setattr(marker.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(marker, "_last_sent", 50.0)     # this process's start, as far as markers know
+    marker.mark("plain")                                # sent at 100
+    for _ in marker.epochs(2):
+        with marker.phase("checkpoint"):
+            pass
+    got = [(d["label"], d["began"]) for d in fake_tracer.dumps]
+    # each send reads the clock once, each window as it opens: "before epoch 1" sent at 101 (its stretch
+    # since the plain mark), epoch 1 opened at 102, its split sent at 103, its phase opened at 104, ...;
+    # the split before a phase closes the stretch of the epoch it lies in, so it says when that epoch began
+    assert got == [("plain", 50.0), ("before epoch 1", 100.0), ("epoch 1", 102.0), ("epoch 1 / checkpoint", 104.0),
+                   ("epoch 1", 102.0), ("epoch 2", 107.0), ("epoch 2 / checkpoint", 109.0), ("epoch 2", 107.0)]
+
+
+def test_wire_carries_began_and_manual_and_a_bad_began_is_left_out():
+    msg = marker.decode_message(marker.encode("epoch 2", began=8123.25))
+    assert (msg["began"], msg["manual"], msg["ignored"]) == (8123.25, False, [])
+    assert marker.decode_message(marker.encode("e", manual=True))["manual"] is True
+    for bad in (-1, "8123", True, float("inf"), 1e300):
+        msg = marker.decode_message(json.dumps({"v": 1, "label": "e", "began": bad}).encode())
+        assert msg["label"] == "e" and msg["began"] is None and len(msg["ignored"]) == 1, (bad, msg)
+    assert marker.decode_message(json.dumps({"v": 1, "label": "e", "manual": 1}).encode())["manual"] is False
+    assert b"began" not in marker.encode("e", began=-5)    # never sent bad
+
+
+def test_the_tracer_end_reads_began_and_manual(tracer_end):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.sendto(marker.encode("epoch 1", began=42.5), tracer_end.path)
+    s.sendto(marker.encode("by hand", manual=True), tracer_end.path)
+    s.close()
+    got = [(m.label, m.began, m.manual) for m in tracer_end.receive()]
+    assert got == [("epoch 1", 42.5, False), ("by hand", None, True)]
+
+
+def test_a_marker_window_that_began_before_the_attach_is_said_by_how_much():
+    from tracer.model.sections import BeforeAttach
+    from tracer.pipeline.windows import before_attach
+
+    attach, now = 100 * 10**9, 130 * 10**9       # the first window began at 100 s (CLOCK_MONOTONIC); now 130 s
+    assert before_attach(attach, 87.5, False, now) == BeforeAttach(12.5)
+    assert before_attach(attach, 87.5, True, now) == BeforeAttach(12.5)
+    assert before_attach(attach, 100.5, True, now) is None      # it began after the attach: whole
+    assert before_attach(attach, 100.0, True, now) is None
+    # no time said: only the first window of a tracer attached to running processes began before it
+    assert before_attach(attach, None, True, now) == BeforeAttach(None)
+    assert before_attach(attach, None, False, now) is None
+    # a time after now is none (another clock: a time namespace, a bad sender): treated as not said
+    assert before_attach(attach, 131.0, False, now) is None
+    assert before_attach(attach, 131.0, True, now) == BeforeAttach(None)
+
+
+# ---- whose markers a tracer takes (issue 29, item 5) ---------------------------------------------------
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_a_tracer_of_a_tree_takes_markers_from_it_alone_and_a_person_always():
+    me = os.getpid()
+    other = _sleeper()
+    try:
+        gate = control.SenderGate(lambda: {me})
+        assert gate.refuses(control.Marker("epoch 1", sender_pid=me)) is None
+        why = gate.refuses(control.Marker("epoch 1", sender_pid=other.pid))
+        assert why and "not in the process tree" in why
+        assert gate.refuses(control.Marker("by hand", sender_pid=other.pid, manual=True)) is None
+    finally:
+        other.kill()
+        other.wait()
+    # a sender gone by the time its marker is read cannot be checked: taken, as before
+    assert control.SenderGate(lambda: {me}).refuses(control.Marker("last", sender_pid=other.pid)) is None
+
+
+def test_one_training_loop_owns_the_windows_until_it_exits():
+    a, b = _sleeper(), _sleeper()
+    try:
+        gate = control.SenderGate()         # a tracer of every process
+        assert gate.refuses(control.Marker("A epoch 1", sender_pid=a.pid)) is None
+        why = gate.refuses(control.Marker("B epoch 1", sender_pid=b.pid))
+        assert why and f"pid {a.pid}" in why, why
+        assert gate.refuses(control.Marker("A epoch 2", sender_pid=a.pid)) is None
+        assert gate.refuses(control.Marker("mark", sender_pid=b.pid, manual=True)) is None   # owns nothing
+        assert gate.refuses(control.Marker("B epoch 2", sender_pid=b.pid))
+        a.kill()
+        a.wait()
+        assert gate.refuses(control.Marker("B epoch 3", sender_pid=b.pid)) is None     # a is gone: b's now
+        assert gate.owner[0] == b.pid
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+
+
+def test_a_refused_sender_is_told_and_said_once(tracer_end, capsys):
+    tracer_end.gate = control.SenderGate(lambda: set())     # traces nobody who sends
+    got: list = []
+    sender = threading.Thread(target=lambda: got.append(_send_catching("epoch 1", tracer_end.path)))
+    sender.start()
+    deadline = time.monotonic() + 10
+    while sender.is_alive() and time.monotonic() < deadline:
+        assert tracer_end.receive() == []
+        time.sleep(0.01)
+    sender.join()
+    assert got and isinstance(got[0], marker.Refused) and "not in the process tree" in str(got[0]), got
+    marker.send("epoch 2", tracer_end.path)      # not waiting: nothing to tell, refused all the same
+    assert tracer_end.receive() == []
+    err = capsys.readouterr().err
+    assert err.count("refused") == 1 and "marker 'epoch 1' refused: pid" in err, err
+
+
+def _send_catching(label: str, path: str):
+    try:
+        return marker.send(label, path, wait=5)
+    except marker.Refused as exc:
+        return exc
+
+
+def test_a_marker_goes_to_every_tracer_listening_and_the_one_that_traces_the_sender_takes_it(fresh):
+    run = fresh / "run"
+    mine = control.ControlSocket.open(directory=str(run))
+    other = control.ControlSocket.open(directory=str(run) + "2")
+    os.replace(other.path, str(run / "1.sock"))      # a second tracer's socket in the same run dir
+    other.path = str(run / "1.sock")
+    try:
+        mine.gate = control.SenderGate(lambda: {os.getpid()})
+        other.gate = control.SenderGate(lambda: {1})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert marker.mark("epoch 1", wait=0) is True
+        assert marker_warnings(caught) == []
+        assert labels(mine) == ["epoch 1"] and labels(other) == []
+    finally:
+        mine.close()
+        other.close()

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tracer.model import dump as dumpmod
-from tracer.model.sections import Loop, SenderPid, TaskRow, Tasks, TasksSources
+from tracer.model.sections import BeforeAttach, Loop, SenderPid, TaskRow, Tasks, TasksSources
 from tracer.views import verdict
 from tracer.views.verdict import IO_BOUND, NOT_IO_BOUND, UNKNOWN, family, judge, judge_dump
 
@@ -195,3 +195,39 @@ def test_rows_that_could_not_count_reads_make_no_disk_share_of_disk_bytes_alone(
     d.tasks_sources = TasksSources.of({"io_wait": "sched:sched_switch+sched_wakeup",
                                        "reads": "unavailable: raw tracepoint mm_filemap_get_pages"})
     assert judge_dump(d).state == NOT_IO_BOUND and not judge_dump(d).reads_counted
+
+
+# ---- a window that began before the tracer attached (issue 29, item 2) ------------------------------
+
+LATE = BeforeAttach(12.5)
+
+
+@pytest.mark.parametrize("name,lp,tasks,state", [
+    # the rows say "hardly in I/O wait", but they saw only the part after the attach: no verdict
+    ("rule 4, rows of the traced part only", loop(4.0), trainer_and_workers(0.02), UNKNOWN),
+    ("rule 6, no loop timing, little I/O wait seen", None, trainer_and_workers(1.0, disk=64 * MiB), UNKNOWN),
+    # the loop's own clock covers the whole window: it hardly waited, whatever came before the attach
+    ("rule 2, the loop did not wait", loop(0.2), trainer_and_workers(0.01), NOT_IO_BOUND),
+    # what was traced already shows it
+    ("rule 3, I/O-bound in the traced part", loop(3.1), trainer_and_workers(8.5, disk=63 * MiB), IO_BOUND),
+])
+def test_a_window_begun_before_the_attach_says_so_and_is_not_called_not_io_bound_on_a_part(name, lp, tasks,
+                                                                                         state):
+    whole = judge(10.0, lp, tasks, TRAINER, noun="epoch")
+    late = judge(10.0, lp, tasks, TRAINER, noun="epoch", before_attach=LATE)
+    assert "attached" not in whole.line and "before_attach" not in whole.to_json()
+    assert late.state == state, late.line
+    assert late.line.startswith(f"{state}: ") and "attached 12.5 s after the epoch began; the cold start may be " \
+                                                  "missed" in late.line, late.line
+    assert late.to_json()["before_attach"] is True and late.to_json()["before_attach_s"] == 12.5
+    if state == UNKNOWN:        # what the rule said of the traced part is still there, named as such
+        assert whole.state == NOT_IO_BOUND and f"(what was traced: {whole.line.split(': ', 1)[1]})" in late.line
+
+
+def test_how_long_before_the_attach_may_be_unknown_and_judge_dump_reads_the_section():
+    d = _dump("epoch 3", 10.0, trainer_and_workers(0.02), loop(4.0), TRAINER)
+    assert judge_dump(d).state == NOT_IO_BOUND
+    d.before_attach = BeforeAttach(None)
+    v = judge_dump(d)
+    assert v.state == UNKNOWN and "attached after the epoch began; the cold start may be missed" in v.line
+    assert v.to_json()["before_attach_s"] is None

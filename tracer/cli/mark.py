@@ -74,7 +74,7 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
         raise UserError(f"bad LABEL: {why}")
     path = resolve(ns.control)
     try:
-        confirmed = marker.send(ns.label, path, ns.wait)
+        confirmed = marker.send(ns.label, path, ns.wait, manual=True)
     except BlockingIOError:
         raise UserError(f"the tracer at {path} is not keeping up (its queue is full): try again") from None
     except OSError as exc:

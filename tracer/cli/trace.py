@@ -243,6 +243,10 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         if not args.command:
             control, control_error = open_control(args.pids)
             run.control = control
+        if control:     # whose markers it takes: with --pid or a COMMAND, its traced tree's (runtime.control)
+            from tracer.runtime.control import SenderGate
+
+            control.gate = SenderGate(probe.traced_pids if opts.pids else None)
         if child:
             pidfds.append(os.pidfd_open(child))
             childmod.release(held.pop())
@@ -250,7 +254,9 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         if tree is not None and tree.note:
             print(f"iotrace: warning: {safe(tree.note)}", file=sys.stderr)
         _announce_tasks(args, tasks, tasks_note)
-        windows = run.dump_windows(traced=bool(args.pids or args.command), iostat=bool(args.csv))
+        # attached: the traced processes ran before the trace (--pid, or every process), unlike a COMMAND
+        windows = run.dump_windows(traced=bool(args.pids or args.command), iostat=bool(args.csv),
+                                   attached=not args.command)
         run.loop(windows, Schedule(args.interval, args.duration, args.count), child=child, tree=tree,
                  pidfds=pidfds, control=control)
     # leaving `with` closed everything in order (tracer.runtime.session): the outputs, the command, the

@@ -49,7 +49,7 @@ Merging dumps adds them up per (file, pid).
 
   Beside these core keys a line holds the dump's sections (attach,
   start_event, coverage, bio_devices, tasks, tasks_sources, files, enclosing, loop, sender_pid,
-  bpf_programs, traced_pids, alerts, verdict): each is a class in
+  before_attach, bpf_programs, traced_pids, alerts, verdict): each is a class in
   tracer.model.sections with its own from_json / to_json, walked here
   through SECTIONS.  Keys no section claims (a newer iotrace's) are kept on
   the dump (Dump.unknown) and written back as they were; merges leave them out.

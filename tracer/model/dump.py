@@ -27,6 +27,7 @@ from tracer.model.sections import (
     SECTIONS,
     Alerts,
     Attach,
+    BeforeAttach,
     BioDevices,
     BpfPrograms,
     Coverage,
@@ -153,6 +154,7 @@ class Dump:
     enclosing: Enclosing | None = None
     loop: Loop | None = None
     sender_pid: SenderPid | None = None
+    before_attach: BeforeAttach | None = None
     bpf_programs: BpfPrograms | None = None
     traced_pids: TracedPids | None = None
     alerts: Alerts | None = None

@@ -482,6 +482,45 @@ class SenderPid(Section):
         return _Agreed(cls.key)
 
 
+@dataclass(frozen=True)
+class BeforeAttach(Section):
+    """A window that began before the tracer attached (`iotrace --pid` mid-epoch, a tracer started after the
+    trainer): `by_s` seconds before (None: how long is not known: an older sender's marker does not say); the dump
+    holds only what came after.  Merged: the longest of them."""
+
+    key: ClassVar[str] = "before_attach"
+    by_s: float | None = None
+
+    @classmethod
+    def from_json(cls, v) -> BeforeAttach:
+        v = obj(v, "before_attach")
+        by = v.get("by_s")
+        return cls(None if by is None else number(by, "before_attach.by_s"))
+
+    def to_json(self) -> dict:
+        return {"by_s": self.by_s}
+
+    @classmethod
+    def merger(cls) -> Merger:
+        return _BeforeAttachMerger()
+
+
+class _BeforeAttachMerger:
+    def __init__(self) -> None:
+        self.seen = False
+        self.by: float | None = None
+
+    def add(self, d) -> None:
+        b = d.before_attach
+        if b is not None:
+            self.seen = True
+            if b.by_s is not None:
+                self.by = b.by_s if self.by is None else max(self.by, b.by_s)
+
+    def result(self) -> BeforeAttach | None:
+        return BeforeAttach(self.by) if self.seen else None
+
+
 # ---- what the final dump says about the tracer, and per-window findings (not merged) -------------
 
 @dataclass
@@ -546,7 +585,8 @@ class VerdictSection(Section):
 
 # Every section, in the order a line holds them.
 SECTIONS: tuple[type[Section], ...] = (Attach, StartEvent, Coverage, BioDevices, Tasks, TasksSources, Files,
-                                       Enclosing, Loop, SenderPid, BpfPrograms, TracedPids, Alerts, VerdictSection)
+                                       Enclosing, Loop, SenderPid, BeforeAttach, BpfPrograms, TracedPids, Alerts,
+                                       VerdictSection)
 BY_KEY: dict[str, type[Section]] = {cls.key: cls for cls in SECTIONS}
 
 

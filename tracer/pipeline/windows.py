@@ -3,13 +3,25 @@
 DumpWindows (trace, serve, top): the BPF probe and, unless --no-tasks, the
 per-process tracer; a window is a tracer.model.dump.Dump built from both
 (tracer.pipeline.aggregate.build_dump), then, in order:
-  1. marker fields (label, loop timing) and, on the final window, what the
-     sources say about themselves (BPF program costs, pid filter size);
+  1. marker fields (label, loop timing), whether the marker's window began
+     before the tracer attached (before_attach, below) and, on the final
+     window, what the sources say about themselves (BPF program costs, pid
+     filter size);
   2. containers from cgroup ids (tracer.sources.cgroups);
   3. with --csv or --alert, iostat's rows of the same window (one
      /proc/diskstats sample, `Dump.iostat`), then the --alert checks
      (tracer.pipeline.alerts.AlertCheck), so each JSON line carries its own
      alerts.
+Before the attach: the tracer's first window begins when it attached (for
+--pid, once the filters hold the whole tree).  A marker dump whose window
+began earlier, as its marker says ("began", the sender's CLOCK_MONOTONIC),
+holds only the part after that: it carries BeforeAttach(by how much).  A
+training loop's marker that does not say when its window began (an older
+tracer.marker's) closing the first window of a tracer that attached to
+running processes (`attached`: --pid or every process, not a COMMAND, which
+starts inside the trace) closed the stretch since its last marker, which
+came before the tracer: BeforeAttach(None).  A person's `iotrace mark`
+("manual") closes the stretch since the trace began, whole.
 DiskWindows (--diskstats): /proc/diskstats and /proc/PID/io samplers; a
 window is a Dump with no series and its `disks` (tracer.model.diskstats.
 Diskstats), then the --alert stage.
@@ -24,7 +36,7 @@ from datetime import datetime
 from tracer.model.diskstats import Diskstats
 from tracer.model.dump import Dump
 from tracer.model.files import fill_containers
-from tracer.model.sections import BpfPrograms, Section, TasksSources, TracedPids
+from tracer.model.sections import BeforeAttach, BpfPrograms, Section, TasksSources, TracedPids
 from tracer.pipeline.aggregate import Clock, build_dump
 
 
@@ -32,7 +44,7 @@ class DumpWindows:
     """`probe` (tracer.sources.probe.Probe) and `tasks` (tracer.sources.tasks.TaskTracer or None) → Dumps."""
 
     def __init__(self, probe, tasks=None, alerts=None, containers: bool = True, traced: bool = False,
-                 iostat: bool = False, devices: list[str] | None = None):
+                 iostat: bool = False, devices: list[str] | None = None, attached: bool = False):
         self.probe = probe
         self.tasks = tasks
         self.alerts = alerts            # AlertCheck or None
@@ -42,6 +54,8 @@ class DumpWindows:
         self.devices = devices          # whose rows: these disks, or None for every whole disk
         self.sampler = None
         self.clock = Clock()
+        self.attached = attached        # the traced processes ran before the trace (see the module docstring)
+        self.first_ns: int | None = None    # when the first window began (CLOCK_MONOTONIC): the attach
 
     def start(self) -> None:
         """The diskstats baseline, when the first window begins."""
@@ -68,12 +82,22 @@ class DumpWindows:
         dropped = self.tasks.dropped()
         return self.probe.drain(final=final), tasks, dropped, final
 
-    def build(self, cut, kind: str, label: str | None = None, sections: tuple[Section, ...] = ()):
+    def build(self, cut, kind: str, label: str | None = None, sections: tuple[Section, ...] = (),
+              began: float | None = None, manual: bool = False):
+        """The window of `cut`; a marker's: its `sections`, `began` (when its window opened) and `manual`
+        (`iotrace mark`'s), for before_attach (see the module docstring)."""
         raw, tasks, dropped, final = cut
+        first = self.first_ns is None
+        if first:
+            self.first_ns = raw.start_ns
         d = build_dump(raw, self.clock, kind, label=label, tasks=tasks, tasks_dropped=dropped)
         if tasks is not None:
             d.put(TasksSources.of(self.tasks.sources))
         d.put(*sections)
+        if kind == "marker":
+            late = before_attach(self.first_ns, began, first and self.attached and not manual, raw.end_ns)
+            if late is not None:
+                d.put(late)
         if final:
             d.put(*self.final_sections())
         if self.containers:
@@ -95,6 +119,16 @@ class DumpWindows:
         if self.traced:    # the pid filter's size at the end: flat over a long run
             out.append(TracedPids(len(self.probe.traced_pids())))
         return out
+
+
+def before_attach(attach_ns: int, began: float | None, first_of_attached: bool, now_ns: int) -> BeforeAttach | None:
+    """Whether a marker's window began before the tracer attached at `attach_ns` (CLOCK_MONOTONIC), and by
+    how much: by its `began` (seconds, the same clock; one after `now_ns` is no time and is not believed),
+    else only when it is the first window of a tracer that attached to running processes (how long: unknown)."""
+    if began is not None and began * 1e9 <= now_ns:
+        late_ns = attach_ns - began * 1e9
+        return BeforeAttach(round(late_ns / 1e9, 3)) if late_ns > 0 else None
+    return BeforeAttach(None) if first_of_attached else None
 
 
 class DiskWindows:
@@ -119,7 +153,8 @@ class DiskWindows:
         self.last = end
         return cut
 
-    def build(self, cut, kind: str, label: str | None = None, sections: tuple[Section, ...] = ()) -> Dump:
+    def build(self, cut, kind: str, label: str | None = None, sections: tuple[Section, ...] = (),
+              began: float | None = None, manual: bool = False) -> Dump:
         rows, procs, start, end, seconds = cut
         d = disk_dump(kind, start, end, seconds, self._shown(rows), procs, self.procs.unreadable)
         if self.alerts:

@@ -16,6 +16,21 @@ a root tracer (each marker makes a dump, a table and a line in the output
 file, so an open socket would let anyone flood them).  A trainer running as
 yet another user needs the tracer started by sudo from that user's account.
 
+Whose markers: a marker cuts every traced process's window, so one sent by
+an unrelated job (another trainer on the machine, a second rank under one
+launcher) must not cut this one's.  SenderGate is the rule, by the sender's
+pid the kernel gives (SCM_CREDENTIALS):
+- a tracer with --pid or a COMMAND takes a training loop's markers only from
+  a process it traces (its pid filter);
+- of those (every process, for a system-wide tracer), one process's at a
+  time: the first whose marker it takes owns the windows until it exits;
+  another's meanwhile is refused (one line on stderr per sender);
+- `iotrace mark` (a person's, "manual") is always taken and owns nothing.
+A refused sender that waits is told so ({"refused": label, "why": ...}): it
+does not wait for a confirmation that will not come.  A sender that is gone
+by the time its marker is read cannot be checked; it is taken (unless another
+process owns the windows).
+
 Imports nothing heavy: `iotrace mark` must start fast and without bcc or numpy.
 """
 
@@ -29,10 +44,12 @@ import stat
 import struct
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tracer import marker
 from tracer.model.sections import Enclosing, Loop, Section, SenderPid
+from tracer.sources.proctree import stat_of
 from tracer.text import safe
 
 BAD_MESSAGES_SHOWN = 3     # then bad messages are only counted
@@ -59,6 +76,8 @@ class Marker:
     enclosing: str | None = None
     loop: dict | None = None
     sender_pid: int | None = None   # from the kernel (SCM_CREDENTIALS), in the tracer's pid namespace
+    began: float | None = None      # when the sender's window opened (CLOCK_MONOTONIC s), if it said
+    manual: bool = False            # sent by `iotrace mark` (a person), not a training loop
 
     def sections(self) -> tuple[Section, ...]:
         """What the marker adds to its dump, beside the label (tracer.model.sections)."""
@@ -68,6 +87,49 @@ class Marker:
     def dump_fields(self) -> dict:
         """The same as its dump's JSON line holds them."""
         return {s.key: s.to_json() for s in self.sections()}
+
+
+def _started(pid: int) -> int | None:
+    """When process `pid` started (clock ticks after boot: with the pid, it tells processes apart), None if gone."""
+    try:
+        return stat_of(pid).start_ticks
+    except (OSError, ValueError):
+        return None
+
+
+class SenderGate:
+    """Whose markers a tracer takes (see the module docstring); `traced()`: the pids the tracer traces, or
+    None for a tracer of every process."""
+
+    SAID = 3        # senders whose refusal is said on stderr; later ones only counted
+
+    def __init__(self, traced: Callable[[], set[int]] | None = None):
+        self.traced = traced
+        self.owner: tuple[int, int] | None = None      # (pid, start ticks) of the process whose windows these are
+        self.refused: dict[int, int] = {}              # sender pid -> markers refused
+
+    def refuses(self, m: Marker) -> str | None:
+        """Why `m` is not taken, or None (then, if it is the first, its sender owns the windows)."""
+        pid = m.sender_pid
+        if m.manual or pid is None:
+            return None
+        started = _started(pid)
+        if started is not None and self.traced is not None and pid not in self.traced():
+            return f"pid {pid} is not in the process tree this tracer traces"
+        owner = self.owner
+        if owner is not None and owner[0] != pid and _started(owner[0]) == owner[1]:
+            return f"the markers of pid {owner[0]} cut this tracer's windows (one training loop at a time)"
+        if started is not None and (owner is None or owner[0] != pid or owner[1] != started):
+            self.owner = (pid, started)
+        return None
+
+    def note(self, m: Marker, why: str) -> None:
+        """One line on stderr the first time a sender is refused (for the first SAID senders)."""
+        pid = m.sender_pid or 0
+        self.refused[pid] = self.refused.get(pid, 0) + 1
+        if self.refused[pid] == 1 and len(self.refused) <= self.SAID:
+            more = "; further refused senders are not named" if len(self.refused) == self.SAID else ""
+            print(safe(f"iotrace: marker {m.label!r} refused: {why}{more}"), file=sys.stderr, flush=True)
 
 
 def _usable_run_dir(directory: str) -> bool:
@@ -110,6 +172,7 @@ class ControlSocket:
     """The tracer's end: bound, non-blocking, removed by close()."""
 
     def __init__(self, sock: socket.socket, path: str, private_dir: str | None):
+        self.gate: SenderGate | None = None     # whose markers are taken; None: anyone's
         self.sock = sock
         self.path = path
         self.private_dir = private_dir
@@ -177,7 +240,14 @@ class ControlSocket:
             except Exception as exc:  # noqa: BLE001 - a datagram, whatever it holds, never ends the trace
                 self._complain(f"ignored a control message that could not be read ({type(exc).__name__})")
                 continue
-            out.append(Marker(msg["label"], addr or None, msg["enclosing"], msg["loop"], _sender_pid(ancillary)))
+            m = Marker(msg["label"], addr or None, msg["enclosing"], msg["loop"], _sender_pid(ancillary),
+                       msg["began"], msg["manual"])
+            why = self.gate.refuses(m) if self.gate is not None else None
+            if why:
+                self.gate.note(m, why)
+                self.refuse(m, why)
+                continue
+            out.append(m)
             self.received += 1
             if msg["ignored"]:
                 self.bad_fields += 1
@@ -201,6 +271,15 @@ class ControlSocket:
             self.sock.sendto(marker.encode_ack(m.label), m.reply_to)
         except OSError:
             pass    # the sender gave up waiting, or its queue is full: it only loses the confirmation
+
+    def refuse(self, m: Marker, why: str) -> None:
+        """Tell a waiting sender its marker was not taken, and why (best effort, never blocks)."""
+        if not m.reply_to:
+            return
+        try:
+            self.sock.sendto(marker.encode_refusal(m.label, why), m.reply_to)
+        except OSError:
+            pass
 
     def close(self) -> None:
         self.sock.close()

@@ -35,7 +35,8 @@ class Windows(Protocol):
 
     def start(self) -> None: ...
     def cut(self, final: bool = False) -> Any: ...
-    def build(self, cut: Any, kind: str, label: str | None = None, sections: tuple = ()) -> Any: ...
+    def build(self, cut: Any, kind: str, label: str | None = None, sections: tuple = (),
+              began: float | None = None, manual: bool = False) -> Any: ...
 
 
 class Sink(Protocol):
@@ -183,7 +184,8 @@ class Live:
         for m in self.control.receive():
             cut = self.windows.cut()
             self.control.ack(m)      # the window is closed: the sender's next I/O falls in the next one
-            self.sinks.on_dump(self.windows.build(cut, "marker", m.label, m.sections()))
+            self.sinks.on_dump(self.windows.build(cut, "marker", m.label, m.sections(), began=m.began,
+                                                  manual=m.manual))
 
     def run(self) -> int:
         """Until the end; then the last markers and the final window.  Returns the command's exit status (or 0)."""

@@ -107,7 +107,20 @@ class LiveRun:
             print(f"iotrace: warning: the process tree under pid {', '.join(map(str, pids))} kept changing "
                   f"through {found.rounds} reads of /proc: processes it forked while we read may be missed",
                   file=sys.stderr)
+        self.begin_window()
         return found
+
+    def begin_window(self) -> None:
+        """The first window begins now: what the sources recorded so far is let go, and the next drain's
+        start (its time, its /proc/diskstats baseline) is now.  Called once the filters hold the whole tree:
+        until then the workers' requests were counted by the disk but not yet recorded, and the first
+        window's coverage fell short by them (the requests of the ~0.1-1 s the walk and the per-process
+        tracer's load took)."""
+        if self.tasks is not None:      # in the pipeline's order (tracer.pipeline.windows.DumpWindows.cut)
+            self.tasks.drain(False)
+            self.tasks.dropped()
+        if self.probe is not None:
+            self.probe.drain()
 
     def dump_windows(self, **kw):
         """The BPF pipeline (tracer.pipeline.windows.DumpWindows) over what was opened."""

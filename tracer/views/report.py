@@ -101,6 +101,14 @@ def _start_line(d: Dump, out: TextIO) -> None:
                   f"none) are not in these rows (see README, 'Kernels')\n")
 
 
+def _before_attach_line(d: Dump, out: TextIO) -> None:
+    late = d.before_attach
+    if late is not None:
+        by = f" {late.by_s:.1f} s" if late.by_s is not None else ""
+        out.write(f"NOTE: this window began{by} before the tracer attached: only the part after is in it "
+                  f"(the cold start may be missed)\n")
+
+
 def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = None) -> None:
     seconds = duration_of(d)
     head = safe(title or f"{d.kind}{' ' + repr(d.label) if d.label else ''}")
@@ -118,6 +126,7 @@ def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = N
     _bio_line(d, out)
     _tasks_line(d, out)
     _coverage_line(d, out)
+    _before_attach_line(d, out)
     _start_line(d, out)
     if any(d.dropped.values()):
         out.write(f"WARNING: events not recorded: {lost_text(d.dropped)} (see README, 'Dropped events')\n")

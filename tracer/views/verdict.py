@@ -53,6 +53,14 @@ The rule (thresholds below, module constants):
    readers were in I/O wait IO_WAIT_ALONE of the window or more, else
    "not I/O-bound".
 
+A window that began before the tracer attached (its dump's before_attach:
+`iotrace --pid` mid-epoch) is judged on what was traced, and says so
+("attached N s after it began; the cold start may be missed"): the loop's
+timing covers the whole window (the trainer's clock), the rows only the
+traced part.  So rule 2 (from the loop alone) and an "I/O-bound" stand, but a
+"not I/O-bound" that rests on the rows (rules 4 and 6) becomes "no verdict":
+the I/O wait it did not see may have been the reason.
+
 fsync and dirty-page throttling time are added to the line when together
 they reach STALL_MIN of the window and STALL_MIN_S seconds ("checkpoint
 stalls"); they are I/O wait
@@ -65,7 +73,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from tracer.model.sections import Loop, TaskRow
+from tracer.model.sections import BeforeAttach, Loop, TaskRow
 
 DATA_WAIT_MIN = 0.10        # the loop waited at least this share of the window for its batches
 IO_WAIT_MIN = 0.20          # readers' I/O wait share that makes the disk the reason for the wait
@@ -103,6 +111,8 @@ class Verdict:
     fsync_s: float = 0.0
     throttled_s: float = 0.0
     reads_counted: bool = True              # False: the rows had no source for reads (from_disk unknown)
+    before_attach: bool = False             # the window began before the tracer attached (partly traced)
+    before_attach_s: float | None = None    # ... this long before (None: not known)
 
     @property
     def cache_hit(self) -> float | None:
@@ -124,6 +134,8 @@ class Verdict:
             del out["read_pages"], out["missed_pages"]
         if self.reads_counted:      # said only where the rows could not count reads
             del out["reads_counted"]
+        if not self.before_attach:  # said only of a window that began before the tracer attached
+            del out["before_attach"], out["before_attach_s"]
         out["cache_hit"] = None if self.cache_hit is None else round(self.cache_hit, 4)
         for k in ("data_wait", "trainer_io_wait", "loader_io_wait", "busiest_io_wait", "from_disk"):
             if out[k] is not None:
@@ -195,10 +207,12 @@ def _stalls(v: Verdict) -> str:
 
 
 def judge(wall_s: float, loop: Loop | None = None, tasks: list[TaskRow] | None = None,
-          trainer_pid: int | None = None, noun: str = "window", reads_counted: bool = True) -> Verdict:
+          trainer_pid: int | None = None, noun: str = "window", reads_counted: bool = True,
+          before_attach: BeforeAttach | None = None) -> Verdict:
     """The verdict on one window: `wall_s` seconds, the loop's timing (or None), its rows (or None), the
     trainer's pid if known (the marker sender).  `noun` names the window in the line ("epoch");
-    `reads_counted`: whether the rows count file reads (their tasks_sources' "reads" is available)."""
+    `reads_counted`: whether the rows count file reads (their tasks_sources' "reads" is available);
+    `before_attach`: the window began before the tracer attached (the dump's section)."""
     wall = _num(wall_s)
     rows = tasks or []
     has_rows = bool(rows)
@@ -209,6 +223,9 @@ def judge(wall_s: float, loop: Loop | None = None, tasks: list[TaskRow] | None =
     trainer, loaders = family(rows, trainer_pid)
     judged = ([trainer] + loaders) if trainer is not None else rows
     fields: dict = {"wall_s": wall, "data_wait": dw, "steps": steps, "processes": len(judged)}
+    if before_attach is not None:
+        fields["before_attach"] = True
+        fields["before_attach_s"] = before_attach.by_s
     if has_rows and wall > 0:
         fields["read_bytes"] = sum(r.read_bytes for r in judged)
         fields["disk_read_bytes"] = sum(r.disk_read_bytes for r in judged)
@@ -233,7 +250,20 @@ def judge(wall_s: float, loop: Loop | None = None, tasks: list[TaskRow] | None =
             fields["busiest_io_wait"] = max(r.io_wait_s for r in rows) / wall
     v = Verdict(UNKNOWN, "", **fields)
     state, line = _rule(v, has_rows and wall > 0, noun)
+    if v.before_attach:
+        state, line = _partly_traced(v, state, line, noun)
     return Verdict(state, f"{state}: {line}", **fields)
+
+
+def _partly_traced(v: Verdict, state: str, line: str, noun: str) -> tuple[str, str]:
+    """A window that began before the attach: what the rule said, and that; a "not I/O-bound" that rests on
+    the rows (not on the loop alone, rule 2) is no verdict (see the module docstring)."""
+    by = f"{v.before_attach_s:.1f} s " if v.before_attach_s is not None else ""
+    late = f"attached {by}after the {noun} began; the cold start may be missed"
+    from_loop = v.data_wait is not None and v.data_wait < DATA_WAIT_MIN
+    if state == NOT_IO_BOUND and not from_loop:
+        return UNKNOWN, f"{late} (what was traced: {line})"
+    return state, f"{line}; {late}"
 
 
 def _rule(v: Verdict, rows: bool, noun: str) -> tuple[str, str]:
@@ -272,4 +302,4 @@ def judge_dump(d) -> Verdict:
 
     reads = d.tasks_sources.available.get("reads", True) if d.tasks_sources is not None else True
     return judge(duration_of(d), d.loop, d.tasks.rows if d.tasks is not None else None,
-                 d.sender_pid.pid if d.sender_pid is not None else None, noun_of(d.label), reads)
+                 d.sender_pid.pid if d.sender_pid is not None else None, noun_of(d.label), reads, d.before_attach)
