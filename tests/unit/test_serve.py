@@ -703,3 +703,38 @@ def test_formats_named_by_clients_are_bounded():
         assert get(port, "/metrics")[0] == 200
     finally:
         sink.close(0)
+
+
+# ---- issue 32: HEAD, and a scrape answered whatever other clients do ----
+
+def test_head_is_answered_wherever_get_is():
+    """HEAD of /metrics (each format), /ready, /favicon.ico and a name[] filter: GET's status and headers,
+    Content-Length included, and no body; OPTIONS and a 405 name HEAD among the methods allowed."""
+    import http.client
+
+    port = free_port()
+    sink = serve_sink(port)
+    try:
+        sink.on_dump(dump_of([series("p", latencies(20))]))
+
+        def ask(method: str, path: str, **headers) -> tuple[int, dict, bytes]:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                conn.request(method, path, headers=headers)
+                r = conn.getresponse()
+                return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+            finally:
+                conn.close()
+
+        for path, headers in (("/metrics", {}), ("/metrics", {"Accept-Encoding": "gzip"}),
+                              ("/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"}),
+                              (serve.READY_PATH, {}), ("/favicon.ico", {}), (f"/metrics?name[]={serve.DRAINS}", {})):
+            code, got, body = ask("GET", path, **headers)
+            assert code in (200, 503) and int(got["content-length"]) == len(body), path
+            assert ask("HEAD", path, **headers) == (code, got, b""), path
+        for method in ("OPTIONS", "POST"):
+            code, got, _ = ask(method, "/metrics")
+            assert code == (200 if method == "OPTIONS" else 405)
+            assert {m.strip() for m in got["allow"].split(",")} == {"GET", "HEAD", "OPTIONS"}
+    finally:
+        sink.close(0)

@@ -279,11 +279,17 @@ class _Renderer(threading.Thread):
         return out
 
 
-def _response(status: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
-    head = [f"HTTP/1.1 {status}"] + [f"{k}: {v}" for k, v in headers
-                                     if k.lower() not in ("content-length", "connection")]
-    head += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
-    return "\r\n".join(head).encode("latin-1") + body
+# the methods answered, in every Allow header (prometheus_client's app names OPTIONS and GET; HEAD is
+# answered as GET is, without the body)
+ALLOW = "GET, HEAD, OPTIONS"
+
+
+def _response(status: str, headers: list[tuple[str, str]], body: bytes, head: bool = False) -> bytes:
+    """The bytes of an answer; of HEAD's (`head`), without the body, but with the length GET's has."""
+    lines = [f"HTTP/1.1 {status}"] + [f"{k}: {ALLOW if k.lower() == 'allow' else v}" for k, v in headers
+                                      if k.lower() not in ("content-length", "connection")]
+    lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1") + (b"" if head else body)
 
 
 class _Server:
@@ -462,6 +468,9 @@ class _Server:
             self._answer(c, _response("400 Bad Request", [], b""))
             return
         method, target = parts[0], parts[1]
+        head = method == "HEAD"     # answered as GET is, without the body
+        if head:
+            method = "GET"
         headers = {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
@@ -472,37 +481,38 @@ class _Server:
             ready = self.exporter.attached
             self._answer(c, _response("200 OK" if ready else "503 Service Unavailable",
                                       [("Content-Type", "text/plain")],
-                                      b"ready: tracing\n" if ready else b"not ready: loading the BPF programs\n"))
+                                      b"ready: tracing\n" if ready else b"not ready: loading the BPF programs\n",
+                                      head))
             return
         if method != "GET" or path == "/favicon.ico" or "name[]" in query:
             environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query,
                        "HTTP_ACCEPT": headers.get("accept", ""),
                        "HTTP_ACCEPT_ENCODING": headers.get("accept-encoding", "")}
-            self._wait(c, lambda: self._app(environ))
+            self._wait(c, lambda: self._app(environ, head))
             return
         encoder, content_type = self.choose_encoder(headers.get("accept", ""))
         gzipped = "gzip" in headers.get("accept-encoding", "")
         key = (content_type, gzipped)
         body = self.cache.peek(content_type, gzipped)
         if body is not None:
-            self._answer(c, self._metrics(key, body))
+            self._answer(c, self._metrics(key, body, head))
             return
         if len(self.wanted) < MAX_WANTED:
             self.wanted.setdefault(key, encoder)
-        self._wait(c, lambda: self._metrics(key, self.cache.body(content_type, encoder, gzipped)))
+        self._wait(c, lambda: self._metrics(key, self.cache.body(content_type, encoder, gzipped), head))
 
     @staticmethod
-    def _metrics(key: tuple[str, bool], body: bytes) -> bytes:
+    def _metrics(key: tuple[str, bool], body: bytes, head: bool) -> bytes:
         headers = [("Content-Type", key[0])] + ([("Content-Encoding", "gzip")] if key[1] else [])
-        return _response("200 OK", headers, body)
+        return _response("200 OK", headers, body, head)
 
-    def _app(self, environ) -> bytes:
+    def _app(self, environ, head: bool) -> bytes:
         got = {}
 
         def start_response(status, headers):
             got["status"], got["headers"] = status, headers
         body = b"".join(self.app(environ, start_response))
-        return _response(got["status"], got["headers"], body)
+        return _response(got["status"], got["headers"], body, head)
 
     def _wait(self, c: _Conn, job) -> None:
         c.waiting = True
