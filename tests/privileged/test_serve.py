@@ -6,10 +6,14 @@ The rest, and the helpers both share, are in tests/unit/test_serve.py.
 from __future__ import annotations
 
 import csv
+import http.client
 import json
 import os
+import selectors
 import signal
+import socket
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -215,3 +219,152 @@ def test_a_reader_between_the_two_drains_of_a_cut_keeps_its_own_task_counters(ex
     got = next(iter(mine.values()))
     assert got["read_bytes"] >= 1 << 20 and got["disk_read_bytes"] >= 1 << 20, got
     assert got["io_wait_s"] > 0, got
+
+
+# ---- a scrape is answered whatever other clients do (issue 32) ----
+
+class Crowd:
+    """Other clients of the port, in one thread of their own: `idle` connections that send nothing, each closed
+    and opened again every `reopen_s` (the issue's 300 every 8 s), and `slow` ones sending a request that never
+    ends, a byte a second, each opened again at once when the server closes it.  All from 127.0.0.1, as the
+    scraper: the server cannot tell them apart by address.  Bounded: it stops by itself after `limit_s`."""
+
+    def __init__(self, port: int, idle: int = 300, slow: int = 50, reopen_s: float = 8.0, limit_s: float = 60.0):
+        self.port, self.idle, self.slow, self.reopen_s, self.limit_s = port, idle, slow, reopen_s, limit_s
+        self.sel = selectors.DefaultSelector()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="crowd", daemon=True)
+        self.opened = 0         # connections made
+        self.closed_by_server = 0
+        self.slow_bytes = 0
+        self.error: BaseException | None = None       # what ended the thread early, if anything
+        self.state: dict[socket.socket, dict] = {}
+        self.waiting: list[tuple[tuple[str, int], float]] = []     # idle slots closed by the server: when to reopen
+
+    def __enter__(self) -> Crowd:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
+
+    def _open(self, slot: tuple[str, int], now: float) -> None:
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", self.port))
+        self.opened += 1
+        # a slow client's request: valid so far, never finished
+        todo = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Slow: " + b"a" * 4096 if slot[0] == "slow" else b""
+        self.state[s] = {"slot": slot, "since": now, "next": now + 1.0, "todo": todo, "up": False}
+        self.sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE)
+
+    def _drop(self, s: socket.socket) -> dict:
+        self.sel.unregister(s)
+        s.close()
+        return self.state.pop(s)
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        try:
+            for i in range(self.idle):
+                self._open(("idle", i), start)
+            for i in range(self.slow):
+                self._open(("slow", i), start)
+            while not self.stop.is_set() and time.monotonic() - start < self.limit_s:
+                now = time.monotonic()
+                for key, ev in self.sel.select(timeout=0.05):
+                    s, st = key.fileobj, self.state.get(key.fileobj)
+                    if st is None:
+                        continue
+                    if ev & selectors.EVENT_WRITE and not st["up"]:
+                        st["up"] = not s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                        self.sel.modify(s, selectors.EVENT_READ)
+                    if ev & selectors.EVENT_READ:
+                        try:
+                            data = s.recv(65536)
+                        except OSError:
+                            data = b""
+                        if not data:        # the server closed it (or reset it): open another at once
+                            self.closed_by_server += 1
+                            slot = self._drop(s)["slot"]
+                            if slot[0] == "slow":
+                                self._open(slot, now)
+                            else:
+                                self.waiting.append((slot, st["since"] + self.reopen_s))
+                for s, st in list(self.state.items()):
+                    if st["slot"][0] == "idle" and now - st["since"] >= self.reopen_s:
+                        self._drop(s)
+                        self._open(st["slot"], now)
+                    elif st["slot"][0] == "slow" and st["up"] and st["todo"] and now >= st["next"]:
+                        st["next"] = now + 1.0
+                        try:
+                            self.slow_bytes += s.send(st["todo"][:1])
+                            st["todo"] = st["todo"][1:]
+                        except OSError:
+                            pass
+                for item in [w for w in self.waiting if now >= w[1]]:
+                    self.waiting.remove(item)
+                    self._open(item[0], now)
+        except BaseException as exc:  # noqa: BLE001 - the test says so, rather than pass without a crowd
+            self.error = exc
+        finally:
+            for s in list(self.state):
+                self._drop(s)
+            self.sel.close()
+
+
+def scrape_within(port: int, seconds: float, timeout_s: float = 1.0) -> tuple[list[float], list[str]]:
+    """GET /metrics every 0.2 s for `seconds`: each one's time (s) from connecting to its last byte, and what
+    went wrong with those that were not a whole 200 within `timeout_s`."""
+    times, failures = [], []
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        t = time.monotonic()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+        try:
+            conn.request("GET", "/metrics")
+            r = conn.getresponse()
+            body = r.read()
+            took = time.monotonic() - t
+            if r.status != 200 or b"iotrace_drains_total" not in body:
+                failures.append(f"{r.status} {body[:80]!r}")
+            elif took > timeout_s:
+                failures.append(f"took {took:.2f} s")
+            times.append(took)
+        except OSError as exc:
+            failures.append(f"after {time.monotonic() - t:.2f} s: {exc!r}")
+        finally:
+            conn.close()
+        time.sleep(max(0.0, 0.2 - (time.monotonic() - t)))
+    return times, failures
+
+
+@pytest.mark.parametrize("interval", ["60", "1"], ids=["quiet", "draining-every-second"])
+def test_every_scrape_is_answered_within_1s_beside_idle_and_slow_clients(interval):
+    """300 idle connections opened again every 8 s and 50 sending a byte a second, beside a scraper: for 20 s
+    every scrape is a whole 200 within 1 s, no reset (before: the server held 256 connections, each up to
+    10 s, and closed a new one unanswered: a reset), also while serve drains every second (-i 1)."""
+    port = free_port()
+    proc = subprocess.Popen([PYTHON, "-m", "tracer.cli", "serve", "--listen", f"127.0.0.1:{port}",
+                             "--interval", interval], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    with reaped(proc):
+        deadline = time.monotonic() + 120
+        while get(port, serve.READY_PATH)[0] != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.1)
+        with Crowd(port) as crowd:
+            time.sleep(1.0)         # the crowd in place first
+            times, failures = scrape_within(port, 20.0)
+        drains = exposition(get(port, "/metrics")[1])[(serve.DRAINS, ())]
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    # the crowd was there: its connections came and went, the slow ones did send
+    assert crowd.error is None and crowd.opened >= 350 and crowd.slow_bytes >= 50, vars(crowd)
+    assert len(times) + len(failures) >= 50
+    assert not failures, f"{len(failures)} of {len(times) + len(failures)} scrapes failed: {failures[:5]}"
+    if interval == "1":
+        assert drains >= 15     # it did drain meanwhile

@@ -703,3 +703,160 @@ def test_formats_named_by_clients_are_bounded():
         assert get(port, "/metrics")[0] == 200
     finally:
         sink.close(0)
+
+
+# ---- issue 32: HEAD, and a scrape answered whatever other clients do ----
+
+def test_head_is_answered_wherever_get_is():
+    """HEAD of /metrics (each format), /ready, /favicon.ico and a name[] filter: GET's status and headers,
+    Content-Length included, and no body; OPTIONS and a 405 name HEAD among the methods allowed."""
+    import http.client
+
+    port = free_port()
+    sink = serve_sink(port)
+    try:
+        sink.on_dump(dump_of([series("p", latencies(20))]))
+
+        def ask(method: str, path: str, **headers) -> tuple[int, dict, bytes]:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                conn.request(method, path, headers=headers)
+                r = conn.getresponse()
+                return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+            finally:
+                conn.close()
+
+        for path, headers in (("/metrics", {}), ("/metrics", {"Accept-Encoding": "gzip"}),
+                              ("/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"}),
+                              (serve.READY_PATH, {}), ("/favicon.ico", {}), (f"/metrics?name[]={serve.DRAINS}", {})):
+            code, got, body = ask("GET", path, **headers)
+            assert code in (200, 503) and int(got["content-length"]) == len(body), path
+            assert ask("HEAD", path, **headers) == (code, got, b""), path
+        for method in ("OPTIONS", "POST"):
+            code, got, _ = ask(method, "/metrics")
+            assert code == (200 if method == "OPTIONS" else 405)
+            assert {m.strip() for m in got["allow"].split(",")} == {"GET", "HEAD", "OPTIONS"}
+    finally:
+        sink.close(0)
+
+
+def test_a_scrape_gets_through_300_idle_connections_from_its_own_address():
+    """The issue's 300 idle connections, all from the scraper's own address, held open: the scrape after them
+    is answered (before: the server held 256 and closed the 257th unanswered, a reset)."""
+    port = free_port()
+    sink = serve_sink(port)
+    idle = []
+    try:
+        for _ in range(300):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        for _ in range(3):
+            code, text = get(port, "/metrics")
+            assert code == 200 and (serve.DRAINS, ()) in exposition(text), text
+    finally:
+        for s in idle:
+            s.close()
+        sink.close(0)
+
+
+def test_idle_and_slow_connections_are_closed(monkeypatch):
+    """A connection that sends nothing is closed after IDLE_TIMEOUT_S; one that keeps sending a request, a
+    byte at a time more often than that, after HEADER_TIMEOUT_S: both with an end of file, not a reset."""
+    monkeypatch.setattr(promhttp, "IDLE_TIMEOUT_S", 0.3)       # the server process is forked with these
+    monkeypatch.setattr(promhttp, "HEADER_TIMEOUT_S", 1.0)
+    port = free_port()
+    sink = serve_sink(port)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as quiet:
+            assert quiet.recv(1) == b""
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as slow:
+            sent = 0
+            request = b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 1000
+            slow.settimeout(0.1)        # a byte each 0.1 s (the idle timeout is 0.3 s), until the server closes
+            while sent < len(request):
+                slow.send(request[sent:sent + 1])
+                sent += 1
+                try:
+                    got = slow.recv(1)
+                except TimeoutError:
+                    continue
+                assert got == b""
+                break
+            assert sent < len(request), "the slow request was never closed"
+            assert sent > 3     # it did outlast the idle timeout: closed by the header deadline
+        assert get(port, "/metrics")[0] == 200
+    finally:
+        sink.close(0)
+
+
+def test_an_answer_is_not_lost_to_what_the_client_sent_after_its_request():
+    """A client that sent more than its request (a pipelined request, a body) still reads the whole answer: the
+    server reads what is left before it closes (closing with it unread sends a reset, which can discard the
+    answer before the client reads it)."""
+    import http.client
+
+    port = free_port()
+    sink = serve_sink(port)
+    try:
+        # a body bigger than the sockets' buffers: some of it is still the server's to send when it closes
+        sink.on_dump(dump_of([series("p", latencies(20), device=f"disk{j}") for j in range(600)]))
+        want = get(port, "/metrics")[1].encode()
+        assert len(want) > 1 << 20
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.setblocking(False)
+                out = memoryview(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" + b"x" * (1 << 20))
+                try:
+                    while out:
+                        out = out[s.send(out):]
+                except BlockingIOError:
+                    pass        # what the socket's buffers hold: more than the server's first read
+                s.setblocking(True)
+                time.sleep(0.2)         # the server has sent what fits, and is done with the request
+                r = http.client.HTTPResponse(s)
+                r.begin()
+                assert r.status == 200 and r.read() == want
+    finally:
+        sink.close(0)
+
+
+class FakeConn:
+    def __init__(self, client: str, started: float, reading: bool = True):
+        self.client, self.started, self.reading = client, started, reading
+
+
+def test_admission_takes_room_from_the_client_that_needs_it():
+    a = promhttp.Admission(total=6, per_client=3, grace_s=0.25)
+    a1, a2 = FakeConn("a", 0.0, reading=False), FakeConn("a", 1.0)     # a1: its answer is on its way
+    for c in (a1, a2, FakeConn("b", 0.5)):
+        assert a.make_room(c.client, c.started) is None
+        a.add(c)
+    a3 = FakeConn("a", 2.0)
+    assert a.make_room("a", 2.0) is None
+    a.add(a3)
+    # a's fourth: its oldest still sending its request goes, not its oldest (being answered), not b's
+    assert a.make_room("a", 2.1) is a2
+    a.remove(a2)
+    a.add(FakeConn("a", 2.1))
+    # when every one of a's still sending is younger than the grace, its oldest of all (past it) goes
+    a4 = FakeConn("a", 2.2)
+    assert a.make_room("a", 2.2) is a1
+    # ... and when every one is that young, the new one comes in beyond a's share
+    b = promhttp.Admission(total=6, per_client=3, grace_s=0.25)
+    for t in (5.0, 5.05, 5.1):
+        b.add(FakeConn("a", t))
+    assert b.make_room("a", 5.2) is None
+    # in all at most `total`: then the biggest client's oldest still sending goes, however young
+    a.add(a4)
+    a.add(FakeConn("c", 2.25))
+    assert a.count == 6 and a.make_room("d", 2.3) is a3
+    assert a.make_room("b", 2.3) is a3 and a.make_room("c", 2.3) is a3
+
+
+@pytest.mark.parametrize(("addr", "client"), [
+    (("10.1.2.3", 5000), "10.1.2.3"), (("::ffff:10.1.2.3", 5000, 0, 0), "10.1.2.3"),
+    (("2001:db8:1:2:aaaa::1", 5000, 0, 0), "2001:db8:1:2::/64"),
+    (("2001:db8:1:2:bbbb::9", 1, 0, 0), "2001:db8:1:2::/64"), (("2001:db8:1:3::1", 1, 0, 0), "2001:db8:1:3::/64"),
+    (("fe80::1%eth0", 5000, 0, 2), "fe80::/64"),
+])
+def test_a_client_is_an_address_or_an_ipv6_64(addr, client):
+    assert promhttp.client_of(addr) == client

@@ -225,21 +225,104 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes | None:
 
 # ---- the server's side ---------------------------------------------------------------------------------
 
-MAX_CONNECTIONS = 256       # beyond this many at once, a new connection is closed unanswered
+# What one client can hold, so that whatever the others do a scrape is answered at once (issue 32: 300 idle
+# connections, opened again every 8 s, held every slot, and each new connection was closed unanswered: a reset).
+# A client is an address, or an IPv6 /64 (one host's share).  A new connection is always let in, and never
+# because of its own client's connections does it displace another client's: beyond MAX_PER_CLIENT, it takes
+# the place of its client's oldest connection still sending its request (else its oldest) that has had
+# EVICT_GRACE_S to send it; beyond MAX_CONNECTIONS in all, of the biggest client's.  A scraper sends its request
+# at once and is answered in milliseconds, so it is never the oldest: a flood from its own address only
+# displaces itself, and idle or slow connections give up their slots to IDLE_TIMEOUT_S and HEADER_TIMEOUT_S.
+MAX_CONNECTIONS = 256       # at once, of every client
+MAX_PER_CLIENT = 32         # at once, of one client (those younger than EVICT_GRACE_S aside)
+EVICT_GRACE_S = 0.25        # a connection this young is not closed for its own client's new ones
+IDLE_TIMEOUT_S = 2.0        # a connection sending nothing for this long (also before its first byte) is closed ...
+HEADER_TIMEOUT_S = 5.0      # ... and one whose request line and headers are not all in this long after connecting
 MAX_REQUEST_BYTES = 16384   # a request's line and headers
-REQUEST_TIMEOUT_S = 10.0    # for a client to send its request ...
-SEND_TIMEOUT_S = 30.0       # ... and to take the answer
+SEND_TIMEOUT_S = 30.0       # for a client to take the answer
+# After the answer, the server half-closes and reads what the client may still send until it closes (at most
+# LINGER_S, for at most MAX_LINGERING connections besides the others): closing with its bytes unread would
+# reset the connection, and a reset can discard the answer before the client has read it.
+LINGER_S = 1.0
+MAX_LINGERING = 256
+ACCEPT_BATCH = 64           # connections accepted per wakeup; the others wait in the backlog for the next
+
+
+def client_of(addr) -> str:
+    """Whom a connection from `addr` (accept's) counts against: its IPv4 address (also mapped into IPv6), or
+    the /64 of its IPv6 address (a host picks addresses in its /64 at will)."""
+    import ipaddress
+
+    host = addr[0] if isinstance(addr, tuple) and addr else str(addr)
+    try:
+        ip = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return host
+    if ip.version == 6:
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network((ip, 64), strict=False))
+    return str(ip)
 
 
 class _Conn:
-    __slots__ = ("sock", "buf", "out", "deadline", "waiting")
+    __slots__ = ("sock", "client", "started", "buf", "out", "deadline", "waiting", "lingering")
 
-    def __init__(self, sock: socket.socket, now: float):
+    def __init__(self, sock: socket.socket, client: str, now: float):
         self.sock = sock
+        self.client = client
+        self.started = now
         self.buf = bytearray()
         self.out: memoryview | None = None
-        self.deadline = now + REQUEST_TIMEOUT_S
+        self.deadline = now + IDLE_TIMEOUT_S
         self.waiting = False        # for the renderer thread
+        self.lingering = False      # answered: reading until the client closes
+
+    @property
+    def reading(self) -> bool:
+        """Still sending its request."""
+        return self.out is None and not self.waiting and not self.lingering
+
+
+class Admission:
+    """Which connections hold the slots: at most `total` at once, `per_client` of one client (see
+    MAX_PER_CLIENT).  It only keeps the books (each client's connections, oldest first); the server closes
+    whom it names."""
+
+    def __init__(self, total: int, per_client: int, grace_s: float):
+        self.total, self.per_client, self.grace_s = total, per_client, grace_s
+        self.clients: dict[str, list] = {}      # client -> its connections, oldest first
+        self.count = 0
+
+    def make_room(self, client: str, now: float):
+        """The connection to close to let a new one of `client` in, or None (there is room)."""
+        mine = self.clients.get(client, [])
+        if len(mine) >= self.per_client:
+            victim = self._victim(mine, now, self.grace_s)
+            if victim is not None:
+                return victim
+        if self.count >= self.total:
+            return self._victim(max(self.clients.values(), key=len), now, 0.0)
+        return None
+
+    @staticmethod
+    def _victim(conns: list, now: float, grace_s: float):
+        """The oldest connection still sending its request, else the oldest, of those at least `grace_s` old."""
+        old = [c for c in conns if now - c.started >= grace_s]
+        return next((c for c in old if c.reading), old[0] if old else None)
+
+    def add(self, c) -> None:
+        self.clients.setdefault(c.client, []).append(c)
+        self.count += 1
+
+    def remove(self, c) -> None:
+        mine = self.clients.get(c.client)
+        if mine is None or c not in mine:
+            return
+        mine.remove(c)
+        self.count -= 1
+        if not mine:
+            del self.clients[c.client]
 
 
 class _Renderer(threading.Thread):
@@ -279,17 +362,24 @@ class _Renderer(threading.Thread):
         return out
 
 
-def _response(status: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
-    head = [f"HTTP/1.1 {status}"] + [f"{k}: {v}" for k, v in headers
-                                     if k.lower() not in ("content-length", "connection")]
-    head += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
-    return "\r\n".join(head).encode("latin-1") + body
+# the methods answered, in every Allow header (prometheus_client's app names OPTIONS and GET; HEAD is
+# answered as GET is, without the body)
+ALLOW = "GET, HEAD, OPTIONS"
+
+
+def _response(status: str, headers: list[tuple[str, str]], body: bytes, head: bool = False) -> bytes:
+    """The bytes of an answer; of HEAD's (`head`), without the body, but with the length GET's has."""
+    lines = [f"HTTP/1.1 {status}"] + [f"{k}: {ALLOW if k.lower() == 'allow' else v}" for k, v in headers
+                                      if k.lower() not in ("content-length", "connection")]
+    lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1") + (b"" if head else body)
 
 
 class _Server:
     """One thread serving every connection from a selector: it parses requests and sends bytes the cache
     already has; whatever must be rendered goes to the _Renderer, and the connection waits for it while the
-    others are served.  A request is answered and its connection closed (as HTTP/1.0 servers do)."""
+    others are served.  A request is answered and its connection closed (as HTTP/1.0 servers do), once the
+    client has closed its end (see LINGER_S).  Who holds a connection: Admission (see MAX_PER_CLIENT)."""
 
     def __init__(self, listener: socket.socket, chan: socket.socket, mirror: Mirror, tasks: bool):
         import selectors
@@ -320,6 +410,9 @@ class _Server:
             s.setblocking(False)
             self.sel.register(s, self.READ, None)
         self.conns: dict[int, _Conn] = {}
+        self.admission = Admission(MAX_CONNECTIONS, MAX_PER_CLIENT, EVICT_GRACE_S)
+        self.lingering = 0
+        self.next_sweep = 0.0
         self.chan_buf = bytearray()
         self.ending = False
 
@@ -327,8 +420,9 @@ class _Server:
         self.renderer.start()
         self._refresh(ack=False)
         while not self.ending or self.conns:
-            now = time.monotonic()
-            for key, _ in self.sel.select(timeout=1.0):
+            events = self.sel.select(timeout=0.1 if self.conns else 1.0)
+            now = time.monotonic()      # after the wait: a connection's age is measured from when it came
+            for key, _ in events:
                 s = key.fileobj
                 if s is self.listener:
                     self._accept(now)
@@ -338,8 +432,10 @@ class _Server:
                     self._rendered()
                 else:
                     self._io(self.conns.get(s.fileno()), now)
-            for c in [c for c in self.conns.values() if now > c.deadline]:
-                self._close(c)
+            if now >= self.next_sweep:
+                self.next_sweep = now + 0.1
+                for c in [c for c in self.conns.values() if now > c.deadline]:
+                    self._close(c)
 
     # ---- the tracer's snapshots
 
@@ -409,26 +505,49 @@ class _Server:
     # ---- connections
 
     def _accept(self, now: float) -> None:
-        for _ in range(64):
+        for _ in range(ACCEPT_BATCH):
             try:
-                sock, _ = self.listener.accept()
+                sock, addr = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
                 return      # e.g. EMFILE: the backlog keeps it for the next round
-            if len(self.conns) >= MAX_CONNECTIONS:
-                sock.close()
-                continue
             sock.setblocking(False)
-            c = _Conn(sock, now)
+            c = _Conn(sock, client_of(addr), now)
+            victim = self.admission.make_room(c.client, now)
+            if victim is not None:
+                self._close(victim)
+            self.admission.add(c)
             self.conns[sock.fileno()] = c
             self.sel.register(sock, self.READ, None)
 
     def _close(self, c: _Conn) -> None:
         self.conns.pop(c.sock.fileno(), None)
+        self.admission.remove(c)
+        if c.lingering:
+            self.lingering -= 1
         with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(c.sock)
         c.sock.close()
+
+    def _linger(self, c: _Conn) -> None:
+        """The answer is sent: half-close, and read until the client closes (see LINGER_S)."""
+        self.admission.remove(c)        # its slot is free: what is left costs only a socket
+        if self.lingering >= MAX_LINGERING or self.ending:
+            self._close(c)
+            return
+        try:
+            c.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(c)
+            return
+        c.lingering = True
+        self.lingering += 1
+        c.out = None
+        c.deadline = min(c.deadline, time.monotonic() + LINGER_S)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(c.sock)
+        self.sel.register(c.sock, self.READ, None)
 
     def _io(self, c: _Conn | None, now: float) -> None:
         if c is None:
@@ -442,9 +561,11 @@ class _Server:
             return
         except OSError:
             data = b""
-        if not data:
-            self._close(c)
+        if not data or c.lingering:     # what a client sends after its answer is read and dropped
+            if not data:
+                self._close(c)
             return
+        c.deadline = min(c.started + HEADER_TIMEOUT_S, now + IDLE_TIMEOUT_S)
         c.buf += data
         end = c.buf.find(b"\r\n\r\n")
         if end < 0:
@@ -462,6 +583,9 @@ class _Server:
             self._answer(c, _response("400 Bad Request", [], b""))
             return
         method, target = parts[0], parts[1]
+        head = method == "HEAD"     # answered as GET is, without the body
+        if head:
+            method = "GET"
         headers = {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
@@ -472,37 +596,38 @@ class _Server:
             ready = self.exporter.attached
             self._answer(c, _response("200 OK" if ready else "503 Service Unavailable",
                                       [("Content-Type", "text/plain")],
-                                      b"ready: tracing\n" if ready else b"not ready: loading the BPF programs\n"))
+                                      b"ready: tracing\n" if ready else b"not ready: loading the BPF programs\n",
+                                      head))
             return
         if method != "GET" or path == "/favicon.ico" or "name[]" in query:
             environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query,
                        "HTTP_ACCEPT": headers.get("accept", ""),
                        "HTTP_ACCEPT_ENCODING": headers.get("accept-encoding", "")}
-            self._wait(c, lambda: self._app(environ))
+            self._wait(c, lambda: self._app(environ, head))
             return
         encoder, content_type = self.choose_encoder(headers.get("accept", ""))
         gzipped = "gzip" in headers.get("accept-encoding", "")
         key = (content_type, gzipped)
         body = self.cache.peek(content_type, gzipped)
         if body is not None:
-            self._answer(c, self._metrics(key, body))
+            self._answer(c, self._metrics(key, body, head))
             return
         if len(self.wanted) < MAX_WANTED:
             self.wanted.setdefault(key, encoder)
-        self._wait(c, lambda: self._metrics(key, self.cache.body(content_type, encoder, gzipped)))
+        self._wait(c, lambda: self._metrics(key, self.cache.body(content_type, encoder, gzipped), head))
 
     @staticmethod
-    def _metrics(key: tuple[str, bool], body: bytes) -> bytes:
+    def _metrics(key: tuple[str, bool], body: bytes, head: bool) -> bytes:
         headers = [("Content-Type", key[0])] + ([("Content-Encoding", "gzip")] if key[1] else [])
-        return _response("200 OK", headers, body)
+        return _response("200 OK", headers, body, head)
 
-    def _app(self, environ) -> bytes:
+    def _app(self, environ, head: bool) -> bytes:
         got = {}
 
         def start_response(status, headers):
             got["status"], got["headers"] = status, headers
         body = b"".join(self.app(environ, start_response))
-        return _response(got["status"], got["headers"], body)
+        return _response(got["status"], got["headers"], body, head)
 
     def _wait(self, c: _Conn, job) -> None:
         c.waiting = True
@@ -543,7 +668,7 @@ class _Server:
             return
         c.out = c.out[n:]
         if not len(c.out):
-            self._close(c)
+            self._linger(c)
 
 
 def serve(listener: socket.socket, chan: socket.socket, tracer: int, prctl, mirror: Mirror, tasks: bool) -> None:

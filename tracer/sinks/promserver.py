@@ -22,10 +22,14 @@ on_dump returns sees the new state; the other formats asked for so far
 follow; scrapes meanwhile get the previous bodies at once.  GET of
 READY_PATH answers from the snapshot's `attached`; other methods, name[]
 filters and /favicon.ico go to prometheus_client's own app over the
-snapshot (in the render thread), as they did in-process.  Bounded: at most
-MAX_CONNECTIONS at once, MAX_REQUEST_BYTES of request, REQUEST_TIMEOUT_S to
-send it, SEND_TIMEOUT_S to take the answer; each connection answers one
-request and is closed.
+snapshot (in the render thread), as they did in-process; HEAD is answered as
+GET is, without the body.  Bounded, so that a scrape is answered whatever
+other clients do: at most MAX_CONNECTIONS at once and MAX_PER_CLIENT of one
+address (a new connection takes the place of its own address's oldest one
+still sending its request), IDLE_TIMEOUT_S of silence, HEADER_TIMEOUT_S to
+send the request line and headers, MAX_REQUEST_BYTES of them,
+SEND_TIMEOUT_S to take the answer; each connection answers one request and
+is closed.
 
 The server's side (the selector, the renderer, the cache, the wire) is tracer/sinks/promhttp.py.
 
@@ -51,7 +55,10 @@ from tracer.osutil import libc_prctl
 from tracer.sinks.exposition import Snapshot
 from tracer.sinks.promhttp import Mirror, recv, send, serve
 
-LISTEN_BACKLOG = 128
+# connections the kernel holds for the server to accept: a burst of hundreds (a client opening them all at
+# once) overflowed 128, and a scraper's SYN dropped then is sent again only a second later (the kernel caps it
+# at net.core.somaxconn)
+LISTEN_BACKLOG = 1024
 ANSWER_TIMEOUT_S = 30.0     # the longest the tracer waits for the server to take a snapshot
 EXIT_GRACE_S = 5.0          # ... and for it to exit once told to, before SIGKILL
 
