@@ -6,10 +6,11 @@ per-process tracer; a window is a tracer.model.dump.Dump built from both
   1. marker fields (label, loop timing) and, on the final window, what the
      sources say about themselves (BPF program costs, pid filter size);
   2. containers from cgroup ids (tracer.sources.cgroups);
-  3. with --csv or --alert, iostat's rows of the same window (one
-     /proc/diskstats sample, `Dump.iostat`), then the --alert checks
-     (tracer.pipeline.alerts.AlertCheck), so each JSON line carries its own
-     alerts.
+  3. with --csv or --alert, iostat's rows of the same window (`Dump.iostat`:
+     the probe's own /proc/diskstats reads at the window's edges, over the
+     dump's duration, so both sides cover one span), then the --alert
+     checks (tracer.pipeline.alerts.AlertCheck), so each JSON line carries
+     its own alerts.
 DiskWindows (--diskstats): /proc/diskstats and /proc/PID/io samplers; a
 window is a Dump with no series and its `disks` (tracer.model.diskstats.
 Diskstats), then the --alert stage.
@@ -21,8 +22,8 @@ import platform
 import socket
 from datetime import datetime
 
-from tracer.model.diskstats import Diskstats
-from tracer.model.dump import Dump
+from tracer.model.diskstats import Diskstats, window
+from tracer.model.dump import Dump, duration_of
 from tracer.model.files import fill_containers
 from tracer.model.sections import BpfPrograms, Section, TasksSources, TracedPids
 from tracer.pipeline.aggregate import Clock, build_dump
@@ -81,11 +82,22 @@ class DumpWindows:
 
             resolve_containers(d)
             fill_containers(d)
-        if self.sampler:
-            d.iostat = self.sampler.sample()
+        if self.iostat:
+            d.iostat = self.iostat_rows(raw, d)
         if self.alerts:
             self.alerts.apply(d)
         return d
+
+    def iostat_rows(self, raw, d: Dump) -> list:
+        """iostat's rows of the dump's own window: the probe's /proc/diskstats reads at its edges, over its
+        duration; a sample of our own where the probe read none (its first sample starts once the loop
+        runs, after the programs load: up to a second into the first window)."""
+        start, end = getattr(raw, "diskstats_start", None), getattr(raw, "diskstats_end", None)
+        if start is None or end is None:
+            return self.sampler.sample() if self.sampler else []
+        if self.sampler:
+            self.sampler.sample()       # keeps its baseline at this edge, for a window the probe misses
+        return edge_rows(start, end, duration_of(d), self.devices)
 
     def final_sections(self) -> list[Section]:
         costs = self.probe.program_costs()
@@ -141,3 +153,14 @@ def disk_dump(kind: str, start: datetime, end: datetime, seconds: float, rows: l
     return Dump(kind=kind, start=start, end=end, host=socket.gethostname(), kernel=platform.release(),
                 series=[], window_s=seconds,      # the window as sampled, not end - start
                 disks=Diskstats([r.row() for r in rows], list(procs), unreadable))
+
+
+def edge_rows(start: dict, end: dict, seconds: float, names: list[str] | None) -> list:
+    """iostat rows (tracer.model.diskstats.IostatRow) of `names` (None: every whole disk) between two
+    /proc/diskstats reads ({name: DiskStats}) `seconds` apart; a disk absent from `end` has none."""
+    if names is None:
+        from tracer.sources.devices import whole_disks
+
+        disks = whole_disks()
+        names = [n for n in end if n in disks]
+    return [window(n, start.get(n), end[n], seconds) for n in names if n in end]

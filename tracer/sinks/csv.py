@@ -30,9 +30,9 @@ class CsvLog:
     def _row(self, end: datetime, kind: str, label: str | None, disk: IostatRow | DiskRow | None, seconds: float,
              device: str, op: str, traced=None) -> list:
         cols = disk.columns() if disk else {}
-        # a sampler's row knows its own window (a few microseconds off the dump's)
-        # names made safe (tracer.text), as on the terminal: a spreadsheet or `column` shows them too
-        row = [end.isoformat(), safe(kind), safe(label or ""), f"{getattr(disk, 'seconds', seconds):.6f}",
+        # `seconds` is the dump's own duration, the window both sides' rates are over (the pipeline reads
+        # iostat's rows at the dump's edges); names made safe (tracer.text), as on the terminal
+        row = [end.isoformat(), safe(kind), safe(label or ""), f"{seconds:.6f}",
                safe(device), safe(op)]
         row += [f"{cols[c]:.2f}" if c in cols else "" for c in IOSTAT_COLUMNS]
         if traced is None:
