@@ -3,6 +3,7 @@
 DumpWindows (trace, serve, top): the BPF probe and, unless --no-tasks, the
 per-process tracer; a window is a tracer.model.dump.Dump built from both
 (tracer.pipeline.aggregate.build_dump), then, in order:
+  0. with --cgroup, the per-process rows of the cgroup's processes only (CgroupRows);
   1. marker fields (label, loop timing) and, on the final window, what the
      sources say about themselves (BPF program costs, pid filter size);
   2. containers from cgroup ids (tracer.sources.cgroups);
@@ -25,7 +26,7 @@ from datetime import datetime
 from tracer.model.diskstats import Diskstats, window
 from tracer.model.dump import Dump, duration_of
 from tracer.model.files import fill_containers
-from tracer.model.sections import BpfPrograms, Section, TasksSources, TracedPids
+from tracer.model.sections import BpfPrograms, Section, Tasks, TasksSources, TracedPids
 from tracer.pipeline.aggregate import Clock, build_dump
 
 
@@ -33,7 +34,7 @@ class DumpWindows:
     """`probe` (tracer.sources.probe.Probe) and `tasks` (tracer.sources.tasks.TaskTracer or None) → Dumps."""
 
     def __init__(self, probe, tasks=None, alerts=None, containers: bool = True, traced: bool = False,
-                 iostat: bool = False, devices: list[str] | None = None):
+                 iostat: bool = False, devices: list[str] | None = None, cgroup: str | None = None):
         self.probe = probe
         self.tasks = tasks
         self.alerts = alerts            # AlertCheck or None
@@ -43,6 +44,8 @@ class DumpWindows:
         self.devices = devices          # whose rows: these disks, or None for every whole disk
         self.sampler = None
         self.clock = Clock()
+        # --cgroup (its path as /proc/PID/cgroup names it): the kernel filters the requests, this the rows
+        self.cgroup = CgroupRows(cgroup) if cgroup is not None else None
 
     def start(self) -> None:
         """The diskstats baseline, when the first window begins."""
@@ -74,6 +77,8 @@ class DumpWindows:
         d = build_dump(raw, self.clock, kind, label=label, tasks=tasks, tasks_dropped=dropped)
         if tasks is not None:
             d.put(TasksSources.of(self.tasks.sources))
+            if self.cgroup is not None:
+                self.cgroup.apply(d)
         d.put(*sections)
         if final:
             d.put(*self.final_sections())
@@ -107,6 +112,47 @@ class DumpWindows:
         if self.traced:    # the pid filter's size at the end: flat over a long run
             out.append(TracedPids(len(self.probe.traced_pids())))
         return out
+
+
+class CgroupRows:
+    """--cgroup on the per-process rows: a dump keeps the rows of processes in the cgroup or below it.
+
+    The per-process tracer counts every process (its BPF filter knows pids, not
+    cgroups); each row's process is placed by its /proc/PID/cgroup at the cut
+    (`cgroup_of`), so a process moved in or out counts where it is now.  One
+    gone by then is placed where it was last seen, and one whose requests the
+    window recorded (the kernel's cgroup filter let them through) is inside.
+    A process that came and went between two cuts without block I/O cannot be
+    placed, and is left out.
+    """
+
+    def __init__(self, path: str, cgroup_of=None):
+        from tracer.sources import cgroups
+
+        self.path = path
+        self.cgroup_of = cgroup_of or cgroups.cgroup_of
+        self.within = cgroups.within
+        self.known: dict[int, bool] = {}    # pid -> inside, when last placed (while it lives)
+
+    def apply(self, d: Dump) -> None:
+        if d.tasks is None:
+            return
+        submitted = {s.tgid or s.pid for s in d.series}
+        keep = []
+        for r in d.tasks.rows:
+            where = self.cgroup_of(r.pid)
+            if where is not None:
+                inside = self.within(where, self.path)
+            else:
+                inside = not r.started and self.known.get(r.pid, False)
+            inside = inside or r.pid in submitted
+            if r.exited:
+                self.known.pop(r.pid, None)
+            else:
+                self.known[r.pid] = inside
+            if inside:
+                keep.append(r)
+        d.tasks = Tasks(keep)
 
 
 class DiskWindows:
