@@ -1,4 +1,4 @@
-"""--csv FILE: a row per window, device and op: iostat -x's columns beside iotrace's count, MB/s, p50, p99."""
+"""--csv FILE: a row per window, device and op: iostat -x's columns beside iotrace's count, MiB/s, p50, p99."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from datetime import datetime
 from tracer.model.diskstats import IOSTAT_COLUMNS, DiskRow, IostatRow
 from tracer.osutil import open_output, quiet_close
 from tracer.text import safe
+from tracer.units import mib
 
 CSV_COLUMNS = ("time", "kind", "label", "seconds", "device", "op", *IOSTAT_COLUMNS,
-               "count", "MB/s", "p50_us", "p99_us")
+               "count", "MiB/s", "p50_us", "p99_us")
 
 
 class CsvLog:
-    """The --csv file: a row per window, device and op: iostat's columns beside iotrace's count, MB/s, p50, p99.
+    """The --csv file: a row per window, device and op: iostat's columns beside iotrace's count, MiB/s, p50, p99.
 
     iostat's columns are the device's (every op and every process); the
     iotrace columns are the op's, all traced processes merged, total phase.
@@ -39,7 +40,7 @@ class CsvLog:
             return row + ["", "", "", ""]
         total = traced.phases.get("total")
         summary = total.summary_us() if total and total.count else {}
-        mbps = traced.bytes / seconds / 1e6 if seconds > 0 else 0.0
+        mbps = mib(traced.bytes) / seconds if seconds > 0 else 0.0
         return row + [traced.count, f"{mbps:.3f}", summary.get("p50", ""), summary.get("p99", "")]
 
     def write_dump(self, dump, disk: list[IostatRow], every_device: bool) -> None:
@@ -77,7 +78,7 @@ def add_arguments(p, mode: str) -> None:
     p.add_argument("--csv", metavar="FILE.csv",
                    help="append a row per report, device and op: iostat -x's columns (r/s, w/s, rkB/s, wkB/s, "
                         "r_await, w_await, aqu-sz, %%util) from /proc/diskstats"
-                        + (" beside iotrace's count, MB/s, p50 and p99" if mode != "diskstats" else ""))
+                        + (" beside iotrace's count, MiB/s, p50 and p99" if mode != "diskstats" else ""))
 
 
 class CsvSink:
