@@ -157,3 +157,60 @@ def test_the_start_line_names_the_cgroup(capsys):
     assert "all processes" not in first
     _announce(TraceArgs(cgroup="/job", command=["fio", "x.fio"]), 42, probe, control, None)
     assert "command 'fio x.fio' (pid 42) in cgroup /job" in capsys.readouterr().err
+
+
+# ---- 1 and 3: rates over the window, said so; one binary unit in every view ------------------------
+
+def _two_mib_dump():
+    from unit.test_report_views import dump, series
+
+    # 512 reads of 4 KiB (2 MiB) in a 2 s window
+    return dump(None, 0, 2.0, [series(7, "fio", "loop0", "read", [100_000] * 512)])
+
+
+def _cells(text: str, head: str) -> dict[str, str]:
+    lines = text.splitlines()
+    i = next(n for n, line in enumerate(lines) if line.split()[:1] == [head])
+    return dict(zip(lines[i].split(), lines[i + 1].split(), strict=False))
+
+
+def test_the_table_gives_rates_over_the_window_in_mib():
+    from tracer.views.report import render_table
+
+    out = io.StringIO()
+    render_table(_two_mib_dump(), out)
+    text = out.getvalue()
+    assert "IOPS, MiB/s over the window's 2.0s" in text.splitlines()[1]
+    row = _cells(text, "PID")
+    assert row["IOPS"] == "256" and row["MiB/s"] == "1.00" and row["AVGSZ"] == "4.0KiB"
+
+
+def test_by_label_and_diff_count_mib():
+    from tracer.views.diff import Side, diff_json
+    from tracer.views.report import render_by_label
+
+    out = io.StringIO()
+    render_by_label([_two_mib_dump()], out, layout="long")
+    text = out.getvalue()
+    assert "MiB = 2^20 bytes" in text
+    head = next(line for line in text.splitlines() if line.startswith("ROW / LABEL")).split()
+    values = [line for line in text.splitlines() if line.strip().startswith("(unlabelled)")][-1].split()
+    assert dict(zip(head[3:], values[1:], strict=False))["MiB"] == "2.00"
+    d = _two_mib_dump()
+    [row] = diff_json(Side("A", "a.jsonl", None, 1, d), Side("B", "b.jsonl", None, 1, d))["rows"]
+    assert row["a"]["MiB"] == 2.0
+
+
+def test_sizes_read_in_binary_units_everywhere():
+    from tracer.model.files import FileRow, Files
+    from tracer.units import fmt_size
+    from tracer.views.files import render_files
+
+    assert [fmt_size(n) for n in (512, 4096, 1 << 20, 142 << 20, 3 << 30)] == [
+        "512B", "4.0KiB", "1.0MiB", "142MiB", "3.0GiB"]
+    d = _two_mib_dump()
+    d.files = Files([FileRow("7:0", 1, "/data/shard0", 7, "fio", cache_read_bytes=0, disk_read_bytes=2 << 20,
+                             requests=4)])
+    out = io.StringIO()
+    render_files(d, out)
+    assert _cells(out.getvalue(), "FILE")["DISK"] == "2.0MiB"

@@ -104,8 +104,11 @@ def _start_line(d: Dump, out: TextIO) -> None:
 def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = None) -> None:
     seconds = duration_of(d)
     head = safe(title or f"{d.kind}{' ' + repr(d.label) if d.label else ''}")
+    # rates over the whole window, as iostat's are over its interval (the --csv row's iostat columns are
+    # over this same window); a fio job's IOPS are over its own runtime, shorter when the window holds more
     out.write(f"\n{head}: {d.start:%H:%M:%S} - {d.end:%H:%M:%S} ({seconds:.1f}s), "
-              f"{len(d.series)} series; total latency (p50..max), Q = queue (~Q2D), D = device (D2C)\n")
+              f"{len(d.series)} series; total latency (p50..max), Q = queue (~Q2D), D = device (D2C); "
+              f"IOPS, MiB/s over the window's {seconds:.1f}s\n")
     if not d.series:
         out.write("  no block I/O completed\n")
     else:
