@@ -1,5 +1,8 @@
-"""Numbers in the units people read: latencies in ns/us/ms/s, sizes in B/K/M/G.
+"""Numbers in the units people read: latencies in ns/us/ms/s, sizes and rates in binary units.
 
+One convention for every size and rate iotrace shows (the tables, report --by
+label, diff, top, plot, --csv): KiB, MiB, GiB = 2^10, 2^20, 2^30 bytes, as
+iostat's kB/s (KiB) and fio's MiB/s are; each header says MiB, never MB.
 Base layer: used by views, alerts and sinks alike.
 """
 
@@ -19,12 +22,21 @@ def fmt_latency(us: float | None) -> str:
     return f"{us / 1e6:.2f}s"
 
 
+MIB = 1 << 20
+
+
+def mib(n_bytes: float) -> float:
+    """Bytes in MiB (2^20 bytes)."""
+    return n_bytes / MIB
+
+
 def fmt_size(n: float) -> str:
-    for unit in ("B", "K", "M", "G"):
-        if n < 1024 or unit == "G":
+    """Bytes in the binary unit that reads best: 512B, 4.0KiB, 142MiB, 1.5GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
             return f"{n:.0f}{unit}" if unit == "B" or n >= 100 else f"{n:.1f}{unit}"
         n /= 1024
-    return f"{n:.1f}G"
+    return f"{n:.1f}GiB"
 
 
 def fmt_ns(ns: float) -> str:

@@ -108,7 +108,7 @@ def test_top_in_tmux_shows_the_device_and_quits_on_q(tmux, loop, tmp_path):
     stop = tmp_path / "stop"
     load = subprocess.Popen([PYTHON, "-c", LOAD.format(tests=str(TESTS)), loop.path, str(stop)])
     try:
-        row = re.compile(rf"^\s*(\d+) (\S+)\s+{loop.name}\s+read\s+(\d+)\s+([\d.]+)\s+4\.0K\s+(\S+)\s+(\S+)\s+(\S+)",
+        row = re.compile(rf"^\s*(\d+) (\S+)\s+{loop.name}\s+read\s+(\d+)\s+([\d.]+)\s+4\.0KiB\s+(\S+)\s+(\S+)\s+(\S+)",
                          re.M)
         lat = re.compile(r"^[\d.]+(ns|us|ms|s)$")
 

@@ -142,7 +142,7 @@ def test_csv_rows_merge_processes_and_keep_idle_devices(tmp_path):
         "50.00", "5.00", "200.00", "0.20", "25.00")
     # both processes' requests in one distribution: half at 1 us, half at 9 us
     assert float(read["p50_us"]) == pytest.approx(1.0, rel=0.01) and float(read["p99_us"]) == pytest.approx(9, rel=.01)
-    assert float(read["MB/s"]) == pytest.approx(100 * 4096 / 2 / 1e6, abs=1e-3)
+    assert float(read["MiB/s"]) == pytest.approx(100 * 4096 / 2 / 2**20, abs=1e-3)    # MiB: 2^20 bytes
     assert rows[2]["%util"] == "0.00" and rows[2]["p99_us"] == ""
     # appending to the same file writes no second header
     log = csvsink.CsvLog(str(tmp_path / "x.csv"))

@@ -24,7 +24,7 @@ from tracer.model.sections import Enclosing, Loop, SenderPid, Tasks
 
 MS, US = 1_000_000, 1_000
 T0 = datetime(2026, 1, 1, 8, 0, 0, tzinfo=UTC)
-STATS = ("count", "MB", "p50", "p90", "p99", "p99.9", "max")
+STATS = ("count", "MiB", "p50", "p90", "p99", "p99.9", "max")
 LAT_Q = {"p50": 50, "p90": 90, "p99": 99, "p99.9": 99.9}
 
 
@@ -64,7 +64,7 @@ def nearest_rank(values: list[int], q: float) -> float:
 
 
 def expected(values_ns: list[int], size: int = 4096) -> dict[str, float]:
-    out = {"count": len(values_ns), "MB": len(values_ns) * size / 1e6, "max": max(values_ns) / US}
+    out = {"count": len(values_ns), "MiB": len(values_ns) * size / 2**20, "max": max(values_ns) / US}
     out.update({k: nearest_rank(values_ns, q) for k, q in LAT_Q.items()})
     return out
 
@@ -75,7 +75,7 @@ UNIT_US = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
 
 def value(cell: str) -> float | None:
-    """A table cell as a number: counts and MB as they are, latencies in us, percents in %."""
+    """A table cell as a number: counts and MiB as they are, latencies in us, percents in %."""
     if cell == "-":
         return None
     m = re.fullmatch(r"([+-]?)([\d.]+)(ns|us|ms|s|%)?", cell)
@@ -200,7 +200,7 @@ def assert_stats(got: dict, want: dict, keys=STATS) -> None:
     for k in keys:
         if k == "count":
             assert got[k] == want[k], (k, got, want)
-        elif k == "MB":
+        elif k == "MiB":
             assert got[k] == round(want[k], 2), (k, got, want)
         else:
             assert close(got[k], want[k]), (k, got[k], want[k])
@@ -220,7 +220,7 @@ def test_by_label_windows_in_first_seen_order_merged_by_label(run):
     # pids 100 and 101 are one row; epoch 2's two dumps (pids 102, 103) are one window
     assert_stats(read["epoch 1"], expected(E1_MAIN + E1_WORKER))
     assert_stats(read["epoch 2"], expected(E2_A + E2_B))
-    assert read["checkpoint 1"] == {"count": 0, "MB": 0.0, **dict.fromkeys(STATS[2:])}
+    assert read["checkpoint 1"] == {"count": 0, "MiB": 0.0, **dict.fromkeys(STATS[2:])}
     assert_stats(rows["python loop0 write"]["checkpoint 1"], expected(CKPT, size=1 << 20))
     # the two kworkers are one row, kworker/*
     wb = rows["kworker/* loop0 write"]
@@ -248,7 +248,7 @@ def parse_wide(stdout: str) -> tuple[list[str], dict[str, list[dict]]]:
         parts = line.split()
         groups = [parts[i:i + 4] for i in range(3, len(parts), 4)]
         assert len(groups) == len(labels), line
-        rows[" ".join(parts[:3])] = [dict(zip(("p50", "p99", "count", "MB"), map(value, g), strict=True))
+        rows[" ".join(parts[:3])] = [dict(zip(("p50", "p99", "count", "MiB"), map(value, g), strict=True))
                                      for g in groups]
     return labels, rows
 
@@ -267,9 +267,9 @@ def test_by_label_two_windows_side_by_side(tmp_path):
     assert labels == ["epoch 1", "epoch 2"]
     assert max(len(line) for line in out.splitlines()) <= 120
     first, second = rows["trainer nvme0n1 read"]
-    assert_stats(first, expected(a1), ("count", "MB", "p50", "p99"))
-    assert_stats(second, expected(a2), ("count", "MB", "p50", "p99"))
-    assert rows["trainer nvme0n1 write"][0] == {"p50": None, "p99": None, "count": 0, "MB": 0.0}
+    assert_stats(first, expected(a1), ("count", "MiB", "p50", "p99"))
+    assert_stats(second, expected(a2), ("count", "MiB", "p50", "p99"))
+    assert rows["trainer nvme0n1 write"][0] == {"p50": None, "p99": None, "count": 0, "MiB": 0.0}
     # forcing the long layout shows the same numbers
     order, long_rows = parse_long(ok(["report", "--by", "label", "--layout", "long", str(path)]))
     assert order == labels
@@ -344,7 +344,7 @@ def test_diff_two_runs_matched_by_name(tmp_path):
     assert_stats(read["A"], expected(a_read))
     assert_stats(read["B"], expected(b_read))
     assert read["change"]["count"] == -30 and read["change %"]["count"] == -75.0
-    assert read["change"]["MB"] == round((10 - 40) * 4096 / 1e6, 2) and read["change %"]["MB"] == -75.0
+    assert read["change"]["MiB"] == round((10 - 40) * 4096 / 2**20, 2) and read["change %"]["MiB"] == -75.0
     for k in ("p50", "p90", "p99", "p99.9", "max"):
         assert close(read["change"][k], 500.0), (k, read["change"][k])
         assert read["change %"][k] == pytest.approx(pct(1000, 1500), abs=0.05)
@@ -501,7 +501,7 @@ def test_by_label_shows_waits_and_a_verdict_per_window(trained):
     # epoch 1: its two dumps (8 s + 2 s) merged; the loop's 4.0 of 11.0 s; workers (6 + 7) / 2 of 10 s
     seconds, data_wait, trainer_io, loaders_io, read, hit, fsync, throttled = table["epoch 1"]
     assert (value(seconds), value(data_wait), value(trainer_io)) == (10.0, round(400 / 11, 1), 2.0)
-    assert loaders_io == "65.0% x2" and read == "64.0M" and value(hit) == round(100 * 2 / 64, 1)
+    assert loaders_io == "65.0% x2" and read == "64.0MiB" and value(hit) == round(100 * 2 / 64, 1)
     assert value(table["epoch 2"][1]) == 4.0 and value(table["epoch 2"][5]) == 100.0
     assert value(table["epoch 1 / checkpoint"][6].rstrip("s")) == 0.7
     assert verdicts["epoch 1"].startswith("I/O-bound: waited 36% of the epoch for data")
@@ -530,4 +530,4 @@ def test_report_table_sums_up_a_dumps_tasks(trained):
     line = next(x for x in out.splitlines() if x.startswith("tasks: "))
     # the whole file merged: 18 s; the trainer's 1.1 s of I/O wait, the workers' 6.1 and 7.1 s
     assert line.startswith("tasks: I/O wait trainer 6.1%, loaders 36.7% x2 of 18.0s"), line
-    assert "files read 128M" in line and "fsync 0.70s" in line
+    assert "files read 128MiB" in line and "fsync 0.70s" in line

@@ -29,7 +29,7 @@ def test_rows_sort_by_p99_bytes_or_iops():
     assert [r.comm for r in top.top_rows(d, "bytes")] == ["big", "many", "slow"]
     assert [r.comm for r in top.top_rows(d, "iops")] == ["many", "big", "slow"]
     many = top.top_rows(d, "iops")[0]
-    assert many.iops == 200 and many.cells()[6] == "4.0K" and many.cells()[9] == "50us"
+    assert many.iops == 200 and many.cells()[6] == "4.0KiB" and many.cells()[9] == "50us"
 
 
 def test_screen_fits_the_height_and_says_what_is_left_out():

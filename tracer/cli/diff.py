@@ -15,7 +15,7 @@ def parser() -> argparse.ArgumentParser:
     p = Parser(prog="iotrace diff", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EPILOG,
                 usage='iotrace diff A B [--phase PHASE]\n       iotrace diff FILE --labels "LABEL A" "LABEL B"',
                 description="Compare two runs, or two labelled windows (epochs), row by row: each percentile, "
-                            "the count and the MB of A and B, and the change. No root needed.")
+                            "the count and the MiB of A and B, and the change. No root needed.")
     p.add_argument("sides", nargs="+", metavar="SIDE", help="FILE.jsonl or FILE.jsonl:LABEL (see below)")
     p.add_argument("--labels", nargs=2, metavar=("LA", "LB"), help="compare label LA with label LB")
     p.add_argument("--phase", choices=PHASES, default="total",

@@ -15,9 +15,9 @@ examples:
   iotrace plot run.jsonl -o io.png                  every device and op
   iotrace plot run.jsonl -o io.png --device nvme0n1 --op read
 
-Panels: p50/p99 per device and op over time (log scale) with MB/s; a heatmap
+Panels: p50/p99 per device and op over time (log scale) with MiB/s; a heatmap
 of requests per latency band over time, from the dumps' histograms; and, when
-the dumps carry labels (markers: "epoch 1", ...), p50/p99 and MB per label.
+the dumps carry labels (markers: "epoch 1", ...), p50/p99 and MiB per label.
 Needs matplotlib: pip install 'iotrace[plot]'.
 """
 

@@ -19,7 +19,7 @@ from tracer.views.report import render_windows, windows_by_label
 REPORT_EPILOG = """\
 examples:
   iotrace report run.jsonl                  the whole run: every dump merged
-  iotrace report run.jsonl --by label       epochs side by side: count, MB, p50, p99 per label
+  iotrace report run.jsonl --by label       epochs side by side: count, MiB, p50, p99 per label
   iotrace report --follow run.jsonl         each dump as the tracer appends it (tail -f), until Ctrl-C
   iotrace report run.jsonl --by file        the top files by bytes from disk, with their p99
   iotrace report run.jsonl --json | jq .    the merged dump as one JSON line (--by label: one per window)

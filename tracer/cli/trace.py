@@ -256,7 +256,8 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         _announce_tasks(args, tasks, tasks_note)
         # attached: the traced processes ran before the trace (--pid, or every process), unlike a COMMAND
         windows = run.dump_windows(traced=bool(args.pids or args.command), iostat=bool(args.csv),
-                                   attached=not args.command)
+                                   attached=not args.command,
+                                   cgroup=cgroups.cgroup_path(args.cgroup) if args.cgroup else None)
         run.loop(windows, Schedule(args.interval, args.duration, args.count), child=child, tree=tree,
                  pidfds=pidfds, control=control)
     # leaving `with` closed everything in order (tracer.runtime.session): the outputs, the command, the
@@ -269,7 +270,10 @@ def _announce(args: TraceArgs, child: int | None, probe, control, control_error:
     from tracer.sources.proctree import describe
 
     what = (f"command {' '.join(args.command)!r} (pid {child})" if child else
-            describe(attached) if attached else "all processes")
+            describe(attached) if attached else "all processes" if not args.cgroup else "")
+    # --cgroup filters whoever runs: the processes of that cgroup (and below it), or those of the targets there
+    if args.cgroup:
+        what += f"{' in ' if what else 'the processes of '}cgroup {args.cgroup} (and below it)"
     # the command, devices and paths as given: shown through safe(), as every name
     print(safe(f"iotrace: tracing block I/O of {what}"
                f"{' on ' + ', '.join(args.devs) if args.devs else ''}; Ctrl-C to end"), file=sys.stderr)

@@ -102,7 +102,7 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: li
     if tasks is not None:
         d.tasks = Tasks(task_rows(tasks, series))
     if raw.files is not None:
-        d.files = Files(file_rows(raw.files, raw.files_top, raw.files_cache))
+        d.files = Files(file_rows(on_disks(raw.files, raw.traced_devs), raw.files_top, raw.files_cache))
     for reason, n in (tasks_dropped or {}).items():
         if n:
             d.dropped[reason] = d.dropped.get(reason, 0) + n
@@ -138,6 +138,23 @@ def task_rows(tasks: list, series: list[Series]) -> list[TaskRow]:
     return rows
 
 
+def on_disks(rows: list, disks: list[int] | None, parts: dict[int, int] | None = None) -> list:
+    """File rows (tracer.sources.files.FileRaw) of files on `disks` (kernel dev_t; None: every disk).
+
+    A file's dev is its filesystem's: a partition of a disk counts as the disk
+    (`parts`: partition -> disk, sysfs's unless given).  Its reads from the
+    page cache and O_DIRECT's bytes are counted before any request (so on any
+    disk, --dev or not); a row with requests passed the --dev filter itself
+    (a filesystem over several disks, btrfs, has a dev that is no disk's).
+    """
+    if not disks:
+        return rows
+    if parts is None:
+        parts = devices.partitions()
+    wanted = set(disks)
+    return [r for r in rows if r.requests or parts.get(r.dev, r.dev) in wanted]
+
+
 def file_rows(raw_rows: list, top: int, cache: bool) -> list[FileRow]:
     """The dump's "files" (tracer.sources.files.FileRaw rows): the top `top` by bytes from disk, the rest
     summed; page-cache read bytes only where they were measured (`cache`)."""
@@ -157,10 +174,13 @@ COUNTED_OPS = ("read", "write", "flush", "discard")
 def coverage(raw, series: list[Series]) -> Coverage | None:
     """Per device: requests iotrace recorded vs requests /proc/diskstats completed, same window.
 
-    Devices: the --dev ones, else every whole disk either side saw activity
-    on.  Without a pid or cgroup filter the two agree exactly over a run
-    (an interval's edges may move a request or two across); with one,
-    iotrace's share is partial by design and marked so.
+    Devices: the traced disks only.  The --dev ones; else, without a pid or
+    cgroup filter, every whole disk either side saw activity on (all are
+    traced); with one, the disks the traced processes' requests were
+    recorded on (another process's busy disk is no disk of theirs: its
+    "0/114033" said nothing about them).  Without a filter the two agree
+    exactly over a run (an interval's edges may move a request or two
+    across); with one, iotrace's share is partial by design and marked so.
     """
     if raw.diskstats_start is None or raw.diskstats_end is None:
         return None
@@ -173,8 +193,8 @@ def coverage(raw, series: list[Series]) -> Coverage | None:
     else:
         disks = set(devices.whole_disks())
         names = sorted(n for n in raw.diskstats_end if n in disks and (
-            n in recorded or raw.diskstats_end[n].completions != getattr(raw.diskstats_start.get(n),
-                                                                         "completions", 0)))
+            n in recorded or not raw.filtered and raw.diskstats_end[n].completions != getattr(
+                raw.diskstats_start.get(n), "completions", 0)))
     out = {}
     for name in names:
         end, start = raw.diskstats_end.get(name), raw.diskstats_start.get(name)

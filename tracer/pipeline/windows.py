@@ -3,15 +3,17 @@
 DumpWindows (trace, serve, top): the BPF probe and, unless --no-tasks, the
 per-process tracer; a window is a tracer.model.dump.Dump built from both
 (tracer.pipeline.aggregate.build_dump), then, in order:
+  0. with --cgroup, the per-process rows of the cgroup's processes only (CgroupRows);
   1. marker fields (label, loop timing), whether the marker's window began
      before the tracer attached (before_attach, below) and, on the final
      window, what the sources say about themselves (BPF program costs, pid
      filter size);
   2. containers from cgroup ids (tracer.sources.cgroups);
-  3. with --csv or --alert, iostat's rows of the same window (one
-     /proc/diskstats sample, `Dump.iostat`), then the --alert checks
-     (tracer.pipeline.alerts.AlertCheck), so each JSON line carries its own
-     alerts.
+  3. with --csv or --alert, iostat's rows of the same window (`Dump.iostat`:
+     the probe's own /proc/diskstats reads at the window's edges, over the
+     dump's duration, so both sides cover one span), then the --alert
+     checks (tracer.pipeline.alerts.AlertCheck), so each JSON line carries
+     its own alerts.
 Before the attach: the tracer's first window begins when it attached (for
 --pid, once the filters hold the whole tree).  A marker dump whose window
 began earlier, as its marker says ("began", the sender's CLOCK_MONOTONIC),
@@ -33,10 +35,10 @@ import platform
 import socket
 from datetime import datetime
 
-from tracer.model.diskstats import Diskstats
-from tracer.model.dump import Dump
+from tracer.model.diskstats import Diskstats, window
+from tracer.model.dump import Dump, duration_of
 from tracer.model.files import fill_containers
-from tracer.model.sections import BeforeAttach, BpfPrograms, Section, TasksSources, TracedPids
+from tracer.model.sections import BeforeAttach, BpfPrograms, Section, Tasks, TasksSources, TracedPids
 from tracer.pipeline.aggregate import Clock, build_dump
 
 
@@ -44,7 +46,8 @@ class DumpWindows:
     """`probe` (tracer.sources.probe.Probe) and `tasks` (tracer.sources.tasks.TaskTracer or None) → Dumps."""
 
     def __init__(self, probe, tasks=None, alerts=None, containers: bool = True, traced: bool = False,
-                 iostat: bool = False, devices: list[str] | None = None, attached: bool = False):
+                 iostat: bool = False, devices: list[str] | None = None, attached: bool = False,
+                 cgroup: str | None = None):
         self.probe = probe
         self.tasks = tasks
         self.alerts = alerts            # AlertCheck or None
@@ -56,6 +59,8 @@ class DumpWindows:
         self.clock = Clock()
         self.attached = attached        # the traced processes ran before the trace (see the module docstring)
         self.first_ns: int | None = None    # when the first window began (CLOCK_MONOTONIC): the attach
+        # --cgroup (its path as /proc/PID/cgroup names it): the kernel filters the requests, this the rows
+        self.cgroup = CgroupRows(cgroup) if cgroup is not None else None
 
     def start(self) -> None:
         """The diskstats baseline, when the first window begins."""
@@ -93,6 +98,8 @@ class DumpWindows:
         d = build_dump(raw, self.clock, kind, label=label, tasks=tasks, tasks_dropped=dropped)
         if tasks is not None:
             d.put(TasksSources.of(self.tasks.sources))
+            if self.cgroup is not None:
+                self.cgroup.apply(d)
         d.put(*sections)
         if kind == "marker":
             late = before_attach(self.first_ns, began, first and self.attached and not manual, raw.end_ns)
@@ -105,11 +112,22 @@ class DumpWindows:
 
             resolve_containers(d)
             fill_containers(d)
-        if self.sampler:
-            d.iostat = self.sampler.sample()
+        if self.iostat:
+            d.iostat = self.iostat_rows(raw, d)
         if self.alerts:
             self.alerts.apply(d)
         return d
+
+    def iostat_rows(self, raw, d: Dump) -> list:
+        """iostat's rows of the dump's own window: the probe's /proc/diskstats reads at its edges, over its
+        duration; a sample of our own where the probe read none (its first sample starts once the loop
+        runs, after the programs load: up to a second into the first window)."""
+        start, end = getattr(raw, "diskstats_start", None), getattr(raw, "diskstats_end", None)
+        if start is None or end is None:
+            return self.sampler.sample() if self.sampler else []
+        if self.sampler:
+            self.sampler.sample()       # keeps its baseline at this edge, for a window the probe misses
+        return edge_rows(start, end, duration_of(d), self.devices)
 
     def final_sections(self) -> list[Section]:
         costs = self.probe.program_costs()
@@ -129,6 +147,47 @@ def before_attach(attach_ns: int, began: float | None, first_of_attached: bool, 
         late_ns = attach_ns - began * 1e9
         return BeforeAttach(round(late_ns / 1e9, 3)) if late_ns > 0 else None
     return BeforeAttach(None) if first_of_attached else None
+
+
+class CgroupRows:
+    """--cgroup on the per-process rows: a dump keeps the rows of processes in the cgroup or below it.
+
+    The per-process tracer counts every process (its BPF filter knows pids, not
+    cgroups); each row's process is placed by its /proc/PID/cgroup at the cut
+    (`cgroup_of`), so a process moved in or out counts where it is now.  One
+    gone by then is placed where it was last seen, and one whose requests the
+    window recorded (the kernel's cgroup filter let them through) is inside.
+    A process that came and went between two cuts without block I/O cannot be
+    placed, and is left out.
+    """
+
+    def __init__(self, path: str, cgroup_of=None):
+        from tracer.sources import cgroups
+
+        self.path = path
+        self.cgroup_of = cgroup_of or cgroups.cgroup_of
+        self.within = cgroups.within
+        self.known: dict[int, bool] = {}    # pid -> inside, when last placed (while it lives)
+
+    def apply(self, d: Dump) -> None:
+        if d.tasks is None:
+            return
+        submitted = {s.tgid or s.pid for s in d.series}
+        keep = []
+        for r in d.tasks.rows:
+            where = self.cgroup_of(r.pid)
+            if where is not None:
+                inside = self.within(where, self.path)
+            else:
+                inside = not r.started and self.known.get(r.pid, False)
+            inside = inside or r.pid in submitted
+            if r.exited:
+                self.known.pop(r.pid, None)
+            else:
+                self.known[r.pid] = inside
+            if inside:
+                keep.append(r)
+        d.tasks = Tasks(keep)
 
 
 class DiskWindows:
@@ -176,3 +235,14 @@ def disk_dump(kind: str, start: datetime, end: datetime, seconds: float, rows: l
     return Dump(kind=kind, start=start, end=end, host=socket.gethostname(), kernel=platform.release(),
                 series=[], window_s=seconds,      # the window as sampled, not end - start
                 disks=Diskstats([r.row() for r in rows], list(procs), unreadable))
+
+
+def edge_rows(start: dict, end: dict, seconds: float, names: list[str] | None) -> list:
+    """iostat rows (tracer.model.diskstats.IostatRow) of `names` (None: every whole disk) between two
+    /proc/diskstats reads ({name: DiskStats}) `seconds` apart; a disk absent from `end` has none."""
+    if names is None:
+        from tracer.sources.devices import whole_disks
+
+        disks = whole_disks()
+        names = [n for n in end if n in disks]
+    return [window(n, start.get(n), end[n], seconds) for n in names if n in end]

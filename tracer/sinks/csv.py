@@ -1,4 +1,4 @@
-"""--csv FILE: a row per window, device and op: iostat -x's columns beside iotrace's count, MB/s, p50, p99."""
+"""--csv FILE: a row per window, device and op: iostat -x's columns beside iotrace's count, MiB/s, p50, p99."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from datetime import datetime
 from tracer.model.diskstats import IOSTAT_COLUMNS, DiskRow, IostatRow
 from tracer.osutil import open_output, quiet_close
 from tracer.text import safe
+from tracer.units import mib
 
 CSV_COLUMNS = ("time", "kind", "label", "seconds", "device", "op", *IOSTAT_COLUMNS,
-               "count", "MB/s", "p50_us", "p99_us")
+               "count", "MiB/s", "p50_us", "p99_us")
 
 
 class CsvLog:
-    """The --csv file: a row per window, device and op: iostat's columns beside iotrace's count, MB/s, p50, p99.
+    """The --csv file: a row per window, device and op: iostat's columns beside iotrace's count, MiB/s, p50, p99.
 
     iostat's columns are the device's (every op and every process); the
     iotrace columns are the op's, all traced processes merged, total phase.
@@ -30,16 +31,16 @@ class CsvLog:
     def _row(self, end: datetime, kind: str, label: str | None, disk: IostatRow | DiskRow | None, seconds: float,
              device: str, op: str, traced=None) -> list:
         cols = disk.columns() if disk else {}
-        # a sampler's row knows its own window (a few microseconds off the dump's)
-        # names made safe (tracer.text), as on the terminal: a spreadsheet or `column` shows them too
-        row = [end.isoformat(), safe(kind), safe(label or ""), f"{getattr(disk, 'seconds', seconds):.6f}",
+        # `seconds` is the dump's own duration, the window both sides' rates are over (the pipeline reads
+        # iostat's rows at the dump's edges); names made safe (tracer.text), as on the terminal
+        row = [end.isoformat(), safe(kind), safe(label or ""), f"{seconds:.6f}",
                safe(device), safe(op)]
         row += [f"{cols[c]:.2f}" if c in cols else "" for c in IOSTAT_COLUMNS]
         if traced is None:
             return row + ["", "", "", ""]
         total = traced.phases.get("total")
         summary = total.summary_us() if total and total.count else {}
-        mbps = traced.bytes / seconds / 1e6 if seconds > 0 else 0.0
+        mbps = mib(traced.bytes) / seconds if seconds > 0 else 0.0
         return row + [traced.count, f"{mbps:.3f}", summary.get("p50", ""), summary.get("p99", "")]
 
     def write_dump(self, dump, disk: list[IostatRow], every_device: bool) -> None:
@@ -77,7 +78,7 @@ def add_arguments(p, mode: str) -> None:
     p.add_argument("--csv", metavar="FILE.csv",
                    help="append a row per report, device and op: iostat -x's columns (r/s, w/s, rkB/s, wkB/s, "
                         "r_await, w_await, aqu-sz, %%util) from /proc/diskstats"
-                        + (" beside iotrace's count, MB/s, p50 and p99" if mode != "diskstats" else ""))
+                        + (" beside iotrace's count, MiB/s, p50 and p99" if mode != "diskstats" else ""))
 
 
 class CsvSink:

@@ -73,6 +73,20 @@ def resolve_cgroup(path: str) -> tuple[int, int]:
     What the kernel-side --cgroup filter compares: the submitter's ancestor
     at that depth must have that id (the inode number of its directory).
     """
+    full, rel, root = _locate(path)
+    # a container may see a subtree of the hierarchy: its depth counts too
+    depth = [p for p in (root.strip("/").split("/") if root != "/" else []) + rel.split("/") if p not in ("", ".")]
+    return os.stat(full).st_ino, len(depth)
+
+
+def cgroup_path(path: str) -> str:
+    """The cgroup v2 at `path` (as --cgroup takes it) as /proc/PID/cgroup names it: "/system.slice/x.scope"."""
+    rel = _locate(path)[1]
+    return "/" if rel == "." else "/" + rel
+
+
+def _locate(path: str) -> tuple[str, str, str]:
+    """(its directory, its path relative to the mount, the mount's root) of the cgroup v2 at `path`."""
     found = cgroup2_mount()
     if found is None:
         raise UserError("--cgroup needs the cgroup v2 hierarchy, and none is mounted "
@@ -85,9 +99,28 @@ def resolve_cgroup(path: str) -> tuple[int, int]:
         raise UserError(f"--cgroup {path}: not under the cgroup v2 mount {mount}")
     if not os.path.isfile(os.path.join(full, "cgroup.procs")):
         raise UserError(f"--cgroup {path}: no such cgroup v2 ({full} has no cgroup.procs)")
-    # a container may see a subtree of the hierarchy: its depth counts too
-    depth = [p for p in (root.strip("/").split("/") if root != "/" else []) + rel.split("/") if p not in ("", ".")]
-    return os.stat(full).st_ino, len(depth)
+    return full, rel, root
+
+
+def cgroup_of(pid: int, proc: str = "/proc") -> str | None:
+    """Process `pid`'s cgroup v2 path, from /proc/PID/cgroup's "0::" line; None once it is gone (or has none).
+
+    The text is the kernel's, but a cgroup's name is whoever made it: only compared, never shown.
+    """
+    try:
+        with open(f"{proc}/{pid}/cgroup", "rb") as f:
+            for line in f.read(1 << 16).decode(errors="replace").splitlines():
+                if line.startswith("0::"):
+                    return line[3:].removesuffix(" (deleted)")
+    except OSError:
+        pass
+    return None
+
+
+def within(path: str, cgroup: str) -> bool:
+    """Whether cgroup path `path` is `cgroup` or below it (both as /proc/PID/cgroup names them)."""
+    top = cgroup.rstrip("/")
+    return not top or path == top or path.startswith(top + "/")
 
 
 def _unescape(field: str) -> str:

@@ -54,8 +54,8 @@ Each row is a process name, a device and an op, on both sides.  Rows are
 matched on the name, not the pid: pids differ between runs, and loader
 workers restarted each epoch get new ones.  Kernel writeback workers
 (kworker/u8:3, ...) are one row, kworker/*.  Per row: A, B, the change B - A,
-and the change in percent of A.  COUNT and MB are the rows' requests,
-whatever the --phase; MB = 10^6 bytes.  Rows seen on one side only are
+and the change in percent of A.  COUNT and MiB are the rows' requests,
+whatever the --phase; MiB = 2^20 bytes.  Rows seen on one side only are
 listed after the matched ones.
 """
 
@@ -153,7 +153,7 @@ def fmt_change(key: str, d: float | None) -> str:
         return "-"
     if key == "count":
         return f"{int(d):+d}"
-    if key == "MB":
+    if key == "MiB":
         return f"{d:+.2f}"
     if d == 0:
         return "0"
@@ -182,7 +182,7 @@ def render_diff(a: Side, b: Side, out: TextIO, phase: str = "total") -> None:
         if any(m.dropped.values()):
             out.write(f"WARNING: {side.tag}: events not recorded: {lost_text(m.dropped)} "
                       f"(see README, 'Dropped events')\n")
-    heads = ["COUNT", "MB", *LATENCY_KEYS]
+    heads = ["COUNT", "MiB", *LATENCY_KEYS]
     if not (comp.matched or comp.only_a or comp.only_b):
         out.write("  no block I/O on either side\n")
         return
@@ -209,7 +209,7 @@ def _row_key(s: Series) -> dict:
 
 
 def diff_json(a: Side, b: Side, phase: str = "total") -> dict:
-    """What render_diff shows, as data: latencies in microseconds, MB = 10^6 bytes, None where a side has none."""
+    """What render_diff shows, as data: latencies in microseconds, MiB = 2^20 bytes, None where a side has none."""
     comp = compare(a.merged, b.merged)
     sides = {}
     for side in (a, b):

@@ -3,11 +3,11 @@
 Panels, top to bottom:
 
 1. latency over time: p50 and p99 per device and op (all processes merged),
-   one point per dump at its end, log scale; MB/s of each on a second axis;
+   one point per dump at its end, log scale; MiB/s of each on a second axis;
 2. a latency heatmap: time x latency band, colour = requests, from the
    dumps' HdrHistograms re-binned into ROWS_PER_OCTAVE bands per power of two;
 3. per label (dumps closed by markers: "epoch 1", ...): p50 and p99 bars and
-   MB, only when the dumps carry labels;
+   MiB, only when the dumps carry labels;
 4. wait shares per label: the training loop's data wait, the I/O wait of the
    trainer and of its loaders, and the share of bytes read from disk, with
    each label's verdict (tracer.views.verdict) under it, only when labelled dumps
@@ -29,6 +29,7 @@ from tracer import contract
 from tracer.errors import UserError
 from tracer.osutil import open_output
 from tracer.text import safe
+from tracer.units import mib
 
 WIDTH_IN = 12.0
 PANEL_HEIGHT_IN = 3.6
@@ -36,9 +37,9 @@ DPI = 100
 ROWS_PER_OCTAVE = 4
 OPS = tuple(contract.load().ops)
 PHASES = tuple(contract.load().shown_phases)
-TITLE_TIME = "latency over time: p50 (dashed) and p99 (solid) per device and op; MB/s (thin, right axis)"
+TITLE_TIME = "latency over time: p50 (dashed) and p99 (solid) per device and op; MiB/s (thin, right axis)"
 TITLE_HEAT = "latency heatmap: requests per latency band and dump"
-TITLE_LABELS = "per label: p50 and p99 (bars), MB (line, right axis)"
+TITLE_LABELS = "per label: p50 and p99 (bars), MiB (line, right axis)"
 TITLE_WAITS = "per label: % of the time waiting (data: the loop; I/O: trainer, loaders), % of bytes from disk"
 
 
@@ -140,12 +141,12 @@ def _time_panel(ax, windows: list[_Window], groups: list[tuple[str, str]], phase
         p50 = [_pct(s, phase, "p50") for s in rows]
         ax.plot(x, p99, "o-", color=c, label=f"{shown(g[0])} {shown(g[1])} p99", markersize=4)
         ax.plot(x, p50, ".--", color=c, label=f"{shown(g[0])} {shown(g[1])} p50")
-        mbps = [s.bytes / w.seconds / 1e6 if s is not None and w.seconds > 0 else 0.0 for s, w in zip(rows, windows,
+        mbps = [mib(s.bytes) / w.seconds if s is not None and w.seconds > 0 else 0.0 for s, w in zip(rows, windows,
                                                                                                       strict=True)]
         right.stairs(mbps, _edges(windows), color=c, linewidth=0.8, alpha=0.5)    # each dump's rate over its window
     ax.set_yscale("log")
     ax.set_ylabel(f"{phase} latency (ms)")
-    right.set_ylabel("MB/s")
+    right.set_ylabel("MiB/s")
     right.set_ylim(bottom=0)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small", loc="upper left", ncol=max(1, min(4, len(groups))))
@@ -197,7 +198,7 @@ def _label_panel(ax, windows: list[_Window], phase: str) -> list[str]:
         summary = st.summary_us() if st is not None and st.count else {}
         p50.append(summary.get("p50", 0.0) / 1e3)
         p99.append(summary.get("p99", 0.0) / 1e3)
-        mb.append(sum(s.bytes for s in merged[label]) / 1e6)
+        mb.append(mib(sum(s.bytes for s in merged[label])))
     x = np.arange(len(order))
     ax.bar(x - 0.2, p50, width=0.4, label="p50", color="C0")
     ax.bar(x + 0.2, p99, width=0.4, label="p99", color="C3")
@@ -205,8 +206,8 @@ def _label_panel(ax, windows: list[_Window], phase: str) -> list[str]:
                   ha="right" if len(order) > 6 else "center", fontsize="small")
     ax.set_ylabel(f"{phase} latency (ms)")
     right = ax.twinx()
-    right.plot(x, mb, "ko-", label="MB", markersize=4)
-    right.set_ylabel("MB")
+    right.plot(x, mb, "ko-", label="MiB", markersize=4)
+    right.set_ylabel("MiB")
     right.set_ylim(bottom=0)
     ax.legend(fontsize="small", loc="upper left")
     ax.set_title(TITLE_LABELS, fontsize="medium")

@@ -24,14 +24,14 @@ from tracer.model.dump import (
 )
 from tracer.model.sections import VerdictSection
 from tracer.text import safe
-from tracer.units import fmt_latency, fmt_ns, fmt_size
+from tracer.units import fmt_latency, fmt_ns, fmt_size, mib
 from tracer.views.verdict import Verdict, judge_dump
 
 BAR_WIDTH = 40
 
 
 COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<7"), ("COUNT", ">8"), ("IOPS", ">8"),
-           ("MB/s", ">8"), ("AVGSZ", ">6"), ("p50", ">7"), ("p90", ">7"), ("p99", ">7"), ("p99.9", ">7"),
+           ("MiB/s", ">8"), ("AVGSZ", ">6"), ("p50", ">7"), ("p90", ">7"), ("p99", ">7"), ("p99.9", ">7"),
            ("max", ">7"), ("Q:p50", ">7"), ("Q:p99", ">7"), ("D:p50", ">7"), ("D:p99", ">7"))
 
 
@@ -60,7 +60,7 @@ def comm_cell(comm: str, wb: bool, width: int = 15) -> str:
 
 def series_row(s: Series, seconds: float) -> list[str]:
     rate = s.count / seconds if seconds > 0 else 0.0
-    mbps = s.bytes / seconds / 1e6 if seconds > 0 else 0.0
+    mbps = mib(s.bytes) / seconds if seconds > 0 else 0.0
     avg = fmt_size(s.bytes / s.count) if s.count and s.bytes else "-"
     total = [_pct(s, "total", k) for k in (*PCT_KEYS, "max")]
     split = [_pct(s, "queue", "p50"), _pct(s, "queue", "p99"), _pct(s, "device", "p50"), _pct(s, "device", "p99")]
@@ -112,8 +112,11 @@ def _before_attach_line(d: Dump, out: TextIO) -> None:
 def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = None) -> None:
     seconds = duration_of(d)
     head = safe(title or f"{d.kind}{' ' + repr(d.label) if d.label else ''}")
+    # rates over the whole window, as iostat's are over its interval (the --csv row's iostat columns are
+    # over this same window); a fio job's IOPS are over its own runtime, shorter when the window holds more
     out.write(f"\n{head}: {d.start:%H:%M:%S} - {d.end:%H:%M:%S} ({seconds:.1f}s), "
-              f"{len(d.series)} series; total latency (p50..max), Q = queue (~Q2D), D = device (D2C)\n")
+              f"{len(d.series)} series; total latency (p50..max), Q = queue (~Q2D), D = device (D2C); "
+              f"IOPS, MiB/s over the window's {seconds:.1f}s\n")
     if not d.series:
         out.write("  no block I/O completed\n")
     else:
@@ -152,7 +155,7 @@ def render_bars(s: Series, out: TextIO, phase: str = "total") -> None:
 
 UNLABELLED = "(unlabelled)"
 LATENCY_KEYS = (*PCT_KEYS, "max")
-STAT_KEYS = ("count", "MB", *LATENCY_KEYS)
+STAT_KEYS = ("count", "MiB", *LATENCY_KEYS)
 WIDE_MAX = 120      # the auto layout puts windows side by side while that fits in this many columns
 _LABEL_MAX = 30
 
@@ -192,12 +195,12 @@ def row_text(s: Series, per_pid: bool = False) -> str:
 
 
 def row_stats(s: Series | None, phase: str = "total") -> dict[str, float | None]:
-    """count, MB (10^6 bytes) and the phase's p50..max in microseconds (None: no such latency)."""
+    """count, MiB (2^20 bytes) and the phase's p50..max in microseconds (None: no such latency)."""
     if s is None:
-        return {"count": 0, "MB": 0.0, **dict.fromkeys(LATENCY_KEYS)}
+        return {"count": 0, "MiB": 0.0, **dict.fromkeys(LATENCY_KEYS)}
     st = s.phases.get(phase)
     summary = st.summary_us() if st and st.count else {}
-    return {"count": s.count, "MB": s.bytes / 1e6, **{k: summary.get(k) for k in LATENCY_KEYS}}
+    return {"count": s.count, "MiB": mib(s.bytes), **{k: summary.get(k) for k in LATENCY_KEYS}}
 
 
 def fmt_mb(mb: float) -> str:
@@ -207,7 +210,7 @@ def fmt_mb(mb: float) -> str:
 def fmt_stat(key: str, v: float | None) -> str:
     if key == "count":
         return str(v)
-    if key == "MB":
+    if key == "MiB":
         return fmt_mb(v or 0.0)
     return fmt_latency(v)
 
@@ -259,11 +262,11 @@ def render_by_label(dumps: Iterable[Dump], out: TextIO, layout: str = "auto", pe
 
 def render_windows(windows: list[Window], out: TextIO, layout: str = "auto", per_pid: bool = False,
                    title: str | None = None) -> None:
-    """Windows (dumps merged by label) side by side, per row: count, MB and total latency.
+    """Windows (dumps merged by label) side by side, per row: count, MiB and total latency.
 
-    layout "wide": one column group per window (p50 p99 COUNT MB), readable
+    layout "wide": one column group per window (p50 p99 COUNT MiB), readable
     for two or three windows; "long": one block per row with one line per
-    window (count, MB, p50..max), readable for any number; "auto": wide while
+    window (count, MiB, p50..max), readable for any number; "auto": wide while
     it fits in WIDE_MAX columns.  Unlabelled dumps (the stretch after the last
     marker, interval dumps) are one window, "(unlabelled)", shown last, and
     left out with a note when they hold no I/O.
@@ -271,7 +274,7 @@ def render_windows(windows: list[Window], out: TextIO, layout: str = "auto", per
     empty_rest = [w for w in windows if w.label is None and not w.merged.series]
     shown = [w for w in windows if w not in empty_rest]
     out.write(f"\n{title or 'by label'}: {sum(w.dumps for w in windows)} dump(s) in {len(shown)} window(s)\n"
-              f"rows: {'pid' if per_pid else 'process name'} + device + op; total latency; MB = 10^6 bytes\n")
+              f"rows: {'pid' if per_pid else 'process name'} + device + op; total latency; MiB = 2^20 bytes\n")
     lw = min(max([len("LABEL"), *(len(w.name) for w in windows)]), _LABEL_MAX)
     timed = any(loop_share(w.merged) is not None for w in shown)
     out.write(f"  {'LABEL':<{lw}} {'DUMPS':>5} {'SECONDS':>8}  {'FROM':<8}  {'TO':<8} {'ROWS':>5}"
@@ -311,7 +314,7 @@ def render_windows(windows: list[Window], out: TextIO, layout: str = "auto", per
 
 
 _KEY_COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<7"))
-_GROUP_COLUMNS = (("p50", "p50", ">7"), ("p99", "p99", ">7"), ("COUNT", "count", ">7"), ("MB", "MB", ">7"))
+_GROUP_COLUMNS = (("p50", "p50", ">7"), ("p99", "p99", ">7"), ("COUNT", "count", ">7"), ("MiB", "MiB", ">7"))
 _GROUP_WIDTH = sum(int(spec[1:]) + 1 for _, _, spec in _GROUP_COLUMNS) - 1
 _GROUP_GAP = "  "
 
@@ -344,7 +347,7 @@ def _render_wide(windows: list[Window], table: list[list[Series | None]], out: T
 
 def _render_long(windows: list[Window], table: list[list[Series | None]], out: TextIO, per_pid: bool) -> None:
     lw = min(max([12, *(len(w.name) for w in windows)]), _LABEL_MAX)
-    head = "".join(f" {k:>8}" for k in ("COUNT", "MB", *LATENCY_KEYS))
+    head = "".join(f" {k:>8}" for k in ("COUNT", "MiB", *LATENCY_KEYS))
     out.write(f"\n{'ROW / LABEL':<{lw + 2}}{head}\n")
     for cells in table:
         first = next(s for s in cells if s is not None)

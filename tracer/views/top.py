@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tracer.text import safe
+from tracer.units import MIB
 
 SORTS = ("p99", "bytes", "iops")
-COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<7"), ("IOPS", ">8"), ("MB/s", ">8"),
+COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<7"), ("IOPS", ">8"), ("MiB/s", ">8"),
            ("AVGSZ", ">6"), ("p50", ">7"), ("p90", ">7"), ("p99", ">7"), ("p99.9", ">7"), ("max", ">7"))
 HELP = "q quit  s sort"
 
@@ -50,7 +51,7 @@ def top_rows(dump, sort: str = "p99") -> list[TopRow]:
     for s in dump.series:
         st = s.phases.get("total")
         pct = st.summary_us() if st and st.count else {}
-        rows.append(TopRow(s.pid, s.comm, s.device, s.op, s.count / seconds, s.bytes / seconds / 1e6, s.bytes,
+        rows.append(TopRow(s.pid, s.comm, s.device, s.op, s.count / seconds, s.bytes / seconds / MIB, s.bytes,
                            s.bytes / s.count if s.count else 0.0, pct, s.wb))
     key = {"p99": lambda r: (-r.pct_us.get("p99", -1.0), -r.bytes),
            "bytes": lambda r: (-r.bytes, -r.pct_us.get("p99", -1.0)),
@@ -72,7 +73,7 @@ def screen_lines(dump, sort: str, interval: float, where: str, height: int) -> l
     mbps = sum(r.mbps for r in rows)
     lost = sum(dump.dropped.values())
     lines = [head,
-             f"{dump.start:%H:%M:%S} - {dump.end:%H:%M:%S}: {len(rows)} rows, {iops:.0f} IOPS, {mbps:.2f} MB/s; "
+             f"{dump.start:%H:%M:%S} - {dump.end:%H:%M:%S}: {len(rows)} rows, {iops:.0f} IOPS, {mbps:.2f} MiB/s; "
              f"total latency (request start to completion)" + (f"; {lost} events not recorded" if lost else ""),
              "", _line([name for name, _ in COLUMNS])]
     room = max(height - len(lines), 0)
