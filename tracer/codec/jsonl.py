@@ -68,7 +68,7 @@ Merging dumps adds them up per (file, pid).
 
 API: to_json(dump) -> dict, from_json(obj) -> Dump, write(stream, dump),
 read(path, follow=None) -> dumps (a last line cut short is left out with a
-warning), register(kind, decode, encode).
+warning; a line longer than MAX_LINE, 16 MiB, is an error), register(kind, decode, encode).
 """
 
 from __future__ import annotations
@@ -286,6 +286,13 @@ def write(stream, d: Dump) -> None:
 
 
 FOLLOW_POLL_S = 0.25
+# The longest line read: a dump of the full series table is a few MB; a file with no newline
+# (/dev/zero, a binary) must be an error, not a read that grows until memory runs out
+MAX_LINE = 16 << 20
+
+
+def _too_long(path: str, n: int) -> UserError:
+    return UserError(f"{path}:{n}: a line longer than {MAX_LINE >> 20} MiB: not an iotrace dump file")
 
 
 def _parse(path: str, n: int, line: bytes) -> Dump:
@@ -326,7 +333,9 @@ def read(path: str, follow: Callable[[float], bool] | None = None) -> Iterator[D
     with f:
         n, line = 0, b""
         while True:
-            line += f.readline()
+            line += f.readline(MAX_LINE + 1 - len(line))
+            if len(line) > MAX_LINE:
+                raise _too_long(path, n + 1)
             if line.endswith(b"\n"):
                 n += 1
                 if line.strip():

@@ -1,0 +1,60 @@
+"""Input files are read in bounded memory (issue 32, item 4): a line longer than jsonl.MAX_LINE (16 MiB)
+in what report, diff or plot read, or a bench result longer than 16 MiB for compare, is one line on
+stderr and exit 2.  `iotrace report /dev/zero` grew to 23 GB, and under a 1.5 GB limit ended in a
+MemoryError traceback; each case here runs as a process under that limit (ulimit -v)."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+from tracer.codec import jsonl
+
+LIMIT = 1536 << 20      # bytes of address space, as `ulimit -v 1572864`
+
+
+def _limited() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (LIMIT, LIMIT))
+
+
+def iotrace_limited(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tracer.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, preexec_fn=_limited)
+
+
+@pytest.fixture(scope="module")
+def long_line(tmp_path_factory):
+    """A file whose second line is a JSON string a little over MAX_LINE long."""
+    p = tmp_path_factory.mktemp("long") / "long.jsonl"
+    with open(p, "w") as f:
+        f.write("\n")
+        f.write('{"schema": 1, "kind": "final", "x": "' + "a" * (jsonl.MAX_LINE + 10) + '"}\n')
+    return p
+
+
+@pytest.mark.parametrize("args", [
+    ["report", "/dev/zero"],
+    ["report", "{long}"],
+    ["report", "--by", "label", "{long}"],
+    ["diff", "/dev/zero", "{long}"],
+    ["compare", "/dev/zero", "/dev/zero"],
+])
+def test_an_endless_line_is_one_error_line_and_exit_2(args, long_line):
+    r = iotrace_limited([a.replace("{long}", str(long_line)) for a in args])
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "MemoryError" not in r.stderr, r.stderr[-2000:]
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("iotrace: "), r.stderr[-2000:]
+    assert "16 MiB" in r.stderr
+
+
+def test_a_line_just_under_the_limit_is_still_read(tmp_path, capsys):
+    """The bound is on one line, not on the file: lines up to it parse as before (this one is no dump)."""
+    p = tmp_path / "ok.jsonl"
+    p.write_text('{"schema": 1, "kind": "nope", "x": "' + "a" * (jsonl.MAX_LINE - 100) + '"}\n')
+    with pytest.raises(Exception) as exc:
+        list(jsonl.read(str(p)))
+    assert "unknown kind" in str(exc.value)
