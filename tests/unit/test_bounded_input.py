@@ -58,3 +58,26 @@ def test_a_line_just_under_the_limit_is_still_read(tmp_path, capsys):
     with pytest.raises(Exception) as exc:
         list(jsonl.read(str(p)))
     assert "unknown kind" in str(exc.value)
+
+
+# ---- nothing the invoking user's environment chooses is compiled as root (item 5) ----------------
+
+def test_iotrace_bpf_dir_is_refused_under_sudo(tmp_path):
+    """Under sudo (SUDO_UID set), $IOTRACE_BPF_DIR would have root compile the user's BPF source: one line,
+    exit 2, before anything is read from that directory (its iotrace.h here would be a parse error)."""
+    import os
+
+    (tmp_path / "iotrace.h").write_text("#define IOTRACE_X (\n")
+    env = {**os.environ, "IOTRACE_BPF_DIR": str(tmp_path), "SUDO_UID": "65534", "SUDO_GID": "65534"}
+    r = subprocess.run([sys.executable, "-m", "tracer.cli", "-d", "1"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.splitlines() == [r.stderr.strip()] and "IOTRACE_BPF_DIR is not honoured under sudo" in r.stderr
+
+
+def test_iotrace_bpf_dir_is_honoured_without_sudo(tmp_path, monkeypatch):
+    from tracer import contract
+
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    monkeypatch.setenv("IOTRACE_BPF_DIR", str(tmp_path))
+    assert contract.bpf_dir() == tmp_path
