@@ -5,6 +5,7 @@ MemoryError traceback; each case here runs as a process under that limit (ulimit
 
 from __future__ import annotations
 
+import json
 import resource
 import subprocess
 import sys
@@ -81,3 +82,25 @@ def test_iotrace_bpf_dir_is_honoured_without_sudo(tmp_path, monkeypatch):
     monkeypatch.delenv("SUDO_UID", raising=False)
     monkeypatch.setenv("IOTRACE_BPF_DIR", str(tmp_path))
     assert contract.bpf_dir() == tmp_path
+
+
+# ---- report --follow of a file truncated under it (item 6) --------------------------------------
+
+def test_follow_notices_a_truncated_file_and_reads_it_again(tmp_path, capsys):
+    """A file truncated and written anew while followed used to show nothing more (the read position
+    lay past its end); now that is said on stderr and the new content is read from its start."""
+    lines = (ROOT / "tests/unit/data/main-df49ae4.jsonl").read_text().splitlines(keepends=True)[:3]
+    p = tmp_path / "run.jsonl"
+    p.write_text("".join(lines))
+    calls = []
+
+    def follow(wait: float) -> bool:
+        calls.append(wait)
+        if len(calls) == 1:
+            p.write_text(lines[1])      # shorter than what was read: a new run's first dump
+        return len(calls) > 3
+
+    got = [d.label for d in jsonl.read(str(p), follow=follow)]
+    want = [jsonl.from_json(json.loads(x)).label for x in lines]
+    assert got == [*want, want[1]]
+    assert f"{p} was truncated; reading it again from the start" in capsys.readouterr().err

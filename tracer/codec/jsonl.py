@@ -74,6 +74,7 @@ warning; a line longer than MAX_LINE, 16 MiB, is an error), register(kind, decod
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -318,13 +319,22 @@ def _cut(line: bytes) -> bool:
     return False
 
 
+def _truncated(f) -> bool:
+    """The open file is now shorter than what was read of it."""
+    try:
+        return os.fstat(f.fileno()).st_size < f.tell()
+    except OSError:
+        return False
+
+
 def read(path: str, follow: Callable[[float], bool] | None = None) -> Iterator[Dump]:
     """Dumps of an iotrace .jsonl file; UserError naming the file and line on bad input.
 
     A last line cut short (the tracer is writing it, or was killed mid-write)
     is left out with one warning on stderr: the dumps before it are whole.
     `follow`: at the end of the file, called with how long to wait for more;
-    it returns True to stop (tail -f until Ctrl-C).
+    it returns True to stop (tail -f until Ctrl-C).  A file that was truncated
+    meanwhile is said so on stderr and read again from its start.
     """
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below; bytes, so bad encodings fail per line
@@ -343,6 +353,11 @@ def read(path: str, follow: Callable[[float], bool] | None = None) -> Iterator[D
                 line = b""
             elif follow is None or follow(FOLLOW_POLL_S):
                 break
+            elif _truncated(f):
+                # the file was cut (rewritten, truncated by hand): what follows is a new start, read whole
+                print(f"iotrace: warning: {path} was truncated; reading it again from the start", file=sys.stderr)
+                f.seek(0)
+                n, line = 0, b""
         if not line.strip():
             return
         if _cut(line):
