@@ -13,6 +13,12 @@ began, and every interval's dump was written.
 
     sudo .venv/bin/python scripts/soak.py --seconds 3600   # the hour
     sudo .venv/bin/python scripts/soak.py --seconds 30     # what make bench runs
+    sudo .venv/bin/python scripts/soak.py --seconds 300 --markers 10000
+                                                           # and a marker flood meanwhile
+
+--markers N sends N markers (distinct labels, each waiting for its dump, as
+`iotrace mark` does) as fast as the tracer takes them, from the start; the
+line at the end says how many were sent.
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tracer.marker import ENV_RUN_DIR, SOCKET_SUFFIX, send  # noqa: E402
 from tracer.sources.probe import USER_DROPS  # noqa: E402
 
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
@@ -56,11 +64,25 @@ def without_sudo() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SUDO_")}
 
 
+def send_markers(control: str, n: int, sent: list[int]) -> None:
+    """n markers with distinct labels, each waiting for the tracer to close its dump; sent[0] counts them."""
+    while not os.path.exists(control):      # bound once the programs are attached
+        time.sleep(0.05)
+    for i in range(n):
+        try:
+            confirmed = send(f"flood {i}", control, wait=2.0)
+        except OSError:         # the tracer is ending
+            return
+        sent[0] += confirmed
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=60, help="length of the run (default 60; 3600 for the hour)")
     p.add_argument("--interval", type=float, default=1.0, help="the tracer's -i (default 1 s)")
     p.add_argument("--json", metavar="FILE", help="also write the samples and the verdict as JSON")
+    p.add_argument("--markers", type=int, default=0, metavar="N",
+                   help="also send N markers at full speed (a flood of distinct labels)")
     args = p.parse_args()
     if os.geteuid() != 0:
         print("soak: needs root (BPF, losetup): run it with sudo, or `make bench`", file=sys.stderr)
@@ -75,13 +97,18 @@ def main() -> int:
     tracer = None
     samples: list[tuple[float, float]] = []
     spawned = 0
+    marked = [0]
     try:
         tracer = subprocess.Popen([PYTHON, "-m", "tracer.cli", "-i", str(args.interval), "-o", str(out),
                                    "--pid", str(os.getpid())],
                                   cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                  env=without_sudo())     # -o is root's scratch file, not the sudo user's
+                                  env={**without_sudo(), ENV_RUN_DIR: str(work)})   # -o: root's scratch file
         if "tracing block I/O" not in tracer.stderr.readline():
             raise SystemExit(f"soak: the tracer did not start: {tracer.stderr.read().strip()}")
+        if args.markers:
+            control = str(work / f"{tracer.pid}{SOCKET_SUFFIX}")
+            flood = threading.Thread(target=send_markers, args=(control, args.markers, marked), daemon=True)
+            flood.start()
         start = time.monotonic()
         next_sample = start
         readers: list[subprocess.Popen] = []
@@ -123,6 +150,7 @@ def main() -> int:
         "growth_second_half_mb": round(growth, 1), "rows_per_dump_max": max(rows, default=0),
         "lost_for_room": lost, "skipped_by_kernel": sum(d["dropped"].get(r, 0) for d in dumps for r in USER_DROPS),
         "pid_filter_at_end": dumps[-1].get("traced_pids") if dumps else None,
+        "rss_last_mb": rss[-1] if rss else None, "markers_sent": marked[0],
     }
     pid_filter = verdict["pid_filter_at_end"]
     ok = (bool(rss) and max(rss) < RSS_LIMIT_MB and growth < GROWTH_LIMIT_MB and not any(lost.values())
@@ -131,7 +159,8 @@ def main() -> int:
           f"{verdict['rss_first_mb']} -> {rss[-1] if rss else None} MB (peak {verdict['rss_max_mb']}, "
           f"second half {growth:+.1f} MB; limits {RSS_LIMIT_MB} MB, +{GROWTH_LIMIT_MB} MB); "
           f"lost for lack of room: {sum(lost.values())}; pid filter at the end: {pid_filter} "
-          f"(of {spawned + 1} traced); skipped by the kernel: {verdict['skipped_by_kernel']}: "
+          f"(of {spawned + 1} traced); skipped by the kernel: {verdict['skipped_by_kernel']}"
+          f"{f'; markers sent: {marked[0]} of {args.markers}' if args.markers else ''}: "
           f"{'ok' if ok else 'FAILED'}")
     if args.json:
         Path(args.json).write_text(json.dumps({"samples": samples, **verdict, "ok": ok}, indent=1))

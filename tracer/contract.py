@@ -30,11 +30,26 @@ _SYSCALLS_MARK = re.compile(r"/\*\s*tasks\.bpf\.c\s+syscalls\b(?:\s+(\w+))?")
 _SOURCE_MARK = re.compile(r"/\*\s*tasks\.bpf\.c\s+(reads|cache|fsync|throttled)\b")
 
 
+ENV_BPF_DIR = "IOTRACE_BPF_DIR"
+
+
+class RefusedEnvironment(Exception):
+    """An environment variable that would make root compile or read what the user behind sudo chose."""
+
+
 def bpf_dir() -> Path:
     """Where the BPF sources live: $IOTRACE_BPF_DIR, else the installed package's tracer/bpf/ (a wheel or
-    `pip install .`), else the checkout's bpf/ (an editable install, or running from the tree)."""
-    env = os.environ.get("IOTRACE_BPF_DIR")
+    `pip install .`), else the checkout's bpf/ (an editable install, or running from the tree).
+
+    $IOTRACE_BPF_DIR (a checkout's bpf/ under development) is honoured only when not under sudo
+    (SUDO_UID unset): where sudo keeps IOTRACE_* (env_keep), root would compile the invoking user's
+    source, and show its compiler's errors about files only root may read.
+    """
+    env = os.environ.get(ENV_BPF_DIR)
     if env:
+        if os.environ.get("SUDO_UID"):
+            raise RefusedEnvironment(f"${ENV_BPF_DIR} is not honoured under sudo (root would compile the BPF "
+                                     f"source the invoking user chose): unset it, or run as root without sudo")
         return Path(env)
     here = Path(__file__).resolve().parent
     installed = here / "bpf"

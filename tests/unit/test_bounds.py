@@ -242,3 +242,10 @@ def test_the_loop_never_sleeps_longer_than_select_can_take():
     finally:
         os.close(r)
         os.close(w)
+
+
+@pytest.mark.parametrize("argv", [["--files", "-1", "-d", "1"],
+                                  ["report", "run.jsonl", "--by", "file", "--files", "-1"]])
+def test_a_negative_number_of_file_rows_is_refused(argv, capsys):
+    """--files -1 was taken (issue 32): trace mode read it as 0 rows kept, report as 0 rows shown."""
+    assert "must be 0 or more" in one_line_rc2(argv, capsys)

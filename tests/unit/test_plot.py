@@ -98,3 +98,26 @@ def test_wait_shares_per_label_panel(tmp_path):
     with pytest.raises(UserError, match="symbolic link"):
         plot.render(dumps, str(tmp_path / "link.png"))
     assert (tmp_path / "target").read_text() == "keep\n"
+
+
+def test_a_plot_that_cannot_be_written_leaves_the_old_chart_as_it_was(tmp_path):
+    """A full disk (here: a file-size limit, EFBIG) used to leave a partial PNG over the old chart (issue 32);
+    the PNG is now written beside it and renamed over it: the old chart stays whole, no temp file is left."""
+    import resource
+    import signal
+    import sys
+
+    old = tmp_path / "io.png"
+    old.write_bytes(b"the old chart")
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)       # writes past the limit fail with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    r = subprocess.run([sys.executable, "-m", "tracer.cli", "plot", str(ROOT / "tests/unit/data/main-df49ae4.jsonl"),
+                        "-o", str(old)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       preexec_fn=small_files)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.startswith(f"iotrace: cannot write {old}") and len(r.stderr.splitlines()) == 1, r.stderr
+    assert old.read_bytes() == b"the old chart"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["io.png"]

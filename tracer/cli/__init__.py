@@ -15,6 +15,7 @@ import os
 import sys
 
 from tracer.cli.common import COMMANDS
+from tracer.contract import RefusedEnvironment
 from tracer.errors import UserError
 from tracer.text import safe
 
@@ -35,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"iotrace: {safe(exc)}", file=sys.stderr)     # it may quote a path, a label, a comm
         return exc.exit_code
+    except RefusedEnvironment as exc:
+        print(f"iotrace: {safe(exc)}", file=sys.stderr)
+        return 2
     except BrokenPipeError:
         # reader went away (iotrace ... | head): not an error worth a traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

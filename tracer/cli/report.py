@@ -11,7 +11,7 @@ from typing import TextIO
 from tracer.codec import jsonl
 from tracer.errors import UserError
 from tracer.model import dump as dumpmod
-from tracer.options import Parser
+from tracer.options import Parser, at_least
 from tracer.runtime.signals import Signals
 from tracer.views.diskstats import render_dump
 from tracer.views.report import render_windows, windows_by_label
@@ -46,7 +46,7 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
     p.add_argument("--by", choices=("none", "label", "file"), default="none",
                    help="label: one window per dump label (epoch 1, epoch 2, ...), side by side; file: the "
                         "whole run's files, top by bytes from disk")
-    p.add_argument("--files", type=int, default=20, metavar="N", dest="top_files",
+    p.add_argument("--files", type=at_least(0), default=20, metavar="N", dest="top_files",
                    help="with --by file: rows shown (default 20)")
     p.add_argument("--layout", choices=("auto", "wide", "long"), default="auto",
                    help="with --by label: wide = a column group per label, long = a line per label; "

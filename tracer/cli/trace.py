@@ -29,7 +29,7 @@ from tracer.cli.common import (
     take_interval,
 )
 from tracer.errors import UserError
-from tracer.options import Parser, interval_seconds, pid
+from tracer.options import Parser, at_least, interval_seconds, pid
 from tracer.runtime.loop import Schedule
 from tracer.runtime.session import LiveRun
 from tracer.text import safe
@@ -157,7 +157,7 @@ def trace_parser() -> argparse.ArgumentParser:
                            "per-epoch verdict), from scheduler, page-cache and ext4 events: ~0.05-0.2 us per context "
                            "switch, ~0.2-0.3 us per buffered read batch, ~0.1 us per folio a miss adds, nothing "
                            "per system call")
-    p.add_argument("--files", type=int, default=50, metavar="N",
+    p.add_argument("--files", type=at_least(0), default=50, metavar="N",
                    help="file rows kept in each dump (\"files\"): the top N files by bytes from disk, the rest "
                         "summed into one \"(other files)\" row (default 50; the table at the end shows the top 10)")
     p.add_argument("--diskstats", action="store_true",

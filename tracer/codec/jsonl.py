@@ -68,12 +68,13 @@ Merging dumps adds them up per (file, pid).
 
 API: to_json(dump) -> dict, from_json(obj) -> Dump, write(stream, dump),
 read(path, follow=None) -> dumps (a last line cut short is left out with a
-warning), register(kind, decode, encode).
+warning; a line longer than MAX_LINE, 16 MiB, is an error), register(kind, decode, encode).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -286,6 +287,13 @@ def write(stream, d: Dump) -> None:
 
 
 FOLLOW_POLL_S = 0.25
+# The longest line read: a dump of the full series table is a few MB; a file with no newline
+# (/dev/zero, a binary) must be an error, not a read that grows until memory runs out
+MAX_LINE = 16 << 20
+
+
+def _too_long(path: str, n: int) -> UserError:
+    return UserError(f"{path}:{n}: a line longer than {MAX_LINE >> 20} MiB: not an iotrace dump file")
 
 
 def _parse(path: str, n: int, line: bytes) -> Dump:
@@ -311,13 +319,22 @@ def _cut(line: bytes) -> bool:
     return False
 
 
+def _truncated(f) -> bool:
+    """The open file is now shorter than what was read of it."""
+    try:
+        return os.fstat(f.fileno()).st_size < f.tell()
+    except OSError:
+        return False
+
+
 def read(path: str, follow: Callable[[float], bool] | None = None) -> Iterator[Dump]:
     """Dumps of an iotrace .jsonl file; UserError naming the file and line on bad input.
 
     A last line cut short (the tracer is writing it, or was killed mid-write)
     is left out with one warning on stderr: the dumps before it are whole.
     `follow`: at the end of the file, called with how long to wait for more;
-    it returns True to stop (tail -f until Ctrl-C).
+    it returns True to stop (tail -f until Ctrl-C).  A file that was truncated
+    meanwhile is said so on stderr and read again from its start.
     """
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed below; bytes, so bad encodings fail per line
@@ -326,7 +343,9 @@ def read(path: str, follow: Callable[[float], bool] | None = None) -> Iterator[D
     with f:
         n, line = 0, b""
         while True:
-            line += f.readline()
+            line += f.readline(MAX_LINE + 1 - len(line))
+            if len(line) > MAX_LINE:
+                raise _too_long(path, n + 1)
             if line.endswith(b"\n"):
                 n += 1
                 if line.strip():
@@ -334,6 +353,11 @@ def read(path: str, follow: Callable[[float], bool] | None = None) -> Iterator[D
                 line = b""
             elif follow is None or follow(FOLLOW_POLL_S):
                 break
+            elif _truncated(f):
+                # the file was cut (rewritten, truncated by hand): what follows is a new start, read whole
+                print(f"iotrace: warning: {path} was truncated; reading it again from the start", file=sys.stderr)
+                f.seek(0)
+                n, line = 0, b""
         if not line.strip():
             return
         if _cut(line):

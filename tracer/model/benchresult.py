@@ -214,13 +214,18 @@ def write(path: str, r: BenchResult) -> None:
         raise
 
 
+MAX_RESULT_BYTES = 16 << 20    # a suite's result is a few KB: /dev/zero must not be read until memory runs out
+
+
 def read(path: str) -> BenchResult:
-    """A result file; UserError naming the file on bad input."""
+    """A result file; UserError naming the file on bad input (one longer than MAX_RESULT_BYTES too)."""
     try:
         with open(path, "rb") as f:
-            text = f.read()
+            text = f.read(MAX_RESULT_BYTES + 1)
     except (OSError, ValueError) as exc:     # ValueError: a NUL in the path
         raise UserError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if len(text) > MAX_RESULT_BYTES:
+        raise UserError(f"{path}: longer than {MAX_RESULT_BYTES >> 20} MiB: not an iotrace bench result")
     try:
         obj = json.loads(text)
     except ValueError:

@@ -19,15 +19,17 @@ the PNG's Description text, so the file says what it shows.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tracer import contract
 from tracer.errors import UserError
-from tracer.osutil import open_output
+from tracer.osutil import open_output, quiet_close, replace_as_user
 from tracer.text import safe
 from tracer.units import mib
 
@@ -306,6 +308,24 @@ def render(dumps, path: str, device: str | None = None, op: str | None = None, p
     png = io.BytesIO()
     fig.savefig(png, format="png", metadata={"Title": f"iotrace plot of {safe(source)}", "Software": "iotrace",
                                              "Description": "panels: " + " | ".join(panels)})
-    with open_output(path, "wb") as f:     # as the sudo user, never through a link (tracer.osutil)
-        f.write(png.getbuffer())
+    _write_atomically(path, png.getbuffer())
     return PlotResult(path, panels, round(WIDTH_IN * DPI), round(PANEL_HEIGHT_IN * n * DPI), read.dumps, groups)
+
+
+def _write_atomically(path: str, data) -> None:
+    """`data` in a new file beside `path`, then renamed over it: a write that fails (a full disk) leaves the
+    old chart as it was, and no temp file.  As the sudo user, never through a link (tracer.osutil)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    f = open_output(tmp, "xb")
+    try:
+        try:
+            with f:
+                f.write(data)
+        except OSError:
+            quiet_close(f)
+            raise
+        replace_as_user(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

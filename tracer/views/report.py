@@ -22,7 +22,7 @@ from tracer.model.dump import (
     summarize,
     unexplained_loss,
 )
-from tracer.model.sections import VerdictSection
+from tracer.model.sections import TaskRow, Tasks, VerdictSection
 from tracer.text import safe
 from tracer.units import fmt_latency, fmt_ns, fmt_size, mib
 from tracer.views.verdict import Verdict, judge_dump
@@ -425,14 +425,24 @@ def _tasks_line(d: Dump, out: TextIO) -> None:
 
 
 class LabelWindows:
-    """A run's marker dumps merged per label as they come, without their series (for the end-of-run waits
-    and verdicts); at most MAX labels, later ones counted, not kept."""
+    """A run's marker dumps merged per label as they come, for the end-of-run waits and verdicts.
+
+    Bounded whatever the markers: at most MAX labels (later ones counted, not
+    kept), and of each dump only what the verdict reads (its times, loop
+    timing, sender and per-process rows: no series, files, drop counters or
+    other sections, ~5 KB a label before).  A label's rows pass MAX_ROWS when
+    its processes come and go (loaders started anew each epoch): the exited
+    ones are then folded into one row per parent and name, so they still
+    count as that parent's loaders, once per name (render says so).
+    """
 
     MAX = 1000
+    MAX_ROWS = 256
 
     def __init__(self) -> None:
         self.windows: dict[str, Dump] = {}
         self.skipped = 0
+        self.folded: set[str] = set()      # labels whose exited rows were folded
 
     def add(self, d: Dump) -> None:
         if d.label is None or not judged(d):
@@ -440,13 +450,39 @@ class LabelWindows:
         if d.label not in self.windows and len(self.windows) >= self.MAX:
             self.skipped += 1
             return
-        light = replace(d, series=[])
+        light = Dump(kind=d.kind, label=d.label, start=d.start, end=d.end, host="", kernel="", series=[],
+                     window_s=duration_of(d), tasks=d.tasks, tasks_sources=d.tasks_sources, loop=d.loop,
+                     sender_pid=d.sender_pid)
         prev = self.windows.get(d.label)
-        self.windows[d.label] = merge_dumps([prev, light] if prev else [light], kind=d.kind, label=d.label)
+        merged = merge_dumps([prev, light] if prev else [light], kind=d.kind, label=d.label)
+        if merged.tasks is not None and len(merged.tasks.rows) > self.MAX_ROWS:
+            merged.tasks = fold_exited(merged.tasks)
+            self.folded.add(d.label)
+        self.windows[d.label] = merged
 
     def render(self, out: TextIO) -> None:
         if not self.windows:
             return
         render_waits(list(self.windows.items()), out)
+        if self.folded:
+            out.write(f"  ({len(self.folded)} window(s) had more than {self.MAX_ROWS} processes: their exited "
+                      f"ones are summed per parent and name, each sum counted as one loader)\n")
         if self.skipped:
             out.write(f"  ({self.skipped} dump(s) of labels past the first {self.MAX} not shown)\n")
+
+
+def fold_exited(tasks: Tasks) -> Tasks:
+    """Exited processes' rows summed per (parent, name) under the group's lowest pid; live ones kept.
+
+    Unlike Tasks.folded (pid 0, the parent forgotten), a group keeps its
+    parent, so the verdict still finds it among the trainer's loaders.
+    """
+    live = [r for r in tasks.rows if not r.exited]
+    groups: dict[tuple[int, str], TaskRow] = {}
+    for r in sorted((r for r in tasks.rows if r.exited), key=lambda r: r.pid):
+        acc = groups.get((r.ppid, r.comm))
+        if acc is None:
+            groups[(r.ppid, r.comm)] = replace(r)
+        else:
+            acc.add(r)
+    return Tasks(sorted([*live, *groups.values()], key=lambda r: r.pid))
