@@ -250,9 +250,15 @@ def run_kernel(entry: list[str], args, env: dict[str, str]) -> dict:
 
 def fio_problems(fio: dict) -> list[str]:
     """The fio runs in which iotrace did not record every request the disk completed (the run then
-    fails), or the disk's requests and merges do not add up to fio's I/Os."""
+    fails), the disk's requests and merges do not add up to fio's I/Os, or the device did not take
+    the scheduler the run is for."""
     out = []
     for r in fio.get("runs", []):
+        sched, chosen = r.get("scheduler"), r.get("scheduler_set")
+        if chosen is not None and f"[{sched}]" not in chosen.split():
+            # Linux 5.10's loop devices take no I/O scheduler: the run was not the one its row names
+            out.append(f"fio {sched}/{r.get('attach')}: the device's scheduler was {chosen}, not {sched} "
+                       f"(offered: {r.get('schedulers_offered')})")
         want, got = r.get("fio_total_ios"), r.get("iotrace_recorded")
         stat = r.get("diskstats", {})
         disk, merged = stat.get("read", want), stat.get("read_merges")

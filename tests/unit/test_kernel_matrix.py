@@ -28,6 +28,9 @@ def run(fio=4096, recorded=4096, reads=4096, merges=0, **extra):
     (run(recorded=4095, reads=4095, merges=0), "4095 requests, 0 merged, for fio's 4096"),
     (run(error="fio failed"), "fio failed"),
     ({"scheduler": "none", "attach": "tracepoint"}, "recorded None"),
+    (run(scheduler_set="none [mq-deadline]"), None),
+    # Debian 11's loop devices offer no scheduler: an "mq-deadline" row that ran on none says so
+    (run(scheduler_set="[none]", schedulers_offered="[none]"), "scheduler was [none], not mq-deadline"),
 ])
 def test_fio_gate(r, problem):
     out = fio_problems({"runs": [r]})
@@ -49,9 +52,10 @@ def test_kernels_list_lines(tmp_path):
     assert kernel_entry("linux-image-e", listed) == ["linux-image-e"]
 
 
-def test_the_matrix_lists_debian_11_12_13():
-    """Each line is a package and at most two release names, which build_image.sh takes as they are."""
+def test_the_matrix_lists_debian_12_and_13():
+    """Each line is a package and at most two release names, which build_image.sh takes as they are
+    (Debian 11's 5.10 is a comment until iotrace runs there)."""
     listed = read_list(HERE / "kernels.list")
     assert all(e[0].startswith("linux-image-") and len(e) <= 3 and all(r.isalpha() for r in e[1:]) for e in listed)
     versions = [e[0].removeprefix("linux-image-").split("-")[0].split("+")[0] for e in listed]
-    assert [v.rsplit(".", 1)[0] if v.count(".") > 1 else v for v in versions] == ["6.1", "6.12", "5.10"]
+    assert [v.rsplit(".", 1)[0] if v.count(".") > 1 else v for v in versions] == ["6.1", "6.12"]
