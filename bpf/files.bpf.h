@@ -206,8 +206,11 @@ static __always_inline void file_request(u64 bio, const struct iotrace_slot *s, 
 	ns = now > s->start_ns ? now - s->start_ns : 0;
 	__sync_fetch_and_add(&v->sum_ns, ns);
 	/* a u64: the bound is checked in the register the address is made from (Linux 6.1's verifier
-	 * rejected a u32 index, zero-extended once for the compare and again for the address) */
+	 * rejected a u32 index, zero-extended once for the compare and again for the address).  The
+	 * empty asm pins b to one register: Debian 13's clang otherwise compared a value from inside
+	 * file_bucket and indexed with another ("R8 max value is outside of the allowed memory range") */
 	b = file_bucket(ns);
+	asm volatile("" : "+r"(b));
 	if (b < IOTRACE_FILE_HIST_BUCKETS)
 		__sync_fetch_and_add(&v->hist[b], 1);
 }

@@ -2,13 +2,17 @@
 # Build (once) the guest image `make test-kernels` boots for one Debian kernel package:
 #
 #   scripts/kernels/build_image.sh linux-image-6.1.0-50-cloud-amd64
+#   scripts/kernels/build_image.sh linux-image-6.12.118+deb13-cloud-amd64 trixie
+#   scripts/kernels/build_image.sh linux-image-5.10.0-46-cloud-amd64 bookworm bullseye
 #
+# (a kernels.list line: the package, the Debian release the guest is, default bookworm, and a release
+# whose archive is added for the kernel and its headers when the guest's release has not got them)
 # prints the cache directory holding root.img (raw ext4), vmlinuz and initrd.img.  The image lives
 # outside the clone, in $IOTRACE_KERNEL_CACHE (default /var/cache/iotrace-kernels), under a hash of its
-# recipe: this script, packages.list, guest-requirements.txt and the kernel package's name.  Editing any
+# recipe: this script, packages.list, guest-requirements.txt, the kernel package's name and the releases.  Editing any
 # of them builds a new image; an unchanged recipe reuses the one built before (a clean clone included).
 #
-# The image: Debian bookworm (debootstrap minbase), the kernel with its headers (bcc compiles against
+# The image: Debian SUITE (debootstrap minbase), the kernel with its headers (bcc compiles against
 # /lib/modules/$(uname -r)/build), the tests' tools, and a venv with the project's pip packages, all
 # installed in a chroot at build time: the guest itself never needs a network.  Its PID 1 is a stub
 # (/iotrace-init) that hands over to scripts/kernels/guest_run.sh from the work-tree disk each run
@@ -16,7 +20,11 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd -P)
-KERNEL_PKG=${1:?usage: build_image.sh linux-image-VERSION}
+KERNEL_PKG=${1:?usage: build_image.sh linux-image-VERSION [SUITE [KERNEL_SUITE]]}
+# The guest's userland: the kernel's own release where it runs the project (Python >= 3.11: bookworm,
+# trixie); an older kernel's release (bullseye has 3.9) only lends its archive, KERNEL_SUITE.
+SUITE=${2:-bookworm}
+KERNEL_SUITE=${3:-}
 CACHE_ROOT=${IOTRACE_KERNEL_CACHE:-/var/cache/iotrace-kernels}
 MIRROR=${IOTRACE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SECURITY=${IOTRACE_DEBIAN_SECURITY:-http://deb.debian.org/debian-security}
@@ -27,11 +35,12 @@ die() { echo "build_image: error: $*" >&2; exit 1; }
 
 [[ $EUID -eq 0 ]] || die "needs root (debootstrap, chroot)"
 [[ $KERNEL_PKG == linux-image-* ]] || die "$KERNEL_PKG is not a linux-image-* package"
+for s in "$SUITE" $KERNEL_SUITE; do [[ $s =~ ^[a-z]+$ ]] || die "$s is not a Debian release name"; done
 HEADERS_PKG=linux-headers-${KERNEL_PKG#linux-image-}
 
 # The recipe's hash names the cache directory.
 HASH=$( { cat "$HERE/build_image.sh" "$HERE/packages.list" "$HERE/guest-requirements.txt"
-          echo "$KERNEL_PKG"; } | sha256sum | cut -c1-16)
+          echo "$KERNEL_PKG $SUITE $KERNEL_SUITE"; } | sha256sum | cut -c1-16)
 OUT=$CACHE_ROOT/$HASH
 if [[ -e $OUT/ready ]]; then
     say "cached: $OUT ($KERNEL_PKG)"
@@ -78,15 +87,21 @@ bind() {    # bind <host path> <path in the chroot>
 }
 
 START=$(date +%s)
-say "debootstrap bookworm ($KERNEL_PKG) in $WORK"
-debootstrap --variant=minbase bookworm "$ROOT" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 ||
+say "debootstrap $SUITE ($KERNEL_PKG${KERNEL_SUITE:+ from $KERNEL_SUITE}) in $WORK"
+debootstrap --variant=minbase "$SUITE" "$ROOT" "$MIRROR" >"$WORK/debootstrap.log" 2>&1 ||
     { tail -20 "$WORK/debootstrap.log" >&2; die "debootstrap failed"; }
 
 cat >"$ROOT/etc/apt/sources.list" <<EOF
-deb $MIRROR bookworm main
-deb $MIRROR bookworm-updates main
-deb $SECURITY bookworm-security main
+deb $MIRROR $SUITE main
+deb $MIRROR $SUITE-updates main
+deb $SECURITY $SUITE-security main
 EOF
+# the older release's archive: apt takes from it only what $SUITE lacks (the kernel, its headers and
+# their compiler), every package both have comes from $SUITE, the newer
+if [[ -n $KERNEL_SUITE ]]; then
+    printf 'deb %s %s main\ndeb %s %s-security main\n' "$MIRROR" "$KERNEL_SUITE" "$SECURITY" "$KERNEL_SUITE" \
+        >>"$ROOT/etc/apt/sources.list"
+fi
 # no daemon starts inside the chroot while packages install
 printf '#!/bin/sh\nexit 101\n' >"$ROOT/usr/sbin/policy-rc.d"
 chmod +x "$ROOT/usr/sbin/policy-rc.d"
@@ -162,6 +177,8 @@ mke2fs -q -t ext4 -L iotrace-root -d "$ROOT" "$WORK/image/root.img" "$IMAGE_SIZE
     die "mke2fs -d failed"
 cat >"$WORK/image/recipe.txt" <<EOF
 kernel=$KERNEL_PKG
+suite=$SUITE
+kernel_suite=$KERNEL_SUITE
 kernel_version=$KVER
 headers=$HEADERS_PKG
 hash=$HASH

@@ -1,6 +1,6 @@
 """`make test-kernels`: the project's BPF tests on other kernels, each booted under qemu (TCG).
 
-For each kernel package in scripts/kernels/kernels.list (or --kernel): build its guest image once
+For each kernel in scripts/kernels/kernels.list (or --kernel): build its guest image once
 (build_image.sh, cached outside the clone under a hash of the recipe), put this work tree on a fresh
 second disk, boot the image from a throw-away qcow2 overlay, run the fio measurement
 (guest_fio.py) and the chosen tests (guest_run.sh, tcg_budget.py) inside it, read the results back
@@ -60,8 +60,19 @@ def log(msg: str) -> None:
     print(f"test-kernels: {msg}", flush=True)
 
 
-def read_list(path: Path) -> list[str]:
-    return [ln.split("#", 1)[0].strip() for ln in path.read_text().splitlines() if ln.split("#", 1)[0].strip()]
+def read_list(path: Path) -> list[list[str]]:
+    """kernels.list's lines, each split into its package and the releases its image is built from."""
+    return [ln.split("#", 1)[0].split() for ln in path.read_text().splitlines() if ln.split("#", 1)[0].strip()]
+
+
+def kernel_entry(arg: str, listed: list[list[str]]) -> list[str]:
+    """--kernel's argument as a kernels.list line: a listed package alone brings its releases along."""
+    fields = arg.split()
+    if len(fields) == 1:
+        for entry in listed:
+            if entry[0] == fields[0]:
+                return entry
+    return fields
 
 
 def ensure_host_tools() -> None:
@@ -77,13 +88,13 @@ def ensure_host_tools() -> None:
         subprocess.run(cmd, env=env, check=True, capture_output=True)
 
 
-def build(kernel: str) -> tuple[Path, float, bool]:
+def build(entry: list[str]) -> tuple[Path, float, bool]:
     """(image dir, seconds spent, whether it was built now rather than found cached)."""
     t0 = time.monotonic()
     wall0 = time.time()
-    r = subprocess.run(["bash", str(HERE / "build_image.sh"), kernel], stdout=subprocess.PIPE, text=True)
+    r = subprocess.run(["bash", str(HERE / "build_image.sh"), *entry], stdout=subprocess.PIPE, text=True)
     if r.returncode != 0:
-        raise RuntimeError(f"building the image for {kernel} failed (see above)")
+        raise RuntimeError(f"building the image for {entry[0]} failed (see above)")
     out = Path(r.stdout.strip().splitlines()[-1])
     built = (out / "ready").stat().st_mtime >= wall0 - 1      # made by this call, not found in the cache
     return out, time.monotonic() - t0, built
@@ -193,9 +204,10 @@ def fetch_results(tree: Path, dest: Path) -> None:
         (dest / "results").rmdir()
 
 
-def run_kernel(kernel: str, args, env: dict[str, str]) -> dict:
+def run_kernel(entry: list[str], args, env: dict[str, str]) -> dict:
+    kernel = entry[0]
     res: dict = {"kernel": kernel, "tests": {}, "fio": None, "timings": {}, "problems": []}
-    image, took, built = build(kernel)
+    image, took, built = build(entry)
     res["timings"]["build"] = f"{took:.0f} s (built now)" if built else "cached"
     if built:
         res["timings"]["build_seconds"] = round(took)
@@ -238,9 +250,15 @@ def run_kernel(kernel: str, args, env: dict[str, str]) -> dict:
 
 def fio_problems(fio: dict) -> list[str]:
     """The fio runs in which iotrace did not record every request the disk completed (the run then
-    fails), or the disk's requests and merges do not add up to fio's I/Os."""
+    fails), the disk's requests and merges do not add up to fio's I/Os, or the device did not take
+    the scheduler the run is for."""
     out = []
     for r in fio.get("runs", []):
+        sched, chosen = r.get("scheduler"), r.get("scheduler_set")
+        if chosen is not None and f"[{sched}]" not in chosen.split():
+            # Linux 5.10's loop devices take no I/O scheduler: the run was not the one its row names
+            out.append(f"fio {sched}/{r.get('attach')}: the device's scheduler was {chosen}, not {sched} "
+                       f"(offered: {r.get('schedulers_offered')})")
         want, got = r.get("fio_total_ios"), r.get("iotrace_recorded")
         stat = r.get("diskstats", {})
         disk, merged = stat.get("read", want), stat.get("read_merges")
@@ -389,7 +407,9 @@ def main() -> int:
     # The defaults give one kernel's truth and attribution tests (~50 min under TCG) room: every limit
     # reached, ~90 min.  CI runs the fio table and test_btf only (.ci/run), ~4 min with the image built.
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kernel", action="append", help="a linux-image-* package (repeatable; default: kernels.list)")
+    ap.add_argument("--kernel", action="append",
+                    help="a linux-image-* package, or a kernels.list line in quotes (repeatable; default: "
+                         "kernels.list)")
     ap.add_argument("--tests", default=os.environ.get("IOTRACE_KERNEL_TESTS", " ".join(DEFAULT_TESTS)),
                     help="pytest arguments run in the guest, or 'all' for these and " + " ".join(MORE_TESTS)
                          + " (default: %(default)s)")
@@ -405,10 +425,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.tests.strip() == "all":
         args.tests = " ".join(DEFAULT_TESTS + MORE_TESTS)
-    kernels = args.kernel or read_list(HERE / "kernels.list")
+    listed = read_list(HERE / "kernels.list")
+    kernels = [kernel_entry(k, listed) for k in args.kernel] if args.kernel else listed
     if args.from_logs:
-        results = [load_results({"kernel": k, "tests": {}, "fio": None, "timings": {}, "problems": []},
-                                CACHE / "logs" / k, args) for k in kernels]
+        results = [load_results({"kernel": k[0], "tests": {}, "fio": None, "timings": {}, "problems": []},
+                                CACHE / "logs" / k[0], args) for k in kernels]
         return 0 if report(results) else 1
     if os.geteuid() != 0:
         log("needs root (debootstrap, chroot): run it as root or with sudo")
@@ -427,7 +448,8 @@ def main() -> int:
     ensure_host_tools()
     results = []
     for k in kernels:
-        log(f"{k}: image")
+        log(f"{k[0]}: image ({'guest ' + k[1] if len(k) > 1 else 'guest bookworm'}"
+            f"{', the kernel from ' + k[2] if len(k) > 2 else ''})")
         results.append(run_kernel(k, args, env))
     ok = report(results)
     print(f"\ntest-kernels: {len(kernels)} kernel(s) in {(time.monotonic() - t0) / 60:.1f} min")
