@@ -52,10 +52,14 @@ def test_kernels_list_lines(tmp_path):
     assert kernel_entry("linux-image-e", listed) == ["linux-image-e"]
 
 
-def test_the_matrix_lists_debian_12_and_13():
+def test_the_matrix_lists_what_ci_gates():
     """Each line is a package and at most two release names, which build_image.sh takes as they are
-    (Debian 11's 5.10 is a comment until iotrace runs there)."""
+    (Debian 11's 5.10 is a comment until iotrace runs there, Debian 13's 6.12 until its perf-event path
+    passes the fio gate); the commented lines still parse as lines of the list."""
     listed = read_list(HERE / "kernels.list")
     assert all(e[0].startswith("linux-image-") and len(e) <= 3 and all(r.isalpha() for r in e[1:]) for e in listed)
     versions = [e[0].removeprefix("linux-image-").split("-")[0].split("+")[0] for e in listed]
-    assert [v.rsplit(".", 1)[0] if v.count(".") > 1 else v for v in versions] == ["6.1", "6.12"]
+    assert [v.rsplit(".", 1)[0] if v.count(".") > 1 else v for v in versions] == ["6.1"]
+    commented = [ln.split("'--kernel \"", 1)[1].split('"')[0].split() for ln in (HERE / "kernels.list").read_text()
+                 .splitlines() if "--kernel \"" in ln]
+    assert [c[0] for c in commented] == ["linux-image-6.12.118+deb13-cloud-amd64", "linux-image-5.10.0-46-cloud-amd64"]
