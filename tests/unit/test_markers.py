@@ -803,3 +803,15 @@ def test_a_marker_goes_to_every_tracer_listening_and_the_one_that_traces_the_sen
     finally:
         mine.close()
         other.close()
+
+
+def test_under_sudo_a_run_dir_the_user_named_is_not_created_by_root(tmp_path, monkeypatch):
+    """$IOTRACE_RUN_DIR kept by sudo: root makes no directory the invoking user chose (the tracer falls back
+    to a private temp dir); without sudo, or for the default directory, a missing one is made."""
+    from tracer.runtime import control
+
+    wanted = tmp_path / "a" / "b"
+    monkeypatch.setenv("SUDO_UID", "65534")
+    assert not control._usable_run_dir(str(wanted)) and not (tmp_path / "a").exists()
+    monkeypatch.delenv("SUDO_UID")
+    assert control._usable_run_dir(str(wanted)) and wanted.is_dir()

@@ -133,9 +133,14 @@ class SenderGate:
 
 
 def _usable_run_dir(directory: str) -> bool:
-    """Our own (or root's) real directory that nobody else can write to."""
+    """Our own (or root's) real directory that nobody else can write to.
+
+    Made if missing, but under sudo only the default one: a $IOTRACE_RUN_DIR that sudo kept would have
+    root create whatever directories the invoking user named (an existing one is used only if root's)."""
     try:
         if not os.path.lexists(directory):
+            if os.environ.get("SUDO_UID") and os.path.abspath(directory) != marker.DEFAULT_RUN_DIR:
+                return False
             os.makedirs(directory, exist_ok=True)
             os.chmod(directory, 0o755)      # whatever our umask: the sudo user must reach the socket
         st = os.lstat(directory)
