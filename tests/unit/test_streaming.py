@@ -333,3 +333,26 @@ def test_histograms_wait_in_bounded_batches():
         want = want.merge(st)
     got = acc.result()
     assert got.hist == want.hist and (got.sum_ns, got.min_ns, got.max_ns) == (want.sum_ns, want.min_ns, want.max_ns)
+
+
+def test_a_merge_past_max_rows_folds_rows_per_command_and_stays_bounded():
+    """report's merger (DumpMerger(max_rows)): 3000 processes of 3 commands, one dump each, fold to one row
+    per command once past 2000 rows; every request is still counted, and the merger says it folded."""
+    rng = np.random.default_rng(5)
+    acc = dumpmod.DumpMerger(max_rows=2000)
+    total = 0
+    for i in range(3000):
+        ph = {"total": _phase(rng)}
+        s = Series(1000 + i, ("a", "b", "c")[i % 3], "loop0", "7:0", "read", ph["total"].count,
+                   4096 * ph["total"].count, ph, tgid=1000 + i)
+        total += s.count
+        start = T0 + timedelta(seconds=i)
+        acc.add(Dump("interval", start, start + timedelta(seconds=1), "h", "6.18", [s]))
+        assert len(acc.series.rows) <= 2001
+    merged = acc.result()
+    assert acc.folded == 2001
+    assert sorted((s.comm, s.pid) for s in merged.series) == [("a", 0), ("b", 0), ("c", 0)]
+    assert sum(s.count for s in merged.series) == total
+    unbounded = dumpmod.DumpMerger()
+    unbounded.add(Dump("interval", T0, T0 + timedelta(seconds=1), "h", "6.18", merged.series))
+    assert not unbounded.folded

@@ -13,6 +13,7 @@ from tracer.errors import UserError
 from tracer.model import dump as dumpmod
 from tracer.options import Parser, at_least
 from tracer.runtime.signals import Signals
+from tracer.sinks.table import MAX_RUN_ROWS
 from tracer.views.diskstats import render_dump
 from tracer.views.report import render_windows, windows_by_label
 
@@ -79,12 +80,16 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
         render_windows(windows, out, layout=ns.layout, per_pid=ns.per_pid,
                        title=f"by label, from {', '.join(ns.files)}")
         return 0
-    acc = dumpmod.DumpMerger()
+    # bounded as the live whole-run table is: past MAX_RUN_ROWS series, rows fold per command (said below)
+    acc = dumpmod.DumpMerger(max_rows=MAX_RUN_ROWS)
     for d in dumps:
         acc.add(d)
     if not acc.count:
         raise UserError(f"no dumps in {', '.join(ns.files)}")
     merged = acc.result()
+    if acc.folded:
+        print(f"iotrace report: more than {MAX_RUN_ROWS} series ({acc.folded} when folded): the rows of each "
+              "command are merged into one (pid 0)", file=sys.stderr)
     if ns.json:
         jsonl.write(out, merged)
         return 0

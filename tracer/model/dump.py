@@ -189,14 +189,16 @@ def merge_series(series: Iterable[Series], key: Callable[[Series], tuple] | None
 
 def fold_by_comm(series: Iterable[Series]) -> list[Series]:
     """One row per (comm, device, op): rows of several pids become pid 0."""
-    def by_comm(s: Series) -> tuple:
-        return (s.comm, s.devno, s.op, s.wb)
-
+    by_comm = _comm_key
     series = list(series)
     pids: dict[tuple, set[int]] = {}
     for s in series:
         pids.setdefault(by_comm(s), set()).add(s.pid)
     return [s if len(pids[by_comm(s)]) == 1 else replace(s, pid=0) for s in merge_series(series, by_comm)]
+
+
+def _comm_key(s: Series) -> tuple:
+    return (s.comm, s.devno, s.op, s.wb)
 
 
 def merge_by_device_op(series: Iterable[Series]) -> list[Series]:
@@ -311,7 +313,11 @@ class DumpMerger:
     a section that has none, and keys no section claims, are left out.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_rows: int | None = None) -> None:
+        """`max_rows`: past that many series rows, rows of the same command are folded together (pid 0), and
+        every later row joins its command's: what the live whole-run table does (`folded` says it happened)."""
+        self.max_rows = max_rows
+        self.folded = 0         # distinct series rows there were when the rows were folded; 0: never
         self.count = 0
         self.kind: str | None = None        # the last dump's
         self.bpf: bool | None = None        # a BPF dump (no disks), as the first one
@@ -343,7 +349,15 @@ class DumpMerger:
             self.dropped[k] = self.dropped.get(k, 0) + v
         for k, v in d.events.items():
             self.events[k] = self.events.get(k, 0) + v
-        self.series.add(d.series)
+        if self.folded:
+            self.series.add(replace(s, pid=0) for s in d.series)
+        else:
+            self.series.add(d.series)
+            if self.max_rows is not None and len(self.series.rows) > self.max_rows:
+                self.folded = len(self.series.rows)
+                rows = [replace(s, pid=0) for s in self.series.result()]
+                self.series = SeriesMerger(_comm_key)
+                self.series.add(rows)
         seconds = duration_of(d)
         self.duration_s = self.duration_s + seconds
         if d.disks is not None:
