@@ -76,6 +76,20 @@ def test_iotrace_bpf_dir_is_refused_under_sudo(tmp_path):
     assert r.stderr.splitlines() == [r.stderr.strip()] and "IOTRACE_BPF_DIR is not honoured under sudo" in r.stderr
 
 
+def test_bcc_kernel_source_is_refused_under_sudo(tmp_path, monkeypatch):
+    """bcc reads $BCC_KERNEL_SOURCE itself: under sudo root would compile against headers the user chose."""
+    from tracer.errors import UserError
+    from tracer.sources import bpfobject
+
+    (tmp_path / "include").mkdir()
+    monkeypatch.setenv("BCC_KERNEL_SOURCE", str(tmp_path))
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    assert bpfobject.kernel_headers() == tmp_path
+    monkeypatch.setenv("SUDO_UID", "65534")
+    with pytest.raises(UserError, match="BCC_KERNEL_SOURCE is not honoured under sudo"):
+        bpfobject.kernel_headers()
+
+
 def test_iotrace_bpf_dir_is_honoured_without_sudo(tmp_path, monkeypatch):
     from tracer import contract
 

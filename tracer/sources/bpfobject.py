@@ -64,6 +64,10 @@ def kernel_headers() -> Path:
     reads tracepoint fields alone, never kernel structs.
     """
     override = os.environ.get("BCC_KERNEL_SOURCE")
+    if override and os.environ.get("SUDO_UID"):
+        # bcc reads it itself: where sudo keeps it, root would compile against headers the invoking user chose
+        raise UserError("$BCC_KERNEL_SOURCE is not honoured under sudo (root would compile against headers the "
+                        "invoking user chose): unset it, or run as root without sudo")
     release = platform.release()
     # bcc itself uses BCC_KERNEL_SOURCE alone when it is set
     tried = [Path(override)] if override else [Path("/lib/modules") / release / "build"]
