@@ -25,6 +25,17 @@ LOOP0, LOOP1 = 7 << 20, (7 << 20) | 1     # the kernel's dev_t of 7:0 and 7:1
 READ = 0
 
 
+@pytest.fixture(autouse=True)
+def loop_names(monkeypatch):
+    """7:0 and 7:1 are loop0 and loop1 whether or not this machine has them attached now (sysfs names them
+    only while they exist: a fresh machine, or one whose tests detached them, would call them 7:0)."""
+    from tracer.sources import devices
+
+    names = {LOOP0: "loop0", LOOP1: "loop1"}
+    real = devices.name_of
+    monkeypatch.setattr(devices, "name_of", lambda dev: names.get(dev) or real(dev))
+
+
 def stats(reads: int = 0, writes: int = 0, io_ms: int = 0) -> DiskStats:
     return DiskStats(reads, reads * 8, reads, writes, writes * 8, writes, 0, io_ms, io_ms, 0, 0, 0)
 
