@@ -78,6 +78,26 @@ def read_array(table, keys: np.ndarray, vals: np.ndarray, lib, start: int = 0) -
     return vals[:count.value]
 
 
+def take_populated(table, start: int, idx: np.ndarray, cells: np.ndarray, count: str,
+                   lib) -> tuple[np.ndarray, np.ndarray]:
+    """Read a cell array from index `start` into the reused buffers, zero the cells whose `count` field
+    (a dotted path into the cell) is non-zero, return (those cells, their indices)."""
+    cells = read_array(table, idx, cells, lib, start)
+    field = cells
+    for name in count.split("."):
+        field = field[name]
+    rows = np.flatnonzero(field)
+    if len(rows):
+        zeros = np.zeros(len(rows), dtype=cells.dtype)
+        keys = np.ascontiguousarray(idx[rows])
+        n = ct.c_uint32(len(rows))
+        if lib.bpf_update_batch(table.map_fd, ct.c_void_p(keys.ctypes.data), ct.c_void_p(zeros.ctypes.data),
+                                ct.byref(n)) != 0:
+            err = ct.get_errno()
+            raise OSError(err, f"clearing BPF map {table.name!r}: {os.strerror(err)}")
+    return cells[rows], idx[rows]
+
+
 def drain_cells(table, start: int, idx: np.ndarray, cells: np.ndarray, lib) -> tuple[np.ndarray, np.ndarray]:
     """Read every CPU's histogram cells of one generation (from index `start`), zero the populated ones,
     return (keys, counts).
@@ -85,17 +105,7 @@ def drain_cells(table, start: int, idx: np.ndarray, cells: np.ndarray, lib) -> t
     A key may come back once per CPU; the aggregator sums repeats.  `idx`
     and `cells` (cap,) are reused buffers.
     """
-    cells = read_array(table, idx, cells, lib, start)
-    rows = np.flatnonzero(cells["count"])
-    if len(rows):
-        zeros = np.zeros(len(rows), dtype=cells.dtype)
-        keys = np.ascontiguousarray(idx[rows])
-        n = ct.c_uint32(len(rows))
-        if lib.bpf_update_batch(table.map_fd, ct.c_void_p(keys.ctypes.data), ct.c_void_p(zeros.ctypes.data),
-                                ct.byref(n)) != 0:
-            err = ct.get_errno()
-            raise OSError(err, f"clearing BPF map {table.name!r}: {os.strerror(err)}")
-    picked = cells[rows]
+    picked, _ = take_populated(table, start, idx, cells, "count", lib)
     return picked["key"], picked["count"].astype(np.uint64)
 
 
@@ -103,18 +113,8 @@ def drain_series_cells(table, start: int, idx: np.ndarray, cells: np.ndarray, pe
                        lib) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Read every CPU's series cells of one generation (from index `start`, `per_cpu` a CPU), zero the
     populated ones, return (keys, values, the CPU of each)."""
-    cells = read_array(table, idx, cells, lib, start)
-    rows = np.flatnonzero(cells["val"]["count"])
-    if len(rows):
-        zeros = np.zeros(len(rows), dtype=cells.dtype)
-        keys = np.ascontiguousarray(idx[rows])
-        n = ct.c_uint32(len(rows))
-        if lib.bpf_update_batch(table.map_fd, ct.c_void_p(keys.ctypes.data), ct.c_void_p(zeros.ctypes.data),
-                                ct.byref(n)) != 0:
-            err = ct.get_errno()
-            raise OSError(err, f"clearing BPF map {table.name!r}: {os.strerror(err)}")
-    picked = cells[rows]
-    return picked["key"], picked["val"], (idx[rows].astype(np.int64) - start) // per_cpu
+    picked, at = take_populated(table, start, idx, cells, "val.count", lib)
+    return picked["key"], picked["val"], (at.astype(np.int64) - start) // per_cpu
 
 
 def merge_series(cell_keys: np.ndarray, cell_vals: np.ndarray, cell_cpus: np.ndarray, cpus: int,
