@@ -61,19 +61,26 @@ def _child(device: str, ctrl: Path, blocks: int, w: int) -> None:
     os.write(w, (json.dumps(done) + "\n").encode())
 
 
-def tree(device: str, ctrl: Path, blocks: int) -> int:
+def _spawn(body, device: str, ctrl: Path, blocks: int):
+    """Fork the child running `body(device, ctrl, blocks, w)`; once it has said who is up (its first line on
+    the pipe), CTRL/ready names them with this root: (the child's pid, the pipe's remaining lines)."""
     r, w = os.pipe()
     child = os.fork()
     if child == 0:
         os.close(r)
         try:
-            _child(device, ctrl, blocks, w)
+            body(device, ctrl, blocks, w)
         finally:
             os._exit(0)
     os.close(w)
     lines = os.fdopen(r)
     up = json.loads(lines.readline())
     (ctrl / "ready").write_text(json.dumps({"root": os.getpid(), **up}))
+    return child, lines
+
+
+def tree(device: str, ctrl: Path, blocks: int) -> int:
+    child, lines = _spawn(_child, device, ctrl, blocks)
     wait_for(ctrl / "go")
     read_blocks(device, blocks, 0)
     done = {int(k): v for k, v in json.loads(lines.readline()).items()}
@@ -112,18 +119,7 @@ def _busy_child(device: str, ctrl: Path, blocks: int, w: int) -> None:
 
 
 def busy(device: str, ctrl: Path, blocks: int) -> int:
-    r, w = os.pipe()
-    child = os.fork()
-    if child == 0:
-        os.close(r)
-        try:
-            _busy_child(device, ctrl, blocks, w)
-        finally:
-            os._exit(0)
-    os.close(w)
-    lines = os.fdopen(r)
-    up = json.loads(lines.readline())
-    (ctrl / "ready").write_text(json.dumps({"root": os.getpid(), **up}))
+    child, lines = _spawn(_busy_child, device, ctrl, blocks)
     mine = _read_until(device, ctrl, blocks, 0)
     done = {int(k): v for k, v in json.loads(lines.readline()).items()}
     os.waitpid(child, 0)
