@@ -435,7 +435,10 @@ class _Server:
             if now >= self.next_sweep:
                 self.next_sweep = now + 0.1
                 for c in [c for c in self.conns.values() if now > c.deadline]:
-                    self._close(c)
+                    if c.reading:       # its bytes may be in flight: closing now would reset the connection
+                        self._linger(c, now + LINGER_S)
+                    else:
+                        self._close(c)
 
     # ---- the tracer's snapshots
 
@@ -530,8 +533,9 @@ class _Server:
             self.sel.unregister(c.sock)
         c.sock.close()
 
-    def _linger(self, c: _Conn) -> None:
-        """The answer is sent: half-close, and read until the client closes (see LINGER_S)."""
+    def _linger(self, c: _Conn, until: float | None = None) -> None:
+        """The answer is sent, or the request was not in time: half-close, and read until the client closes
+        (see LINGER_S), at most until `until` (the connection's own deadline by default)."""
         self.admission.remove(c)        # its slot is free: what is left costs only a socket
         if self.lingering >= MAX_LINGERING or self.ending:
             self._close(c)
@@ -544,7 +548,7 @@ class _Server:
         c.lingering = True
         self.lingering += 1
         c.out = None
-        c.deadline = min(c.deadline, time.monotonic() + LINGER_S)
+        c.deadline = min(c.deadline if until is None else until, time.monotonic() + LINGER_S)
         with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(c.sock)
         self.sel.register(c.sock, self.READ, None)
