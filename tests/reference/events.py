@@ -82,7 +82,9 @@ DISTURBED_NS = 1000
 #: device): per-request phase errors of -10..+10 ns median, within +-170 ns
 #: for 95% of requests, +-400 ns for 99%, +-880 ns for 99.9%.  So a
 #: percentile, which sits on one sample, passes within SAMPLE_JITTER_NS of
-#: the exact one, the max (the most exposed sample) within DISTURBED_NS, and
-#: the mean, where the errors average out, within MEAN_JITTER_NS.
-SAMPLE_JITTER_NS = 250
+#: the exact one (past the 99% bound: a run checks hundreds of percentiles,
+#: and at 250 ns one of a series of 3 was seen 324 ns off in CI), the max (the
+#: most exposed sample) within DISTURBED_NS, and the mean, where the errors
+#: average out, within MEAN_JITTER_NS.
+SAMPLE_JITTER_NS = 500
 MEAN_JITTER_NS = 50
