@@ -263,6 +263,7 @@ KRAWTP(mm_filemap_add_to_page_cache, struct folio *)	/* tasks.bpf.c cache: a fol
 KMEMBER(FOLIO_FLAGS, folio, flags, 8)	/* tasks.bpf.c cache: PG_head, a large folio */
 KMEMBER(FOLIO_FLAGS_1, folio, _flags_1, 8)	/* tasks.bpf.c cache: a large folio's order */
 KMEMBER(FOLIO_MAPPING, folio, mapping, 8)	/* tasks.bpf.c cache */
+KMEMBER(FOLIO_INDEX, folio, index, 8)	/* tasks.bpf.c cache: the first page a thread added, for a read's untraced first batch */
 KENUM(PG_HEAD, PG_head)	/* tasks.bpf.c cache */
 KRAWTP(ext4_sync_file_enter, struct file *, int)	/* tasks.bpf.c fsync */
 KRAWTP(ext4_sync_file_exit, struct inode *, int)	/* tasks.bpf.c fsync */

@@ -18,7 +18,14 @@
  *                     filemap_get_pages(), before its batch's event.  Pages a
  *                     thread added are misses of its next batch when that is
  *                     of the same file; otherwise (a write's new pages, a
- *                     fault, another file) they are forgotten.
+ *                     fault, another file) they are forgotten.  When a new
+ *                     read's first traced page lies past the lowest page the
+ *                     thread added to that file since its last batch, and it
+ *                     blocked, the read began there: its first batch went
+ *                     untraced (readpos.h), as seen for a file's first read
+ *                     (3 pages short of 64 MiB in CI).  A thread that adds
+ *                     pages by writing, then blocks reading the file further
+ *                     on, is overcounted by the gap.
  *   ext4_sync_file_enter / _exit (IOTRACE_TASKS_PC_FSYNC)
  *                     fsync, fdatasync and msync(MS_SYNC) of ext4 files,
  *                     timed in the caller's context (xfs and btrfs have only
@@ -38,8 +45,15 @@ static __always_inline void pc_pending_take(struct iotrace_thread *th, u64 mappi
 	th->pend_pages = 0;
 	th->pend_mapping = 0;
 }
+
+/* The lowest page the current thread added to `mapping` since its last batch; ~0 if none. */
+static __always_inline u64 pc_pending_first(struct iotrace_thread *th, u64 mapping)
+{
+	return th->pend_pages && th->pend_mapping == mapping ? th->pend_first : ~0ULL;
+}
 #else
 #define pc_pending_take(th, mapping, t) do { } while (0)
+#define pc_pending_first(th, mapping) (~0ULL)
 #endif
 
 #ifdef IOTRACE_TASKS_PC_READS
@@ -58,7 +72,7 @@ static __always_inline s64 pc_file_size(u64 mapping)
 /* mm_filemap_get_pages(mapping, index, last_index): a batch of a buffered read, in the reader's context */
 RAW_TRACEPOINT_PROBE(mm_filemap_get_pages)
 {
-	u64 mapping = ctx->args[0], index = ctx->args[1], last = ctx->args[2], id, bytes, start;
+	u64 mapping = ctx->args[0], index = ctx->args[1], last = ctx->args[2], id, bytes, start, added;
 	struct iotrace_thread *th;
 	struct iotrace_task *t;
 	bool waited;
@@ -72,12 +86,15 @@ RAW_TRACEPOINT_PROBE(mm_filemap_get_pages)
 	th = current_thread((u32)id, id >> 32);
 	if (!th)
 		return 0;
+	added = pc_pending_first(th, mapping);
 	pc_pending_take(th, mapping, t);
 	waited = th->flags & IOTRACE_TASKS_WAITED;
 	th->flags &= ~IOTRACE_TASKS_WAITED;
 	/* the same read's next batch: counted with its first */
 	if (!read_pos_new(&th->rd, mapping, index, last, waited, &start))
 		return 0;
+	if (waited && added < start)
+		start = th->rd.first = added;
 	bytes = read_pos_bytes(start, last, pc_file_size(mapping));
 	if (!bytes)
 		return 0;
@@ -106,13 +123,14 @@ static __always_inline u64 pc_folio_pages(u64 folio)
 /* mm_filemap_add_to_page_cache(folio): the current thread added a folio to a file's cache */
 RAW_TRACEPOINT_PROBE(mm_filemap_add_to_page_cache)
 {
-	u64 folio = ctx->args[0], mapping = 0, id, pages;
+	u64 folio = ctx->args[0], mapping = 0, index = 0, id, pages;
 	struct iotrace_thread *th;
 
 	id = bpf_get_current_pid_tgid();
 	if (!twanted(tcfg(), id >> 32))
 		return 0;
-	if (tread(&mapping, sizeof(mapping), folio + IOTRACE_K_FOLIO_MAPPING))
+	if (tread(&mapping, sizeof(mapping), folio + IOTRACE_K_FOLIO_MAPPING) ||
+	    tread(&index, sizeof(index), folio + IOTRACE_K_FOLIO_INDEX))
 		return 0;
 	pages = pc_folio_pages(folio);
 	if (!pages)
@@ -121,10 +139,13 @@ RAW_TRACEPOINT_PROBE(mm_filemap_add_to_page_cache)
 	if (!th)
 		return 0;
 	/* pending pages of another file were no miss of a read (no batch of that file followed) */
-	if (th->pend_mapping != mapping) {
+	if (th->pend_mapping != mapping || !th->pend_pages) {
 		th->pend_mapping = mapping;
 		th->pend_pages = 0;
+		th->pend_first = index;
 	}
+	if (index < th->pend_first)
+		th->pend_first = index;
 	th->pend_pages += pages;
 	return 0;
 }

@@ -93,8 +93,9 @@ struct iotrace_thread {
 	u32 tgid;
 	u32 flags;		/* IOTRACE_TASKS_THROTTLE_NEXT, _THROTTLED, _READING */
 	struct iotrace_read_pos rd;	/* its last read through the page cache (readpos.h) */
-	u64 pend_mapping;	/* pages added to this address_space's cache since the thread's last read batch */
-	u64 pend_pages;
+	u64 pend_mapping;	/* pages added to this address_space's cache since the thread's last read batch: */
+	u64 pend_pages;		/* how many, */
+	u64 pend_first;		/* and the lowest page index among them */
 };
 
 #endif /* IOTRACE_TASKS_H */

@@ -213,7 +213,7 @@ class SourcesBtf:
     def member(self, struct, path):
         if not self.members:
             raise BtfError(f"struct {struct} has no member {path}")
-        return Member({"i_size": 80, "flags": 0, "_flags_1": 64, "mapping": 24}[path], 8, 0, 0)
+        return Member({"i_size": 80, "flags": 0, "_flags_1": 64, "mapping": 24, "index": 32}[path], 8, 0, 0)
 
     def enumerator(self, name):
         return {"PG_head": 6}[name]
