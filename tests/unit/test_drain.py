@@ -121,6 +121,10 @@ def test_flip_alternates_the_generation_and_waits_the_grace(monkeypatch):
     assert (old, d.gen, obj.config.gen) == (0, 1, 1) and end > 0
     assert d.flip()[0] == 1 and (d.gen, obj.config.gen) == (0, 0)
     assert slept == [drainmod.GENERATION_GRACE_S] * 2
+    # what is read at the window's edge is read after the programs moved on and before the grace period
+    seen = []
+    d.flip(lambda: seen.append((obj.config.gen, len(slept))))
+    assert seen == [(1, 2)] and len(slept) == 3
 
 
 def test_a_hash_handed_out_a_few_at_a_time_is_drained_whole_into_the_reused_buffers():

@@ -201,13 +201,16 @@ class MapDrain:
                      np.zeros((hist.max_entries, ncpu), np.uint64)),
         }
 
-    def flip(self) -> tuple[int, int]:
+    def flip(self, at_flip=None) -> tuple[int, int]:
         """Send the programs to the other generation; (the old one, CLOCK_MONOTONIC ns of the flip), once the
-        programs that began on the old one have finished (GENERATION_GRACE_S)."""
+        programs that began on the old one have finished (GENERATION_GRACE_S).  `at_flip()`, if given, is
+        called right after the flip, before that wait: what is read there is read at the window's edge."""
         old = self.gen
         self.gen ^= 1
         self.bpf.update_config(self.config, gen=self.gen)
         end = time.monotonic_ns()
+        if at_flip is not None:
+            at_flip()
         time.sleep(GENERATION_GRACE_S)
         return old, end
 

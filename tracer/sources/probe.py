@@ -357,9 +357,14 @@ class Probe:
         `final`: the last one; it waits (up to LOST_MIN_AGE_NS) until requests
         left in flight on idle devices are old enough to be told lost.
         """
-        old, end = self.maps.flip()
-        # after the grace period: the old generation's last completions are in the kernel's counters too
-        diskstats_start, diskstats_end = self.ledger.diskstats_window()
+        # /proc/diskstats at the flip itself, not after the grace period: a request is counted there
+        # a microsecond after its completion event, so a read at the flip has the old generation's
+        # requests (but those completing in that microsecond) and none of the new one's, while a read
+        # GENERATION_GRACE_S later also had the next window's first 5 ms (the first window after an
+        # attach then fell short by them: 99.9%)
+        edge = {}
+        old, end = self.maps.flip(lambda: edge.update(ds=self.ledger.diskstats_window()))
+        diskstats_start, diskstats_end = edge["ds"]
         maps = self.maps.drain(old)
         files = self.files.drain(old) if self.files is not None else None
         reasons = self.ledger.dropped(final)
