@@ -1,5 +1,5 @@
 # iotrace developer entry points; `make test` and `make demo` set the machine up first.
-.PHONY: setup setup-tf setup-torch test test-unit test-kernels lint demo bench clean
+.PHONY: setup setup-tf setup-torch test test-unit test-kernels bench-nullblk lint demo bench clean
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
@@ -34,6 +34,11 @@ test-unit: setup
 KERNELS_ARGS ?=
 test-kernels:
 	$(AS_ROOT) python3 scripts/kernels/run.py $(KERNELS_ARGS)
+
+# fio's IOPS on a null_blk disk (the device costs nothing) untraced, under three empty programs and under
+# iotrace's request path, in the first kernel's guest (Debian's kernels ship null_blk; the host has none).
+bench-nullblk:
+	$(AS_ROOT) python3 scripts/kernels/run.py --tests "" --no-fio --nullblk $(KERNELS_ARGS)
 
 # Lint with ruff, and check the package's layers with import-linter (both configured in pyproject.toml).
 lint:

@@ -69,6 +69,19 @@ if [[ ${IOTRACE_FIO:-1} == 1 ]]; then
     sync
 fi
 
+if [[ ${IOTRACE_NULLBLK:-0} == 1 ]]; then
+    echo "iotrace-guest: null_blk IOPS, traced and not"
+    t0=$(date +%s)
+    python3 "$SRC/scripts/kernels/guest_nullblk.py" "$SRC" "${IOTRACE_NULLBLK_ROUNDS:-3}" >"$RES/nullblk.json.part" &&
+        mv "$RES/nullblk.json.part" "$RES/nullblk.json"
+    echo "nullblk_seconds=$(($(date +%s) - t0))" >>"$RES/guest.env"
+    sync
+fi
+
+if [[ -z ${IOTRACE_TESTS// /} ]]; then
+    echo "iotrace-guest: no tests asked for"
+    exit 0
+fi
 echo "iotrace-guest: pytest $IOTRACE_TESTS"
 # The whole list first, so that the host can name a test that never reported (a hung guest).
 # shellcheck disable=SC2086

@@ -224,7 +224,7 @@ def run_kernel(entry: list[str], args, env: dict[str, str]) -> dict:
         guest = Guest(image, overlay, tree, run / "console.log")
         # the guest's own limits, plus boot and shutdown
         limit = (args.boot_timeout + (4 * args.fio_timeout if not args.no_fio else 0)
-                 + args.budget + args.test_timeout + 300)
+                 + (900 if args.nullblk else 0) + args.budget + args.test_timeout + 300)
         log(f"{kernel}: booting (TCG, -smp 2; at most {limit / 60:.0f} min)")
         t = time.monotonic()
         guest.start()
@@ -278,7 +278,7 @@ def load_results(res: dict, keep: Path, args) -> dict:
     if (keep / "guest.env").exists():
         genv = dict(ln.split("=", 1) for ln in (keep / "guest.env").read_text().splitlines() if "=" in ln)
     res["guest"] = genv
-    for k in ("boot_seconds", "fio_seconds", "pytest_seconds"):
+    for k in ("boot_seconds", "fio_seconds", "nullblk_seconds", "pytest_seconds"):
         if k in genv:
             res["timings"][k.replace("_seconds", "") + " (guest clock)"] = f"{float(genv[k]):.0f} s"
     if (keep / "fio.json").exists():
@@ -287,8 +287,15 @@ def load_results(res: dict, keep: Path, args) -> dict:
     elif not args.no_fio:
         res["problems"].append("no fio.json: the measurement did not finish (see console.log)")
 
+    if (keep / "nullblk.json").exists():
+        res["nullblk"] = json.loads((keep / "nullblk.json").read_text())
+    elif getattr(args, "nullblk", False):
+        res["problems"].append("no nullblk.json: the null_blk measurement did not finish (see console.log)")
+
     collected = []
-    if (keep / "collected.txt").exists():
+    if not args.tests.strip():
+        pass            # no tests asked for: nothing collected is no problem
+    elif (keep / "collected.txt").exists():
         collected = [ln.strip() for ln in (keep / "collected.txt").read_text().splitlines() if "::" in ln]
     else:
         res["problems"].append("pytest collected nothing (see console.log)")
@@ -391,6 +398,15 @@ def report(results: list[dict]) -> bool:
                          note])
         print(table(header, rows))
 
+    for res, name in zip(results, names, strict=True):
+        nb = res.get("nullblk")
+        if not nb or "iops" not in nb:
+            continue
+        print(f"\n== {name}: {nb['fio']} on {nb['device']}, {nb['rounds']} rounds x {nb['seconds']} s, median ==")
+        print(table(["programs", "IOPS", "of untraced", "BPF ns/request"],
+                    [[n, f"{nb['iops'][n]:.0f}", f"{nb['ratio'].get(n, 0):.3f}", f"{nb['bpf_ns_per_request'][n]:.0f}"]
+                     for n in nb["iops"]]))
+
     print("\n== timings ==")
     for res, name in zip(results, names, strict=True):
         print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in res["timings"].items() if not k.endswith("_seconds")))
@@ -420,6 +436,9 @@ def main() -> int:
     ap.add_argument("--fio-timeout", type=float, default=300, help="seconds for one traced fio run in the guest")
     ap.add_argument("--boot-timeout", type=float, default=180, help="seconds for the guest to reach its init")
     ap.add_argument("--no-fio", action="store_true", help="skip the fio/tracefs measurement")
+    ap.add_argument("--nullblk", action="store_true",
+                    help="also measure fio's IOPS on a null_blk disk untraced, under three empty programs and "
+                         "under iotrace's request path (guest_nullblk.py; ~3 min under TCG)")
     ap.add_argument("--from-logs", action="store_true",
                     help="boot nothing: print the report of the last run saved in the logs")
     args = ap.parse_args()
@@ -443,6 +462,7 @@ def main() -> int:
 
     env = {"IOTRACE_TESTS": args.tests, "IOTRACE_TEST_TIMEOUT": str(int(args.test_timeout)),
            "IOTRACE_SESSION_BUDGET": str(int(args.budget)), "IOTRACE_FIO": "0" if args.no_fio else "1",
+           "IOTRACE_NULLBLK": "1" if args.nullblk else "0",
            "IOTRACE_FIO_TIMEOUT": str(int(args.fio_timeout)), "IOTRACE_PROGRESS": "/dev/console"}
     t0 = time.monotonic()
     ensure_host_tools()

@@ -1,0 +1,107 @@
+"""Inside a kernel-matrix guest: IOPS traced / untraced where the device costs nothing (null_blk).
+
+The host kernel has no null_blk; Debian's kernels ship it as a module.  A null_blk disk completes
+each request at once (irqmode=0), so the block layer and what runs on its events are nearly all a
+request costs: the ratio of fio's IOPS with iotrace's request path loaded to without it is the
+tracer's price at high IOPS.  Rounds alternate the order of:
+
+  untraced   fio alone
+  floor      three raw-tracepoint programs that return at once (scripts/overhead's empty_raw)
+  iotrace    iotrace's block-layer programs as `serve` and `top` load them (no file rows)
+
+each round compiling iotrace afresh (a loaded probe cannot be taken off the events and put back).
+BPF ns per request come from each program's own run time (its fdinfo, with BPF statistics on).
+Under TCG every instruction is emulated, the kernel's and the programs' alike: the ratios, not the
+IOPS, are what carries over to hardware.
+
+  python3 guest_nullblk.py SRC_DIR [ROUNDS] [SECONDS] > nullblk.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(sys.argv[1]).resolve()
+ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+SECONDS = int(sys.argv[3]) if len(sys.argv) > 3 else 5
+sys.path[:0] = [str(SRC), str(SRC / "scripts")]
+
+from overhead.programs import BPFStats  # noqa: E402
+from overhead.tracers import EmptyRaw  # noqa: E402
+
+DEV = "/dev/nullb0"
+
+
+def fdinfo_cost(fds: list[int]) -> tuple[int, int]:
+    """(run_time_ns, completion-program runs) summed over programs' fds (this process's)."""
+    ns = runs = 0
+    for fd in fds:
+        info = dict(ln.split(":", 1) for ln in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines() if ":" in ln)
+        ns += int(info.get("run_time_ns", "0").strip() or 0)
+        runs = max(runs, int(info.get("run_cnt", "0").strip() or 0))
+    return ns, runs
+
+
+def fio() -> dict:
+    out = subprocess.run(["fio", "--name=nullblk", f"--filename={DEV}", "--rw=randread", "--bs=4k", "--direct=1",
+                          "--ioengine=libaio", "--iodepth=32", "--time_based", f"--runtime={SECONDS}",
+                          "--output-format=json"], check=True, capture_output=True, text=True).stdout
+    job = json.loads(out)["jobs"][0]["read"]
+    return {"iops": job["iops"], "ios": job["total_ios"]}
+
+
+def run_one(name: str, floor: EmptyRaw) -> dict:
+    fds: list[int] = []
+    probe = None
+    if name == "floor":
+        floor.start(DEV)
+        fds = [fn.fd for fn in floor.b.funcs.values()]
+    elif name == "iotrace":
+        from tracer.sources.probe import Probe, ProbeOptions
+
+        probe = Probe(ProbeOptions(files=False))
+        fds = [fn.fd for fn in probe.bpf.bpf.funcs.values()]
+    try:
+        with BPFStats():
+            ns0, _ = fdinfo_cost(fds)
+            r = fio()
+            ns1, _ = fdinfo_cost(fds)
+    finally:
+        if name == "floor":
+            floor.stop()
+        if probe is not None:
+            probe.close()
+    r["bpf_ns_per_request"] = (ns1 - ns0) / r["ios"] if fds and r["ios"] else 0.0
+    return r
+
+
+def main() -> int:
+    subprocess.run(["modprobe", "null_blk", "nr_devices=1", "queue_mode=2", "irqmode=0", "gb=4", "bs=4096",
+                    "hw_queue_depth=64", "submit_queues=1"], check=True)
+    floor = EmptyRaw()
+    why = floor.why_not()
+    if why:
+        print(json.dumps({"error": why}))
+        return 1
+    names = ["untraced", "floor", "iotrace"]
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for i in range(ROUNDS):
+        for name in names[i % 3:] + names[:i % 3]:
+            r = run_one(name, floor)
+            runs[name].append(r)
+            print(f"iotrace-guest: null_blk round {i + 1}/{ROUNDS} {name:9} {r['iops']:9.0f} IOPS "
+                  f"{r['bpf_ns_per_request']:6.0f} BPF ns/request", file=sys.stderr, flush=True)
+    med = {n: statistics.median(r["iops"] for r in v) for n, v in runs.items()}
+    ns = {n: statistics.median(r["bpf_ns_per_request"] for r in v) for n, v in runs.items()}
+    print(json.dumps({"device": "null_blk (irqmode=0, queue_mode=2)", "fio": "4 KiB randread O_DIRECT libaio qd32",
+                      "seconds": SECONDS, "rounds": ROUNDS, "runs": runs, "iops": med, "bpf_ns_per_request": ns,
+                      "ratio": {n: med[n] / med["untraced"] for n in names if med["untraced"]}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
