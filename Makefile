@@ -1,5 +1,5 @@
 # iotrace developer entry points; `make test` and `make demo` set the machine up first.
-.PHONY: setup setup-tf setup-torch test test-unit test-kernels bench-nullblk lint demo bench clean
+.PHONY: setup setup-tf setup-torch test test-unit test-kernels bench-nullblk lint demo bench man clean
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
@@ -65,6 +65,11 @@ bench:
 	$(AS_ROOT) $(PY) scripts/bench_files.py --json bench-files.json
 	$(PY) scripts/bench_report.py --json bench-report.json
 	$(AS_ROOT) $(PY) scripts/bench_scrape.py --json bench-scrape.json
+
+# The man page iotrace(8), docs/iotrace.8, rendered from the argparse parsers --help prints
+# (tests/unit/test_manpage.py fails while the committed page differs). Read it: man -l docs/iotrace.8
+man:
+	$(PY) -m tracer.cli.manpage -o docs/iotrace.8
 
 # Remove the venv and every cache.
 clean:

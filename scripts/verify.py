@@ -14,7 +14,7 @@ p50 / p99 / p99.9 / max on both sides and a verdict.  A series passes when
 counts and bytes are equal, each of p50, p90, p99 and p99.9 is within 2% of
 the exact nearest-rank percentile or in the same histogram bucket, the max
 is in the same bucket, and the mean agrees, each up to the stamps' measured
-jitter (README: "Checked against a reference").  Series seen by only one
+jitter (docs/design.md: "Checked against a reference: `scripts/verify.py`").  Series seen by only one
 side fail, unless the reference explains them (requests that started
 before iotrace attached, processes iotrace was not told to trace, events
 the kernel ran no BPF program for).

@@ -4,7 +4,7 @@
 
 The sink writes, at close, one JSON object to FILE: the mode it was built
 for and the kind of every window it was handed.  Registering it takes what
-the README says a new sink takes: a module under tracer.sinks with
+docs/development.md says a new sink takes: a module under tracer.sinks with
 add_arguments() and from_args(), and its name in SINKS.
 """
 

@@ -1,7 +1,7 @@
 """Attribution: whose row a request lands in, through loop devices, threads,
 multiprocessing workers, writeback and pre-existing children.
 
-The rule iotrace implements (README, 'Attribution'): a request belongs to the
+The rule iotrace implements (docs/design.md, 'Attribution'): a request belongs to the
 task in whose context it was *made* (block_io_start), folded to its process
 unless --threads.  These tests pin down what that rule means on a real kernel,
 with exact counts (conftest.assert_count) and real BPF.

@@ -74,7 +74,7 @@ def test_unsynced_writer_file_row_has_its_write_back(ext4_mnt, tmp_path):
 
 def kernel_has(event: str) -> bool:
     """Whether this kernel has the tracepoint CATEGORY/NAME (Debian 12's 6.1 lacks filemap's get_pages and iomap's
-    dio events: the rows then say "unavailable", README, Files)."""
+    dio events: the rows then say "unavailable", docs/training.md, 'Files: which files the I/O was for')."""
     return any((Path(d) / "events" / event).is_dir() for d in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"))
 
 
@@ -114,7 +114,7 @@ def test_two_loaders_cold_then_warm(ext4_mnt, tmp_path):
     for d in cold:
         nothing_lost(d)
     # a request is its first page's file's: where the block layer merged two files' neighbouring reads into
-    # one request (README, Files), bytes move between them, so each file is within a window, the sum exact-ish
+    # one request (docs/training.md, files), bytes move between them, so each file is within a window, the sum exact-ish
     total = 0
     for pid, s in zip(pids, shards, strict=True):
         disk, cache = per_file(cold, "disk_read_bytes", pid), per_file(cold, "cache_read_bytes", pid)
@@ -168,7 +168,7 @@ def test_direct_reads_and_writes_are_the_files_bytes_as_asked(ext4_mnt, tmp_path
     """O_DIRECT's pages are the process's memory, no file's: its bytes come from iomap_dio_rw_begin (clipped at
     EOF for reads), under direct_bytes too, with no request or latency of their own."""
     if not kernel_has("iomap/iomap_dio_rw_begin"):
-        pytest.skip("this kernel has no iomap:iomap_dio_rw_begin: O_DIRECT I/O is in no file's row (README, Files)")
+        pytest.skip("this kernel has no iomap:iomap_dio_rw_begin: O_DIRECT I/O is in no file's row (docs/training.md)")
     loop, mnt = ext4_mnt
     f, out = mnt / "direct.bin", tmp_path / "out.jsonl"
     cmd = (f"dd if=/dev/zero of={f} bs=1M count=4 oflag=direct status=none && "

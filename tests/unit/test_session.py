@@ -46,7 +46,7 @@ class Recorder:
 
 @pytest.fixture
 def recorder(monkeypatch):
-    """The sink "recorder" registered as README says a sink is (a module, one line in SINKS), alone: the
+    """The sink "recorder" registered as docs/development.md says a sink is (a module, one line in SINKS), alone: the
     others would print tables and bind ports."""
     log: list = []
     module = types.ModuleType("tracer.sinks.recorder")

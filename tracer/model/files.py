@@ -1,5 +1,5 @@
-"""The "files" section of a dump: a row per (file, process) of the window (tracer.sources.files; README,
-"Files").
+"""The "files" section of a dump: a row per (file, process) of the window (tracer.sources.files;
+docs/training.md, "Files: which files the I/O was for").
 
 A row names the file (its filesystem's device, inode number and a path),
 its process (pid, comm, container), the bytes it read through the page cache

@@ -227,7 +227,7 @@ class _BioMerger:
 
 @dataclass
 class TaskRow:
-    """One traced process in a window (tracer.sources.tasks; README, 'Per-process waits')."""
+    """One traced process in a window (tracer.sources.tasks; docs/training.md, per process)."""
 
     pid: int
     ppid: int = 0
