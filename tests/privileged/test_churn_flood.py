@@ -10,7 +10,9 @@ the whole-run table folds per command past tracer.sinks.table.MAX_RUN_ROWS
 (2000) rows, the cgroup resolver's cache is an LRU.  So RSS rises while
 those fill, then stays.  Measured on this 2-core VM (bcc 0.26, kernel 6.18,
 --dev the loop device): 78.0 MB after 1,000 children, 101.3 after 10,000,
-107.6 after 20,000 (+29.6, of which +6.3 in the second half); another run,
+107.6 after 20,000 (+29.6, of which +6.3 in the second half); again 78.6,
+99.6, 101.0 (+22.4, +1.4).  The 1,000 take less than a second, before the
+first dump: that sample is the tracer's size at the start.  Another run,
 of 60,000: 84.9 after 1,000, 98.5 after 10,000, 101.4 after 20,000, 102.4
 after 30,000, 102.3 after 40,000: flat once the tables are full.  The bounds leave margin.
 The dumps must still count every read: 20,000 reads of 4 KiB on the loop
