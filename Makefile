@@ -51,7 +51,7 @@ demo: setup
 
 # Overhead vs no tracer, bpftrace and blktrace (fio on a RAM-backed loop device, interleaved
 # runs), the request path's price feature by feature and as work grows (BENCH_BASE=REV: also
-# the gate, failing when the request path grew past its noise band against REV), the cost of a 100k-bucket dump, a short soak run, what the per-process rows cost (the
+# the gate, failing when the request path grew past its noise band against REV), the cost of a 100k-bucket dump, a short soak run (each flood's tracer RSS at its start and end, failing past +5 MB), what the per-process rows cost (the
 # default page-cache events and --tasks' syscall hooks: per event in bpf_stats, per buffered read,
 # per getppid, against untraced), report's time and peak RSS on a 200 MB file, and a scrape of
 # `iotrace serve` under fio load; results also in bench-*.json.

@@ -90,6 +90,35 @@ def test_bcc_kernel_source_is_refused_under_sudo(tmp_path, monkeypatch):
         bpfobject.kernel_headers()
 
 
+@pytest.mark.parametrize("cmd", [["-d", "1"], ["serve", "--listen", "127.0.0.1:0"]], ids=["trace", "serve"])
+def test_iotrace_cgroup_root_is_refused_under_sudo(tmp_path, cmd):
+    """Under sudo, $IOTRACE_CGROUP_ROOT would have root walk a tree the invoking user chose and name what it
+    found in the dumps: one line, exit 2, before the tracer starts (no BPF is loaded: the run would say so)."""
+    import os
+
+    (tmp_path / "cgroup.controllers").write_text("io\n")
+    env = {**os.environ, "IOTRACE_CGROUP_ROOT": str(tmp_path), "SUDO_UID": "65534", "SUDO_GID": "65534"}
+    r = subprocess.run([sys.executable, "-m", "tracer.cli", *cmd], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.splitlines() == [r.stderr.strip()], r.stderr
+    assert "IOTRACE_CGROUP_ROOT is not honoured under sudo" in r.stderr
+
+
+def test_iotrace_cgroup_root_resolver_refuses_under_sudo(tmp_path, monkeypatch):
+    """The resolver itself asks too (a dump built outside the CLI); without sudo the path is honoured."""
+    from tracer.contract import RefusedEnvironment
+    from tracer.sources import cgroups
+
+    (tmp_path / "cgroup.controllers").write_text("io\n")
+    monkeypatch.setenv(cgroups.ENV_ROOT, str(tmp_path))
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    assert cgroups.CgroupResolver().root == str(tmp_path)
+    monkeypatch.setenv("SUDO_UID", "65534")
+    with pytest.raises(RefusedEnvironment, match="IOTRACE_CGROUP_ROOT is not honoured under sudo"):
+        cgroups.CgroupResolver()
+
+
 def test_iotrace_bpf_dir_is_honoured_without_sudo(tmp_path, monkeypatch):
     from tracer import contract
 

@@ -74,10 +74,11 @@ def parser() -> argparse.ArgumentParser:
 
 def run(argv: list[str], out: TextIO = sys.stdout) -> int:
     from tracer.sources import devices
-    from tracer.sources.cgroups import resolve_cgroup
+    from tracer.sources.cgroups import env_root, resolve_cgroup
     from tracer.sources.probe import ProbeOptions
 
     ns = parser().parse_args(argv)
+    env_root()      # refused under sudo: before anything starts, not at the first dump
     devs = [devices.resolve(d) for d in ns.devs]
     cgroup_id, cgroup_level = resolve_cgroup(ns.cgroup) if ns.cgroup else (0, 0)
     names = device_names(ns.devs)

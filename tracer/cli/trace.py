@@ -195,6 +195,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
 
     if args.diskstats:
         return run_diskstats(args, out)
+    cgroups.env_root()      # refused under sudo: before anything starts, not at the first dump
     devs = [devices.resolve(d) for d in args.devs]
     cgroup_id, cgroup_level = cgroups.resolve_cgroup(args.cgroup) if args.cgroup else (0, 0)
     pidfds = childmod.check_pids(args.pids)

@@ -33,6 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 
+from tracer.contract import RefusedEnvironment
 from tracer.errors import UserError
 
 ENV_ROOT = "IOTRACE_CGROUP_ROOT"   # where the host's cgroup2 hierarchy is mounted, if not found in mountinfo
@@ -42,6 +43,20 @@ SHORT_ID = 12
 # A cgroup that has gone by the time we walk stays unknown; asking again for
 # every dump that mentions it would walk the tree each time.
 NEGATIVE_TTL_S = 60.0
+
+
+def env_root() -> str | None:
+    """$IOTRACE_CGROUP_ROOT (the host's cgroup2 mounted elsewhere, as in the DaemonSet), or None when unset.
+
+    Refused under sudo (SUDO_UID set), as $IOTRACE_BPF_DIR is: where sudo keeps IOTRACE_* (env_keep),
+    root would walk a tree the invoking user chose and put what it found there in the dumps (names of
+    directories only root may list).  Trace and serve ask before they start, so the refusal is one line.
+    """
+    root = os.environ.get(ENV_ROOT)
+    if root and os.environ.get("SUDO_UID"):
+        raise RefusedEnvironment(f"${ENV_ROOT} is not honoured under sudo (root would read the cgroup tree the "
+                                 f"invoking user chose): unset it, or run as root without sudo")
+    return root or None
 
 
 def cgroup2_mount(mountinfo: str = "/proc/self/mountinfo") -> tuple[str, str] | None:
@@ -140,7 +155,7 @@ class CgroupResolver:
     def __init__(self, root: str | None = None, max_entries: int = 16384, negative_ttl_s: float = NEGATIVE_TTL_S):
         self._prefix = ""
         if root is None:
-            root = os.environ.get(ENV_ROOT)
+            root = env_root()
             if root is not None:
                 # the host's /sys/fs/cgroup mounted elsewhere: on a hybrid host, v2 is its unified/
                 if not os.path.exists(f"{root}/cgroup.controllers") and os.path.exists(
