@@ -12,7 +12,9 @@ from tracer.codec import jsonl
 from tracer.errors import UserError
 from tracer.model import dump as dumpmod
 from tracer.options import Parser, at_least
+from tracer.osutil import open_output
 from tracer.runtime.signals import Signals
+from tracer.sinks import hlog
 from tracer.sinks.table import MAX_RUN_ROWS
 from tracer.views.diskstats import render_dump
 from tracer.views.report import render_windows, windows_by_label
@@ -59,16 +61,28 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
     p.add_argument("-j", "--json", action="store_true",
                    help="JSON lines instead of tables, in the dump format: the merged dump, one per window "
                         "with --by label, each dump with --follow")
+    p.add_argument("--hlog", metavar="FILE",
+                   help="also write the dumps read as an HdrHistogram interval log: one interval per dump, "
+                        "series and phase, tagged pid:comm:device:op:phase")
     ns = p.parse_args(argv)
     if ns.by == "label" and ns.hist:
         raise UserError("--hist goes with the merged table, not with --by label")
     if ns.follow:
+        if ns.hlog:
+            raise UserError("--hlog writes the dumps of a finished run, not with --follow")
         if len(ns.files) > 1 or ns.by == "label":
             raise UserError("--follow takes one file, and renders each dump (no --by label)")
         return _follow(ns.files[0], out, ns.hist, ns.json)
     # the files are read as a stream and each dump merged as it comes: memory is bounded by the merged
     # rows shown, not by the files
     dumps = (d for path in ns.files for d in jsonl.read(path))
+    if ns.hlog:
+        with open_output(ns.hlog, "w") as f:
+            return _report(ns, hlog.tee(dumps, hlog.HlogWriter(f)), out)
+    return _report(ns, dumps, out)
+
+
+def _report(ns: argparse.Namespace, dumps, out: TextIO) -> int:
     if ns.by == "label":
         windows = windows_by_label(dumps)
         if not windows:
