@@ -69,6 +69,13 @@ if [[ ${IOTRACE_FIO:-1} == 1 ]]; then
     sync
 fi
 
+if [[ ${IOTRACE_PROBE_MISSES:-0} == 1 ]]; then
+    echo "iotrace-guest: perf-event skips of block_rq_complete (guest_tpmiss.py)"
+    python3 "$SRC/scripts/kernels/guest_tpmiss.py" "$SRC" "$T/tmp/tpmiss" >"$RES/tpmiss.json.part" &&
+        mv "$RES/tpmiss.json.part" "$RES/tpmiss.json"
+    sync
+fi
+
 echo "iotrace-guest: pytest $IOTRACE_TESTS"
 # The whole list first, so that the host can name a test that never reported (a hung guest).
 # shellcheck disable=SC2086
