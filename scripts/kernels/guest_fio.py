@@ -84,7 +84,14 @@ class Instance:
         self.dir.rmdir()
 
 
-def one_run(src: Path, work: Path, sched: str, attach: str, timeout: float) -> dict:
+def fio_cmd(loop: str, out: Path) -> list[str]:
+    """The measured fio job on `loop`, its JSON report written to `out`."""
+    return ["fio", "--name=matrix", f"--filename={loop}", "--rw=randread", "--bs=4k", "--direct=1",
+            "--ioengine=libaio", "--iodepth=16", f"--numjobs={JOBS}", f"--number_ios={REQUESTS // JOBS}",
+            "--size=128M", "--group_reporting", "--output-format=json", f"--output={out}"]
+
+
+def one_run(src: Path, work: Path, sched: str, attach: str, timeout: float, extra: list[str] = ()) -> dict:
     backing = work / f"fio-{sched}-{attach}.img"
     with open(backing, "wb") as f:
         f.truncate(256 << 20)
@@ -104,14 +111,12 @@ def one_run(src: Path, work: Path, sched: str, attach: str, timeout: float) -> d
         major, minor = (int(x) for x in Path(f"/sys/block/{dev}/dev").read_text().split(":"))
         inst = Instance((major << 20) | minor)
         fio_json = work / f"fio-{sched}-{attach}.json"
-        fio = ["fio", "--name=matrix", f"--filename={loop}", "--rw=randread", "--bs=4k", "--direct=1",
-               "--ioengine=libaio", "--iodepth=16", f"--numjobs={JOBS}", f"--number_ios={REQUESTS // JOBS}",
-               "--size=128M", "--group_reporting", "--output-format=json", f"--output={fio_json}"]
+        fio = fio_cmd(loop, fio_json)
         before = stat_ios(dev)
         inst.on(True)
         t0 = time.monotonic()
-        r = subprocess.run([sys.executable, "-m", "tracer.cli", "-j", "--dev", dev, "--attach", attach, "--", *fio],
-                           cwd=src, capture_output=True, text=True, timeout=timeout)
+        cmd = [sys.executable, "-m", "tracer.cli", "-j", "--dev", dev, "--attach", attach, *extra, "--", *fio]
+        r = subprocess.run(cmd, cwd=src, capture_output=True, text=True, timeout=timeout)
         rec["seconds"] = round(time.monotonic() - t0, 1)
         inst.on(False)
         after = stat_ios(dev)
@@ -131,6 +136,8 @@ def one_run(src: Path, work: Path, sched: str, attach: str, timeout: float) -> d
             rec["iotrace_dropped"] = {k: v for k, v in d.get("dropped", {}).items() if v}
             rec["iotrace_attach"] = d.get("attach")
             rec["iotrace_coverage"] = d.get("coverage", {}).get("devices", {}).get(dev)
+            # the kernel's own count of completions it ran no program for (the perf-event path's guard)
+            rec["iotrace_complete_missed"] = (d.get("bpf_programs") or {}).get("block_rq_complete", {}).get("missed")
         else:
             rec["iotrace_recorded"] = None
         if r.returncode != 0 or not final:

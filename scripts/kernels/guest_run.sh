@@ -69,6 +69,13 @@ if [[ ${IOTRACE_FIO:-1} == 1 ]]; then
     sync
 fi
 
+if [[ ${IOTRACE_PROBE_MISSES:-0} == 1 ]]; then
+    echo "iotrace-guest: perf-event skips of block_rq_complete (guest_tpmiss.py)"
+    python3 "$SRC/scripts/kernels/guest_tpmiss.py" "$SRC" "$T/tmp/tpmiss" >"$RES/tpmiss.json.part" &&
+        mv "$RES/tpmiss.json.part" "$RES/tpmiss.json"
+    sync
+fi
+
 if [[ ${IOTRACE_NULLBLK:-0} == 1 ]]; then
     echo "iotrace-guest: null_blk IOPS, traced and not"
     t0=$(date +%s)

@@ -178,7 +178,7 @@ def watch(guest: Guest, deadline: float) -> tuple[float | None, bool]:
             pos += cut
             for line in chunk[:cut].decode(errors="replace").splitlines():
                 # pytest's progress dots may stand before a line on the same console
-                m = re.search(r"(iotrace-guest|tcg_budget|iotrace-init|guest_fio): .*", line)
+                m = re.search(r"(iotrace-guest|tcg_budget|iotrace-init|guest_fio|guest_tpmiss): .*", line)
                 if m:
                     line = m.group(0)
                     print(f"  guest | {line[:200]}", flush=True)
@@ -224,7 +224,8 @@ def run_kernel(entry: list[str], args, env: dict[str, str]) -> dict:
         guest = Guest(image, overlay, tree, run / "console.log")
         # the guest's own limits, plus boot and shutdown
         limit = (args.boot_timeout + (4 * args.fio_timeout if not args.no_fio else 0)
-                 + (900 if args.nullblk else 0) + args.budget + args.test_timeout + 300)
+                 + (900 if args.nullblk else 0) + (4 * args.fio_timeout if args.probe_misses else 0)
+                 + args.budget + args.test_timeout + 300)
         log(f"{kernel}: booting (TCG, -smp 2; at most {limit / 60:.0f} min)")
         t = time.monotonic()
         guest.start()
@@ -248,9 +249,16 @@ def run_kernel(entry: list[str], args, env: dict[str, str]) -> dict:
     return load_results(res, keep, args)
 
 
+# The perf-event path's bound: completions the kernel skipped while another perf-event BPF program (or a
+# map system call) held the CPU's guard, each counted as lost_completion (block_rq_complete's
+# recursion_misses).  Measured in Debian 13's 6.12 guest: 16, 16, 9 and 1 of 4096 under a loaded host, 0 in
+# three runs on a quiet one; 1% leaves room for a slower host and still fails a silent or uncounted loss.
+TRACEPOINT_LOSS_BOUND = 0.01
+
+
 def fio_problems(fio: dict) -> list[str]:
     """The fio runs in which iotrace did not record every request the disk completed (the run then
-    fails), the disk's requests and merges do not add up to fio's I/Os, or the device did not take
+    fails; on the perf-event path, up to TRACEPOINT_LOSS_BOUND of them counted as lost_completion pass), the disk's requests and merges do not add up to fio's I/Os, or the device did not take
     the scheduler the run is for."""
     out = []
     for r in fio.get("runs", []):
@@ -262,6 +270,11 @@ def fio_problems(fio: dict) -> list[str]:
         want, got = r.get("fio_total_ios"), r.get("iotrace_recorded")
         stat = r.get("diskstats", {})
         disk, merged = stat.get("read", want), stat.get("read_merges")
+        lost = (r.get("iotrace_dropped") or {}).get("lost_completion", 0)
+        if (r.get("attach") == "tracepoint" and not r.get("error") and got is not None and got != disk
+                and got + lost == disk and lost <= disk * TRACEPOINT_LOSS_BOUND):
+            # the perf-event path's shared guard: completions the kernel skipped, each counted (README)
+            continue
         if r.get("error") or want is None or got != disk:
             out.append(f"fio {r.get('scheduler')}/{r.get('attach')}: iotrace recorded {got} of the disk's {disk} "
                        f"requests (fio made {want})" + (f" ({r['error']})" if r.get("error") else ""))
@@ -439,6 +452,9 @@ def main() -> int:
     ap.add_argument("--nullblk", action="store_true",
                     help="also measure fio's IOPS on a null_blk disk untraced, under three empty programs and "
                          "under iotrace's request path (guest_nullblk.py; ~3 min under TCG)")
+    ap.add_argument("--probe-misses", action="store_true",
+                    help="also run guest_tpmiss.py: which completions the perf-event path skips, and in whose "
+                         "context (saved as tpmiss.json beside the logs)")
     ap.add_argument("--from-logs", action="store_true",
                     help="boot nothing: print the report of the last run saved in the logs")
     args = ap.parse_args()
@@ -463,7 +479,8 @@ def main() -> int:
     env = {"IOTRACE_TESTS": args.tests, "IOTRACE_TEST_TIMEOUT": str(int(args.test_timeout)),
            "IOTRACE_SESSION_BUDGET": str(int(args.budget)), "IOTRACE_FIO": "0" if args.no_fio else "1",
            "IOTRACE_NULLBLK": "1" if args.nullblk else "0",
-           "IOTRACE_FIO_TIMEOUT": str(int(args.fio_timeout)), "IOTRACE_PROGRESS": "/dev/console"}
+           "IOTRACE_FIO_TIMEOUT": str(int(args.fio_timeout)),
+           "IOTRACE_PROBE_MISSES": "1" if args.probe_misses else "0", "IOTRACE_PROGRESS": "/dev/console"}
     t0 = time.monotonic()
     ensure_host_tools()
     results = []

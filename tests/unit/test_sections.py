@@ -54,6 +54,9 @@ TABLE = {
               [frow(written_bytes=100, requests=3, cache_read_bytes=16384, disk_read_bytes=8192,
                     hist=[[60, 2], [70, 1]]),
                frow(path="(other files)", dev="", ino=0, pid=0, comm="", files=3, cache_read_bytes=None)]),
+    "unavailable": ({"start": "no block:block_io_start (Linux 6.5+): requests start at block:block_getrq"},
+                    {"start": "no block:block_io_start (Linux 6.5+): requests start at block:block_getrq"},
+                    {"start": "no block:block_io_start (Linux 6.5+): requests start at block:block_getrq"}),
     "tasks_sources": ({"reads": "filemap:mm_filemap_get_pages", "fsync": "unavailable: no ext4"},
                       {"reads": "syscalls:read (raw sys_enter/sys_exit)"}, None),     # two runs' sources: none
     "enclosing": ("epoch 1", "epoch 1", "epoch 1"),
@@ -79,6 +82,7 @@ BAD = {
               [{"pid": 7, "read_bytes": -5}], [{"pid": 7, "comm": 3}], [{"comm": "no pid"}]],
     "files": [{}, [3], [{"ino": -1}], [{"path": 3}], [{"hist": [[1]]}], [{"cache_read_bytes": "x"}]],
     "tasks_sources": [[], {"reads": 3}, "filemap"],
+    "unavailable": [[], {"start": 3}, "start"],
     "enclosing": [3, ["epoch 1"]],
     "loop": [{"data_wait_s": "?", "steps": 3, "wall_s": 10}, "loop?", {"steps": 2},
              {"data_wait_s": 1, "steps": 10**900, "wall_s": 1}, {"data_wait_s": 1, "steps": 1.5, "wall_s": 1}],
@@ -183,7 +187,7 @@ def test_mains_files_read_and_write_back_byte_for_byte(name):
 
 
 # sections added after main's df49ae4 (its files have none: they read as absent)
-NEWER = {"files", "tasks_sources", "before_attach"}
+NEWER = {"files", "tasks_sources", "before_attach", "unavailable"}
 
 
 def test_mains_file_has_every_section():

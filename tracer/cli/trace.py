@@ -255,6 +255,9 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         if tree is not None and tree.note:
             print(f"iotrace: warning: {safe(tree.note)}", file=sys.stderr)
         _announce_tasks(args, tasks, tasks_note)
+        from tracer.pipeline.windows import unavailable
+
+        print_unavailable(unavailable(probe.unavailable, tasks.sources if tasks is not None else None))
         # attached: the traced processes ran before the trace (--pid, or every process), unlike a COMMAND
         windows = run.dump_windows(traced=bool(args.pids or args.command), iostat=bool(args.csv),
                                    attached=not args.command,
@@ -281,9 +284,6 @@ def _announce(args: TraceArgs, child: int | None, probe, control, control_error:
     if probe.attach_note:
         print(f"iotrace: attached to perf-event tracepoints, not raw ones: {safe(probe.attach_note)}",
               file=sys.stderr)
-    if probe.attach == "tracepoint":
-        # the file of a request is read from kernel structs (bpf/files.bpf.h): the raw path's alone
-        print("iotrace: no per-file rows: they need the raw tracepoints (--attach raw_tp)", file=sys.stderr)
     if probe.start_note:
         print(f"iotrace: {probe.start_note}", file=sys.stderr)
     print(safe(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "
@@ -291,10 +291,27 @@ def _announce(args: TraceArgs, child: int | None, probe, control, control_error:
                f"iotrace: warning: no control socket, markers are off ({control_error})"), file=sys.stderr)
 
 
-def _announce_tasks(args: TraceArgs, tasks, note: str) -> None:
-    """What the per-process rows are made of, when it is not what was asked for (a warning each)."""
+def unavailable_line(missing: dict[str, str]) -> str:
+    """The one start line of what the kernel or attach path lacks (the dumps' "unavailable"), or ""."""
+    if not missing:
+        return ""
     from tracer.sources.tasks import PAGECACHE_SOURCES
 
+    hint = ("; --tasks counts reads and fsyncs at the syscalls instead"
+            if {f"tasks.{k}" for k in PAGECACHE_SOURCES} & missing.keys() else "")
+    return safe("iotrace: not on this kernel or path, so not counted (the dumps' \"unavailable\" names them): "
+                + "; ".join(f"{k}: {v}" for k, v in missing.items()) + hint)
+
+
+def print_unavailable(missing: dict[str, str]) -> None:
+    line = unavailable_line(missing)
+    if line:
+        print(line, file=sys.stderr)
+
+
+def _announce_tasks(args: TraceArgs, tasks, note: str) -> None:
+    """What the per-process rows are made of, when it is not what was asked for (a warning each; the sources
+    the kernel lacks are in the start line of what is unavailable)."""
     if args.no_tasks:
         return
     if tasks is None:
@@ -303,14 +320,6 @@ def _announce_tasks(args: TraceArgs, tasks, note: str) -> None:
     if tasks.syscalls_note:
         print(f"iotrace: per-process rows time reads and fsyncs on the syscalls' perf-event tracepoints, "
               f"not raw ones (costlier for every syscall): {safe(tasks.syscalls_note)}", file=sys.stderr)
-    # with --tasks the page cache's sources are replaced by the syscalls (cache: unavailable by design)
-    missing = {k: v for k, v in tasks.sources.items()
-               if v.startswith("unavailable") and not (args.tasks and k in PAGECACHE_SOURCES)}
-    if missing:
-        hint = ("; --tasks counts reads and fsyncs at the syscalls instead"
-                if missing.keys() & PAGECACHE_SOURCES.keys() else "")
-        print("iotrace: per-process rows without " + "; ".join(f"{k} ({safe(v)})" for k, v in missing.items())
-              + f": the kernel lacks the event{hint}", file=sys.stderr)
 
 
 def open_control(pids: list[int] | None = None):

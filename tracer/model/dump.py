@@ -43,6 +43,7 @@ from tracer.model.sections import (
     Tasks,
     TasksSources,
     TracedPids,
+    Unavailable,
     VerdictSection,
 )
 
@@ -151,6 +152,7 @@ class Dump:
     tasks: Tasks | None = None
     files: Files | None = None
     tasks_sources: TasksSources | None = None
+    unavailable: Unavailable | None = None
     enclosing: Enclosing | None = None
     loop: Loop | None = None
     sender_pid: SenderPid | None = None

@@ -306,30 +306,44 @@ class Tasks(Section):
 
 
 @dataclass(frozen=True)
-class TasksSources(Section):
-    """Where each counter of the rows came from (tracer.sources.tasks: an event, the syscalls, "unavailable: why")."""
+class _TextMap(Section):
+    """A {name: text} section that every window of a run has alike: merged when the dumps agree."""
 
-    key: ClassVar[str] = "tasks_sources"
     items: tuple[tuple[str, str], ...]
 
     @classmethod
-    def of(cls, sources: dict[str, str]) -> TasksSources:
-        return cls(tuple(sources.items()))
+    def of(cls, texts: dict[str, str]):
+        return cls(tuple(texts.items()))
 
     @classmethod
-    def from_json(cls, v) -> TasksSources:
-        return cls(tuple((k, text(x, f"tasks_sources {k}")) for k, x in obj(v, "tasks_sources").items()))
+    def from_json(cls, v):
+        return cls(tuple((k, text(x, f"{cls.key} {k}")) for k, x in obj(v, cls.key).items()))
 
     def to_json(self) -> dict:
         return dict(self.items)
 
-    @property
-    def available(self) -> dict[str, bool]:
-        return {k: not x.startswith("unavailable") for k, x in self.items}
-
     @classmethod
     def merger(cls) -> Merger:
         return _Agreed(cls.key)
+
+
+@dataclass(frozen=True)
+class Unavailable(_TextMap):
+    """What this kernel or attach path lacks that iotrace would use, each with what is not counted for it
+    ({source: why}; tracer.pipeline.windows.unavailable): a figure it names is missing, not zero."""
+
+    key: ClassVar[str] = "unavailable"
+
+
+@dataclass(frozen=True)
+class TasksSources(_TextMap):
+    """Where each counter of the rows came from (tracer.sources.tasks: an event, the syscalls, "unavailable: why")."""
+
+    key: ClassVar[str] = "tasks_sources"
+
+    @property
+    def available(self) -> dict[str, bool]:
+        return {k: not x.startswith("unavailable") for k, x in self.items}
 
 
 class TaskMerger:
@@ -584,7 +598,8 @@ class VerdictSection(Section):
 
 
 # Every section, in the order a line holds them.
-SECTIONS: tuple[type[Section], ...] = (Attach, StartEvent, Coverage, BioDevices, Tasks, TasksSources, Files,
+SECTIONS: tuple[type[Section], ...] = (Attach, StartEvent, Coverage, BioDevices, Tasks, TasksSources, Unavailable,
+                                       Files,
                                        Enclosing, Loop, SenderPid, BeforeAttach, BpfPrograms, TracedPids, Alerts,
                                        VerdictSection)
 BY_KEY: dict[str, type[Section]] = {cls.key: cls for cls in SECTIONS}

@@ -38,8 +38,22 @@ from datetime import datetime
 from tracer.model.diskstats import Diskstats, window
 from tracer.model.dump import Dump, duration_of
 from tracer.model.files import fill_containers
-from tracer.model.sections import BeforeAttach, BpfPrograms, Section, Tasks, TasksSources, TracedPids
+from tracer.model.sections import BeforeAttach, BpfPrograms, Section, Tasks, TasksSources, TracedPids, Unavailable
 from tracer.pipeline.aggregate import Clock, build_dump
+from tracer.sources.tasks import UNAVAILABLE
+
+
+def unavailable(probe_missing: dict[str, str], tasks_sources: dict[str, str] | None) -> dict[str, str]:
+    """Everything the run's sources lack, as said at start and in every dump's "unavailable": the block-layer
+    probe's ({source: why}, tracer.sources.probe.unavailable), then the per-process rows' sources the
+    kernel has not ("tasks.<counter group>"; with --tasks the page-cache misses are not counted by design,
+    as reads are timed at the syscalls: not a lack)."""
+    out = dict(probe_missing)
+    syscalls = (tasks_sources or {}).get("reads", "").startswith("syscalls:")
+    for name, src in (tasks_sources or {}).items():
+        if src.startswith(UNAVAILABLE) and not (syscalls and name == "cache"):
+            out[f"tasks.{name}"] = src.removeprefix(UNAVAILABLE).lstrip(": ")
+    return out
 
 
 class DumpWindows:
@@ -61,6 +75,9 @@ class DumpWindows:
         self.first_ns: int | None = None    # when the first window began (CLOCK_MONOTONIC): the attach
         # --cgroup (its path as /proc/PID/cgroup names it): the kernel filters the requests, this the rows
         self.cgroup = CgroupRows(cgroup) if cgroup is not None else None
+        # in every dump, {} included: a source named there is missing, not zero
+        self.unavailable = Unavailable.of(unavailable(getattr(probe, "unavailable", {}),
+                                                      tasks.sources if tasks is not None else None))
 
     def start(self) -> None:
         """The diskstats baseline, when the first window begins."""
@@ -96,6 +113,7 @@ class DumpWindows:
         if first:
             self.first_ns = raw.start_ns
         d = build_dump(raw, self.clock, kind, label=label, tasks=tasks, tasks_dropped=dropped)
+        d.put(self.unavailable)
         if tasks is not None:
             d.put(TasksSources.of(self.tasks.sources))
             if self.cgroup is not None:

@@ -165,6 +165,40 @@ def blind_disks(start_event: str, devs: list[int]) -> list[str]:
             and (devs or devices.size_sectors(n) > 0)]     # an unused loop device is no disk of anyone's
 
 
+# What each optional source gives, for the "unavailable" line and dump field (unavailable()): the raw path's
+# "present" events, each a part of the per-file rows
+PRESENT_GIVES = {
+    "mm_filemap_get_pages": "per-file rows count no page-cache reads (cache_read_bytes absent; Linux 6.11+)",
+    "iomap_dio_rw_begin": "per-file rows count no O_DIRECT bytes as asked (direct_bytes 0)",
+}
+
+
+def unavailable(start_event: str, files: bool, present: tuple[str, ...] | None,
+                group_dead: bool) -> dict[str, str]:
+    """What the block-layer programs would use that this kernel or attach path has not, each with what
+    follows: {source: why and what is not counted}; {} when nothing is missing.
+
+    `present`: the raw path's optional events this kernel has (None on the perf-event path, where the
+    per-file rows are missing whole).  Said at start in one line and in every dump ("unavailable"), so
+    that a missing source is never read as a zero.
+    """
+    out: dict[str, str] = {}
+    if start_event != START_EVENTS[0]:
+        out["start"] = (f"no block:{START_EVENTS[0]} (Linux 6.5+): requests start at block:{start_event}"
+                        + (", which fires only for requests that pass an I/O scheduler"
+                           if start_event == SCHEDULED_START else ", when their request is allocated"))
+    if files and present is None:
+        out["files"] = "no per-file rows: they need the raw tracepoints (--attach raw_tp)"
+    elif files:
+        for event, gives in PRESENT_GIVES.items():
+            if event not in present:
+                out[event] = f"no raw tracepoint {event}: {gives}"
+    if not group_dead:
+        out["group_dead"] = ("sched_process_exit passes no group_dead: under --pid an exited process stays in the "
+                             "pid filter until the run ends")
+    return out
+
+
 def choose_start_event() -> str:
     wanted = [e for name in start_events() for e in EVENTS if e.name == name]
     for ev in wanted:
@@ -290,6 +324,11 @@ class Probe:
         self.present: tuple[str, ...] = tuple(getattr(layout, "present", ())) if opts.files else ()
         # the disks whose requests this start event mostly misses (said at start and in every dump)
         self.start_blind = blind_disks(self.start_event, opts.devs)
+        group_dead = (layout.group_dead if layout is not None
+                      else "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()))
+        # what this kernel or path lacks, said at start and in every dump
+        self.unavailable = unavailable(self.start_event, opts.files,
+                                       self.present if layout is not None else None, group_dead)
         possible = bpfobject.possible_cpus()
         self.ncpu = len(possible)       # values per key of a per-CPU map
         cflags = compile_flags(opts, layout, bool(self.bio_devs), self.start_event, possible)
