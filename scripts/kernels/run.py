@@ -258,8 +258,9 @@ TRACEPOINT_LOSS_BOUND = 0.01
 
 def fio_problems(fio: dict) -> list[str]:
     """The fio runs in which iotrace did not record every request the disk completed (the run then
-    fails; on the perf-event path, up to TRACEPOINT_LOSS_BOUND of them counted as lost_completion pass), the disk's requests and merges do not add up to fio's I/Os, or the device did not take
-    the scheduler the run is for."""
+    fails; on the perf-event path, up to TRACEPOINT_LOSS_BOUND of them counted as lost_completion
+    pass), the disk's requests and merges do not add up to fio's I/Os, or the device did not take the
+    scheduler the run is for."""
     out = []
     for r in fio.get("runs", []):
         sched, chosen = r.get("scheduler"), r.get("scheduler_set")
