@@ -37,23 +37,24 @@
 #endif
 
 #ifdef IOTRACE_TASKS_PC_CACHE
-/* Pages added to the cache by the current thread, kept for its next read batch of that file. */
-static __always_inline void pc_pending_take(struct iotrace_thread *th, u64 mapping, struct iotrace_task *t)
+/*
+ * Pages added to the cache by the current thread, kept for its next read batch of that file: counted as
+ * its misses, then forgotten.  Returns the lowest of them if they were that file's, else ~0.
+ */
+static __always_inline u64 pc_pending_take(struct iotrace_thread *th, u64 mapping, struct iotrace_task *t)
 {
-	if (th->pend_pages && th->pend_mapping == mapping)
+	u64 first = ~0ULL;
+
+	if (th->pend_pages && th->pend_mapping == mapping) {
 		__sync_fetch_and_add(&t->missed_pages, th->pend_pages);
+		first = th->pend_first;
+	}
 	th->pend_pages = 0;
 	th->pend_mapping = 0;
-}
-
-/* The lowest page the current thread added to `mapping` since its last batch; ~0 if none. */
-static __always_inline u64 pc_pending_first(struct iotrace_thread *th, u64 mapping)
-{
-	return th->pend_pages && th->pend_mapping == mapping ? th->pend_first : ~0ULL;
+	return first;
 }
 #else
-#define pc_pending_take(th, mapping, t) do { } while (0)
-#define pc_pending_first(th, mapping) (~0ULL)
+#define pc_pending_take(th, mapping, t) (~0ULL)
 #endif
 
 #ifdef IOTRACE_TASKS_PC_READS
@@ -86,8 +87,7 @@ RAW_TRACEPOINT_PROBE(mm_filemap_get_pages)
 	th = current_thread((u32)id, id >> 32);
 	if (!th)
 		return 0;
-	added = pc_pending_first(th, mapping);
-	pc_pending_take(th, mapping, t);
+	added = pc_pending_take(th, mapping, t);
 	waited = th->flags & IOTRACE_TASKS_WAITED;
 	th->flags &= ~IOTRACE_TASKS_WAITED;
 	/* the same read's next batch: counted with its first */
