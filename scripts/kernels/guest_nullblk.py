@@ -36,14 +36,13 @@ from overhead.tracers import EmptyRaw  # noqa: E402
 DEV = "/dev/nullb0"
 
 
-def fdinfo_cost(fds: list[int]) -> tuple[int, int]:
-    """(run_time_ns, completion-program runs) summed over programs' fds (this process's)."""
-    ns = runs = 0
+def run_time_ns(fds: list[int]) -> int:
+    """The run time of the programs behind these fds (this process's), summed."""
+    ns = 0
     for fd in fds:
         info = dict(ln.split(":", 1) for ln in Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines() if ":" in ln)
         ns += int(info.get("run_time_ns", "0").strip() or 0)
-        runs = max(runs, int(info.get("run_cnt", "0").strip() or 0))
-    return ns, runs
+    return ns
 
 
 def fio() -> dict:
@@ -67,9 +66,9 @@ def run_one(name: str, floor: EmptyRaw) -> dict:
         fds = [fn.fd for fn in probe.bpf.bpf.funcs.values()]
     try:
         with BPFStats():
-            ns0, _ = fdinfo_cost(fds)
+            ns0 = run_time_ns(fds)
             r = fio()
-            ns1, _ = fdinfo_cost(fds)
+            ns1 = run_time_ns(fds)
     finally:
         if name == "floor":
             floor.stop()

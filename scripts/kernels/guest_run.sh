@@ -60,30 +60,23 @@ source "$T/run.env"
 cat "$RES/guest.env"
 
 cd "$SRC" || exit 1
-if [[ ${IOTRACE_FIO:-1} == 1 ]]; then
-    echo "iotrace-guest: fio measurement"
+# measure NAME WHAT SCRIPT ARGS...: run scripts/kernels/SCRIPT, its JSON kept as $RES/NAME.json only
+# when it finished, and how long it took as NAME_seconds in guest.env
+measure() {
+    local name=$1 what=$2 script=$3 t0
+    shift 3
+    echo "iotrace-guest: $what"
     t0=$(date +%s)
-    python3 "$SRC/scripts/kernels/guest_fio.py" "$SRC" "$T/tmp/fio" >"$RES/fio.json.part" &&
-        mv "$RES/fio.json.part" "$RES/fio.json"
-    echo "fio_seconds=$(($(date +%s) - t0))" >>"$RES/guest.env"
+    python3 "$SRC/scripts/kernels/$script" "$@" >"$RES/$name.json.part" &&
+        mv "$RES/$name.json.part" "$RES/$name.json"
+    echo "${name}_seconds=$(($(date +%s) - t0))" >>"$RES/guest.env"
     sync
-fi
-
-if [[ ${IOTRACE_PROBE_MISSES:-0} == 1 ]]; then
-    echo "iotrace-guest: perf-event skips of block_rq_complete (guest_tpmiss.py)"
-    python3 "$SRC/scripts/kernels/guest_tpmiss.py" "$SRC" "$T/tmp/tpmiss" >"$RES/tpmiss.json.part" &&
-        mv "$RES/tpmiss.json.part" "$RES/tpmiss.json"
-    sync
-fi
-
-if [[ ${IOTRACE_NULLBLK:-0} == 1 ]]; then
-    echo "iotrace-guest: null_blk IOPS, traced and not"
-    t0=$(date +%s)
-    python3 "$SRC/scripts/kernels/guest_nullblk.py" "$SRC" "${IOTRACE_NULLBLK_ROUNDS:-3}" >"$RES/nullblk.json.part" &&
-        mv "$RES/nullblk.json.part" "$RES/nullblk.json"
-    echo "nullblk_seconds=$(($(date +%s) - t0))" >>"$RES/guest.env"
-    sync
-fi
+}
+[[ ${IOTRACE_FIO:-1} == 1 ]] && measure fio "fio measurement" guest_fio.py "$SRC" "$T/tmp/fio"
+[[ ${IOTRACE_PROBE_MISSES:-0} == 1 ]] &&
+    measure tpmiss "perf-event skips of block_rq_complete (guest_tpmiss.py)" guest_tpmiss.py "$SRC" "$T/tmp/tpmiss"
+[[ ${IOTRACE_NULLBLK:-0} == 1 ]] &&
+    measure nullblk "null_blk IOPS, traced and not" guest_nullblk.py "$SRC" "${IOTRACE_NULLBLK_ROUNDS:-3}"
 
 if [[ -z ${IOTRACE_TESTS// /} ]]; then
     echo "iotrace-guest: no tests asked for"

@@ -303,18 +303,18 @@ def load_results(res: dict, keep: Path, args) -> dict:
 
     if (keep / "nullblk.json").exists():
         res["nullblk"] = json.loads((keep / "nullblk.json").read_text())
-    elif getattr(args, "nullblk", False):
+    elif args.nullblk:
         res["problems"].append("no nullblk.json: the null_blk measurement did not finish (see console.log)")
 
     collected = []
     if not args.tests.strip():
-        pass            # no tests asked for: nothing collected is no problem
+        pass            # no tests asked for: a collected.txt in the logs is an earlier run's
     elif (keep / "collected.txt").exists():
         collected = [ln.strip() for ln in (keep / "collected.txt").read_text().splitlines() if "::" in ln]
     else:
         res["problems"].append("pytest collected nothing (see console.log)")
     records = {}
-    if (keep / "tests.jsonl").exists():
+    if args.tests.strip() and (keep / "tests.jsonl").exists():
         for ln in (keep / "tests.jsonl").read_text().splitlines():
             try:
                 r = json.loads(ln)
