@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import http.client
 import json
+import mmap
 import os
 import selectors
 import signal
@@ -95,10 +96,14 @@ def test_real_serve_writes_jsonl_csv_and_alerts_through_the_trace_modes_sinks(lo
         while get(port, serve.READY_PATH)[0] != 200:
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
             time.sleep(0.1)
-        with open(loop.path, "rb", buffering=0) as f:
+        # O_DIRECT: one request per read (a buffered read's readahead may still hold the next page locked
+        # when POSIX_FADV_DONTNEED runs, and the next read then finds it cached)
+        fd, buf = os.open(loop.path, os.O_RDONLY | os.O_DIRECT), mmap.mmap(-1, 4096)
+        try:
             for i in range(64):
-                os.pread(f.fileno(), 4096, i * 8192)
-                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+                os.preadv(fd, [buf], i * 8192)
+        finally:
+            os.close(fd)
         time.sleep(2.5)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
@@ -106,7 +111,9 @@ def test_real_serve_writes_jsonl_csv_and_alerts_through_the_trace_modes_sinks(lo
     dumps = [json.loads(line) for line in out.read_text().splitlines()]
     assert dumps[-1]["kind"] == "final" and len(dumps) >= 2
     reads = sum(s["count"] for d in dumps for s in d["series"] if s["device"] == loop.name and s["op"] == "read")
-    assert reads >= 64
+    # a request the kernel completed without firing block_rq_complete is counted, never silent (docs/design.md)
+    lost = sum(d["dropped"]["lost_completion"] for d in dumps)
+    assert reads + lost >= 64 and reads >= 60, (reads, lost)
     fired = [a for d in dumps for a in d.get("alerts", [])]
     assert fired and all(a["device"] == loop.name for a in fired)
     assert "iotrace: alert:" in stderr and "exit 3 (--fail-on-alert)" in stderr
@@ -116,7 +123,6 @@ def test_real_serve_writes_jsonl_csv_and_alerts_through_the_trace_modes_sinks(lo
     assert sum(int(r["count"]) for r in mine) == reads and all(r["r/s"] != "" for r in mine)
 
 
-@pytest.mark.bpf
 def _evict(path) -> None:
     """`path` written back and dropped from the page cache: the next buffered read of it comes from the disk."""
     fd = os.open(path, os.O_RDONLY)
@@ -127,6 +133,7 @@ def _evict(path) -> None:
         os.close(fd)
 
 
+@pytest.mark.bpf
 def test_real_serve_exports_a_readers_task_counters(tmp_path):
     from tracer.sinks import taskmetrics
 

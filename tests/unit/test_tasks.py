@@ -331,8 +331,10 @@ def test_each_missing_source_is_named_in_one_start_line_and_the_dump_field():
     assert got["tasks.reads"].startswith("raw tracepoint mm_filemap_get_pages")
     line = unavailable_line(got)
     assert line.count("\n") == 0 and all(f"{k}: " in line for k in got) and "--tasks counts reads" in line
-    # before 6.5 without a scheduler start: block_rq_insert, said with what it misses
-    assert "pass an I/O scheduler" in unavailable("block_rq_insert", False, (), True)["start"]
+    # before 6.5 without a scheduler start: block_rq_insert, said with what it misses where it misses
+    blind = unavailable("block_rq_insert", False, (), True, ("loop3",))["start"]
+    assert "pass an I/O scheduler" in blind and "loop3" in blind
+    assert unavailable("block_rq_insert", False, (), True, ()) == {}    # every traced disk has a scheduler
     # the perf-event path: no per-file rows at all (not a per-event list); no group_dead: said
     tp = unavailable("block_io_start", True, None, False)
     assert set(tp) == {"files", "group_dead"} and "--attach raw_tp" in tp["files"]

@@ -174,19 +174,25 @@ PRESENT_GIVES = {
 
 
 def unavailable(start_event: str, files: bool, present: tuple[str, ...] | None,
-                group_dead: bool) -> dict[str, str]:
+                group_dead: bool, blind: tuple[str, ...] = ()) -> dict[str, str]:
     """What the block-layer programs would use that this kernel or attach path has not, each with what
     follows: {source: why and what is not counted}; {} when nothing is missing.
 
     `present`: the raw path's optional events this kernel has (None on the perf-event path, where the
-    per-file rows are missing whole).  Said at start in one line and in every dump ("unavailable"), so
-    that a missing source is never read as a zero.
+    per-file rows are missing whole); `blind`: the traced disks without an I/O scheduler, whose requests
+    block_rq_insert mostly misses (blind_disks).  Said at start in one line and in every dump
+    ("unavailable"), so that a missing source is never read as a zero.
     """
     out: dict[str, str] = {}
-    if start_event != START_EVENTS[0]:
-        out["start"] = (f"no block:{START_EVENTS[0]} (Linux 6.5+): requests start at block:{start_event}"
-                        + (", which fires only for requests that pass an I/O scheduler"
-                           if start_event == SCHEDULED_START else ", when their request is allocated"))
+    # block_rq_insert misses requests only on a disk without a scheduler: where every traced disk has
+    # one, nothing is lost and nothing is said
+    if start_event == SCHEDULED_START and blind:
+        out["start"] = (f"no block:{START_EVENTS[0]} (Linux 6.5+): requests start at block:{start_event}, "
+                        f"which fires only for requests that pass an I/O scheduler: most of "
+                        f"{', '.join(blind)}'s are not counted (scheduler none)")
+    elif start_event not in (START_EVENTS[0], SCHEDULED_START):
+        out["start"] = (f"no block:{START_EVENTS[0]} (Linux 6.5+): requests start at block:{start_event}, "
+                        f"when their request is allocated")
     if files and present is None:
         out["files"] = "no per-file rows: they need the raw tracepoints (--attach raw_tp)"
     elif files:
@@ -328,7 +334,8 @@ class Probe:
                       else "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()))
         # what this kernel or path lacks, said at start and in every dump
         self.unavailable = unavailable(self.start_event, opts.files,
-                                       self.present if layout is not None else None, group_dead)
+                                       self.present if layout is not None else None, group_dead,
+                                       tuple(self.start_blind))
         possible = bpfobject.possible_cpus()
         self.ncpu = len(possible)       # values per key of a per-CPU map
         cflags = compile_flags(opts, layout, bool(self.bio_devs), self.start_event, possible)
