@@ -246,9 +246,10 @@ def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, s
             cflags += [f"-DIOTRACE_HAVE_{event.upper()}" for event in getattr(layout, "present", ())]
         else:
             cflags.append("-DIOTRACE_NO_FILES")
-        cflags.append(f"-DIOTRACE_PAGE_SHIFT={(os.sysconf('SC_PAGE_SIZE') - 1).bit_length()}")
     elif "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()):
         cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
+    # files and write-back's owed bytes (bpf/writeback.bpf.h, both paths) count pages
+    cflags.append(f"-DIOTRACE_PAGE_SHIFT={(os.sysconf('SC_PAGE_SIZE') - 1).bit_length()}")
     if not opts.writeback:
         cflags.append("-DIOTRACE_NO_WRITEBACK")
     if starts_at_bio(start_event):
@@ -346,6 +347,14 @@ class Probe:
 
     def traced_pids(self) -> set[int]:
         return {k.value for k in self.bpf["pids"].keys()}
+
+    def owed_bytes(self) -> int:
+        """Bytes traced processes dirtied that no write-back has written yet (wb_owed, bpf/writeback.bpf.h:
+        an entry per inode, a page at least while its write-back has not been seen to finish); 0 when the
+        programs leave write-back out."""
+        if not self._opts.writeback:
+            return 0
+        return sum(v.bytes for v in self.bpf["wb_owed"].values())
 
     def reason_totals(self) -> np.ndarray:
         """Events per reason since load (per-CPU counters summed)."""
