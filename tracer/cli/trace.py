@@ -41,6 +41,8 @@ examples:
                                                 a running trainer, its workers and what it forks
                                                 later, a report every 10 s
   sudo iotrace -o run.jsonl -- python train.py  run a command traced from its first I/O
+                                                and, once it exits, the write-back of what it left
+                                                dirty (up to 30 s: --wb-wait SECONDS, 0 for none)
   sudo iotrace --dev nvme0n1 -d 30 --hist       one device for 30 s, with latency bars
   iotrace report run.jsonl                      render saved dumps again (no root needed)
   iotrace mark 'epoch 3'                        close the running tracer's dump, labelled (no root needed)
