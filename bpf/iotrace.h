@@ -407,7 +407,7 @@ struct iotrace_dirtier {
 /* Bytes of an inode that a traced process dirtied and no write-back has written yet (writeback.bpf.h) */
 struct iotrace_owed {
 	u32 tgid;		/* its last traced dirtier */
-	u32 pad;
+	u32 dev;		/* its file system's dev_t (kernel encoding; raw tracepoints), 0 where unknown */
 	u64 bytes;
 };
 

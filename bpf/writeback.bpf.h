@@ -40,6 +40,14 @@ static __always_inline void wb_owe(u64 inode, u32 tgid, u64 bytes)
 	}
 	no.tgid = tgid;
 	no.bytes = bytes;
+#ifdef IOTRACE_K_INODE_SB
+	{	/* raw tracepoints: the key is the inode's address; its device, for --dev (once per inode) */
+		u64 sb = 0;
+
+		if (!bpf_probe_read_kernel(&sb, sizeof(sb), (const void *)(inode + IOTRACE_K_INODE_SB)) && sb)
+			bpf_probe_read_kernel(&no.dev, sizeof(no.dev), (const void *)(sb + IOTRACE_K_SB_DEV));
+	}
+#endif
 	if (wb_owed.update(&inode, &no))
 		count_reason(IOTRACE_NOTE_WB_UNKEPT);
 }

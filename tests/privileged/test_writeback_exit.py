@@ -84,9 +84,9 @@ def test_wb_wait_0_stops_at_once_and_says_how_much_was_left_unwritten(ext4_mnt, 
         for d in dumps:
             nothing_lost(d)
         assert left["ended"] == "not waited" and left["waited_s"] < 0.5, left
-        # all of it, less what another process's sync may have written; more by the few pages the writer
-        # dirtied elsewhere (its `written` file: the count is of every file, --dev filters requests only)
-        assert 16 * MIB <= left["bytes"] <= 33 * MIB, left
+        # all of it, less what another process's sync may have written; not the pages the writer dirtied
+        # off the traced disk (its `written` file: --dev leaves them out)
+        assert 16 * MIB <= left["bytes"] <= 32 * MIB, left
         lines = [line for line in r.stderr.splitlines() if "not written back" in line]
         assert len(lines) == 1 and f"{left['bytes'] / MIB:.1f} MiB" in lines[0] and "--wb-wait 0" in lines[0], \
             r.stderr

@@ -340,6 +340,7 @@ class Probe:
                               per_thread=1 if opts.per_thread else 0, filter_devs=1 if opts.devs else 0,
                               filter_cgroup=opts.cgroup_id, cgroup_level=opts.cgroup_level, enabled=1)
         self._opts = opts
+        self._partitions: dict[int, int] | None = None     # partition -> its disk, read once (owed_bytes)
 
     def add_pid(self, pid: int) -> None:
         pids = self.bpf["pids"]
@@ -350,11 +351,18 @@ class Probe:
 
     def owed_bytes(self) -> int:
         """Bytes traced processes dirtied that no write-back has written yet (wb_owed, bpf/writeback.bpf.h:
-        an entry per inode, a page at least while its write-back has not been seen to finish); 0 when the
-        programs leave write-back out."""
+        an entry per inode, a page at least while its write-back has not been seen to finish); with --dev,
+        of files on those disks (a partition's are its disk's) and of files whose device is not known (the
+        perf-event path does not read it); 0 when the programs leave write-back out."""
         if not self._opts.writeback:
             return 0
-        return sum(v.bytes for v in self.bpf["wb_owed"].values())
+        owed = self.bpf["wb_owed"].values()
+        if not self._opts.devs:
+            return sum(v.bytes for v in owed)
+        if self._partitions is None:
+            self._partitions = devices.partitions()
+        traced = set(self._opts.devs)
+        return sum(v.bytes for v in owed if not v.dev or self._partitions.get(v.dev, v.dev) in traced)
 
     def reason_totals(self) -> np.ndarray:
         """Events per reason since load (per-CPU counters summed)."""
