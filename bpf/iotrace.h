@@ -216,8 +216,13 @@ KRAWTP(sched_process_fork, struct task_struct *, struct task_struct *)
 KRAWTP(sched_process_exit, struct task_struct *)
 KRAWTP(writeback_dirty_folio, struct folio *, struct address_space *)
 KRAWTP(writeback_single_inode_start, struct inode *)
-KRAWTP(writeback_single_inode, struct inode *)
+KRAWTP(writeback_single_inode, struct inode *, struct writeback_control *, long unsigned int)
 KMEMBER(MAPPING_HOST, address_space, host, 8)	/* a dirtied folio's inode */
+KMEMBER(WBC_NR_TO_WRITE, writeback_control, nr_to_write, 8)	/* what an inode's write-back had left to write: wb_owed */
+KMEMBER(WB_FOLIO_FLAGS, folio, flags, 8)	/* a dirtied folio's size (wb_owed): PG_head, a large folio */
+KMEMBER(WB_FOLIO_FLAGS_1, folio, _flags_1, 8)	/* a dirtied large folio's order (wb_owed) */
+KENUM(WB_PG_HEAD, PG_head)	/* wb_owed */
+KRAWTP(ext4_sync_file_exit, struct inode *, int)	/* wb_owed: an fsync wrote the file's dirty pages */
 KMEMBER(BIO_IO_VEC, bio, bi_io_vec, 8)	/* files: a request's first page */
 KMEMBER(BVEC_PAGE, bio_vec, bv_page, 8)	/* files */
 KMEMBER(PAGE_MAPPING, page, mapping, 8)	/* files: low bit set for anonymous memory */
@@ -302,10 +307,11 @@ EVENT(sched_process_fork, sched, fork, raw_tp tracepoint, always, -)
 EVENT(sched_process_exit, sched, exit, raw_tp tracepoint, always, -)
 EVENT(writeback_dirty_folio, writeback, wb_dirty, raw_tp tracepoint, always, name ino)
 EVENT(writeback_single_inode_start, writeback, wb_start, raw_tp tracepoint, always, name ino)
-EVENT(writeback_single_inode, writeback, wb_end, raw_tp tracepoint, always, -)
+EVENT(writeback_single_inode, writeback, wb_end, raw_tp tracepoint, always, name ino nr_to_write wrote)
 EVENT(sched_process_exec, sched, exec, raw_tp tracepoint, always, -)
 EVENT(mm_filemap_get_pages, filemap, file_read, raw_tp, present, -)
 EVENT(iomap_dio_rw_begin, iomap, file_direct, raw_tp, present, -)
+EVENT(ext4_sync_file_exit, ext4, wb_fsync, raw_tp, present, -)
 EVENT(block_bio_queue, block, bio_queue, raw_tp tracepoint, bio, dev sector nr_sector rwbs)
 EVENT(block_bio_complete, block, bio_complete, raw_tp tracepoint, bio, dev sector nr_sector rwbs)
 #endif
@@ -396,6 +402,13 @@ struct iotrace_dirtier {
 	u64 cgroup;
 	u64 ns;			/* when its comm and cgroup were read */
 	char comm[IOTRACE_COMM_LEN];
+};
+
+/* Bytes of an inode that a traced process dirtied and no write-back has written yet (writeback.bpf.h) */
+struct iotrace_owed {
+	u32 tgid;		/* its last traced dirtier */
+	u32 dev;		/* its file system's dev_t (kernel encoding; raw tracepoints), 0 where unknown */
+	u64 bytes;
 };
 
 /*

@@ -495,12 +495,18 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 /* writeback_dirty_folio(folio, mapping): an inode is its address, mapping->host */
 RAW_TRACEPOINT_PROBE(writeback_dirty_folio)
 {
-	u64 inode = 0;
+	u64 inode = 0, flags = 0, flags_1 = 0, folio = ctx->args[0], order = 0;
 
-	if (bpf_probe_read_kernel(&inode, sizeof(inode), (const void *)(ctx->args[1] + IOTRACE_K_MAPPING_HOST)))
+	if (bpf_probe_read_kernel(&inode, sizeof(inode), (const void *)(ctx->args[1] + IOTRACE_K_MAPPING_HOST))) {
 		count_reason(IOTRACE_NOTE_WB_UNKEPT);
-	else
-		wb_dirtied(inode);
+		return 0;
+	}
+	/* the folio's size, for wb_owed: folio_order(), order 0 unless PG_head is set */
+	if (!bpf_probe_read_kernel(&flags, sizeof(flags), (const void *)(folio + IOTRACE_K_WB_FOLIO_FLAGS)) &&
+	    (flags & (1ULL << IOTRACE_K_WB_PG_HEAD)) &&
+	    !bpf_probe_read_kernel(&flags_1, sizeof(flags_1), (const void *)(folio + IOTRACE_K_WB_FOLIO_FLAGS_1)))
+		order = flags_1 & 0xff & 31;
+	wb_dirtied(inode, (1ULL << IOTRACE_PAGE_SHIFT) << order);
 	return 0;
 }
 
@@ -514,9 +520,25 @@ RAW_TRACEPOINT_PROBE(writeback_single_inode_start)
 /* writeback_single_inode(inode, wbc, nr_to_write): the inode's write-back is done */
 RAW_TRACEPOINT_PROBE(writeback_single_inode)
 {
+	long left = 0, allowed = ctx->args[2];
+
 	wb_end();
+	if (!bpf_probe_read_kernel(&left, sizeof(left), (const void *)(ctx->args[1] + IOTRACE_K_WBC_NR_TO_WRITE)))
+		wb_written(ctx->args[0], allowed, allowed - left);
 	return 0;
 }
+
+#ifdef IOTRACE_HAVE_EXT4_SYNC_FILE_EXIT
+/* ext4_sync_file_exit(inode, ret): an fsync (the whole file: fsync(2), fdatasync(2)) wrote its dirty pages */
+RAW_TRACEPOINT_PROBE(ext4_sync_file_exit)
+{
+	u64 inode = ctx->args[0];
+
+	if ((int)ctx->args[1] == 0 && wb_owed.lookup(&inode))
+		wb_owed.delete(&inode);
+	return 0;
+}
+#endif
 #endif /* IOTRACE_NO_WRITEBACK */
 
 #ifdef IOTRACE_HAVE_MM_FILEMAP_GET_PAGES

@@ -326,7 +326,8 @@ static __always_inline u64 wb_inode_key(const char *name, u64 ino)
 
 TRACEPOINT_PROBE(writeback, writeback_dirty_folio)
 {
-	wb_dirtied(wb_inode_key(args->name, args->ino));
+	/* the format has no folio size: a folio counts as a page here (wb_owed a lower bound with large folios) */
+	wb_dirtied(wb_inode_key(args->name, args->ino), 1ULL << IOTRACE_PAGE_SHIFT);
 	return 0;
 }
 
@@ -339,6 +340,8 @@ TRACEPOINT_PROBE(writeback, writeback_single_inode_start)
 TRACEPOINT_PROBE(writeback, writeback_single_inode)
 {
 	wb_end();
+	/* nr_to_write is what it was allowed, wrote what it wrote (pages) */
+	wb_written(wb_inode_key(args->name, args->ino), args->nr_to_write, args->wrote);
 	return 0;
 }
 #endif /* IOTRACE_NO_WRITEBACK */

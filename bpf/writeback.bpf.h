@@ -8,12 +8,74 @@
  * wb_charge: a flusher's request is its inode's last traced dirtier's) are
  * in core.bpf.h; each path file includes this after it and wraps these in
  * its programs.
+ *
+ * Beside that, what the traced processes dirtied and the kernel has not
+ * written back yet (wb_owed), for the run's end (tracer.sources.owed): the
+ * targets have exited, is there write-back of theirs still to trace?  The
+ * simplest exact account the events allow, per inode: the bytes of each
+ * folio a traced process dirties are added (writeback_dirty_folio fires
+ * once per clean->dirty folio, so a rewrite of a dirty folio adds nothing);
+ * the pages a flusher writes (writeback_single_inode's nr_to_write -
+ * wbc->nr_to_write) are taken off; and the inode leaves the map when it is
+ * clean: its write-back wrote less than it was allowed (no dirty page was
+ * left in it), or a whole-file fsync of it ended (raw tracepoints, ext4:
+ * the caller wrote its pages itself).  All of it runs on those events,
+ * never on a request's.
  */
 #ifndef IOTRACE_WRITEBACK_BPF_H
 #define IOTRACE_WRITEBACK_BPF_H
 
-/* A folio of the inode `inode` (its key) was dirtied, in the dirtier's context. */
-static __always_inline void wb_dirtied(u64 inode)
+/* inode key -> struct iotrace_owed: bytes a traced process dirtied there, not written back yet */
+BPF_TABLE("lru_hash", u64, struct iotrace_owed, wb_owed, IOTRACE_WB_INODES);
+
+/* `bytes` more of the inode `inode` dirtied by the traced process `tgid` */
+static __always_inline void wb_owe(u64 inode, u32 tgid, u64 bytes)
+{
+	struct iotrace_owed *o = wb_owed.lookup(&inode), no = {};
+
+	if (o) {
+		o->tgid = tgid;
+		__sync_fetch_and_add(&o->bytes, bytes);
+		return;
+	}
+	no.tgid = tgid;
+	no.bytes = bytes;
+#ifdef IOTRACE_K_INODE_SB
+	{	/* raw tracepoints: the key is the inode's address; its device, for --dev (once per inode) */
+		u64 sb = 0;
+
+		if (!bpf_probe_read_kernel(&sb, sizeof(sb), (const void *)(inode + IOTRACE_K_INODE_SB)) && sb)
+			bpf_probe_read_kernel(&no.dev, sizeof(no.dev), (const void *)(sb + IOTRACE_K_SB_DEV));
+	}
+#endif
+	if (wb_owed.update(&inode, &no))
+		count_reason(IOTRACE_NOTE_WB_UNKEPT);
+}
+
+/*
+ * The inode `inode`'s write-back (writeback_single_inode) ended: `wrote` of
+ * the `allowed` pages it might write were written.  Fewer than allowed: it
+ * had no dirty page left, nothing of it is owed; else what it wrote is off,
+ * and the entry stays (a page at least) until such an end says it is clean.
+ */
+static __always_inline void wb_written(u64 inode, long allowed, long wrote)
+{
+	struct iotrace_owed *o = inode ? wb_owed.lookup(&inode) : 0;
+	u64 off, left;
+
+	if (!o)
+		return;
+	if (wrote < allowed) {
+		wb_owed.delete(&inode);
+		return;
+	}
+	off = wrote > 0 ? (u64)wrote << IOTRACE_PAGE_SHIFT : 0;
+	left = o->bytes > off ? o->bytes - off : 0;
+	o->bytes = left > (1ULL << IOTRACE_PAGE_SHIFT) ? left : (1ULL << IOTRACE_PAGE_SHIFT);
+}
+
+/* A folio of `bytes` of the inode `inode` (its key) was dirtied, in the dirtier's context. */
+static __always_inline void wb_dirtied(u64 inode, u64 bytes)
 {
 	u64 id = bpf_get_current_pid_tgid(), now;
 	struct iotrace_dirtier nd = {}, *d;
@@ -26,8 +88,11 @@ static __always_inline void wb_dirtied(u64 inode)
 		/* the last dirtier is untraced: this inode's write-back is no traced process's */
 		if (wb_inodes.lookup(&inode))
 			wb_inodes.delete(&inode);
+		if (wb_owed.lookup(&inode))	/* its write-back is charged to no traced process now */
+			wb_owed.delete(&inode);
 		return;
 	}
+	wb_owe(inode, id >> 32, bytes);
 	now = bpf_ktime_get_ns();
 	d = wb_inodes.lookup(&inode);
 	/* the same writer lately: nothing new (a process dirties many folios in a row) */

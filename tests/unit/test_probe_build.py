@@ -18,11 +18,13 @@ def test_perf_event_flags_follow_the_kernel_the_start_event_and_the_sizes(monkey
     monkeypatch.setattr(probe, "tracepoint_fields", lambda ev, cat="block": {"group_dead"})
     flags = probe.compile_flags(ProbeOptions(inflight_slots=4096, hist_cells=None), None, True, "block_getrq",
                                 [0, 1, 3])
-    assert flags == (f"-I{contract.bpf_dir()}", "-DIOTRACE_BIO_LEVEL", "-DIOTRACE_HAVE_GROUP_DEAD",
+    # the page size on both paths: write-back's owed bytes count pages (bpf/writeback.bpf.h)
+    shift = f"-DIOTRACE_PAGE_SHIFT={(os.sysconf('SC_PAGE_SIZE') - 1).bit_length()}"
+    assert flags == (f"-I{contract.bpf_dir()}", "-DIOTRACE_BIO_LEVEL", "-DIOTRACE_HAVE_GROUP_DEAD", shift,
                      "-DIOTRACE_START_BIO", "-DIOTRACE_CPUS=4", "-DIOTRACE_INFLIGHT_SLOTS=4096")
     monkeypatch.setattr(probe, "tracepoint_fields", lambda ev, cat="block": None)
     assert probe.compile_flags(ProbeOptions(), None, False, "block_io_start", [0]) == (
-        f"-I{contract.bpf_dir()}", "-DIOTRACE_CPUS=1")
+        f"-I{contract.bpf_dir()}", shift, "-DIOTRACE_CPUS=1")
 
 
 def test_raw_path_flags_are_the_layouts():

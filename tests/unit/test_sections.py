@@ -67,6 +67,8 @@ TABLE = {
     "bpf_programs": ({"block_rq_issue": {"runs": 4, "run_time_ns": 100, "missed": 0}},
                      {"block_rq_issue": {"runs": 1, "run_time_ns": 9, "missed": 0}}, None),
     "traced_pids": (3, 4, None),
+    "unwritten_at_exit": ({"bytes": 33554432, "waited_s": 0.0, "ended": "not waited"},
+                          {"bytes": 0, "waited_s": 4.25, "ended": "written"}, None),   # one run's end: not merged
     "alerts": ([{"rule": "p99>1ms", "metric": "total.p99", "device": "sda", "op": "read", "value": 1500.0,
                  "threshold": 1000.0, "unit": "us"}], [], None),
     "verdict": ({"state": "I/O-bound", "line": "I/O-bound: ..."}, {"state": "no verdict", "line": "..."}, None),
@@ -90,6 +92,8 @@ BAD = {
     "before_attach": [12.5, {"by_s": -1}, {"by_s": "12"}, {"by_s": float("inf")}, None],
     "bpf_programs": [[], "x"],
     "traced_pids": [-1, 1.5],
+    "unwritten_at_exit": [{}, 3, {"bytes": -1, "waited_s": 0, "ended": "written"},
+                          {"bytes": 1, "waited_s": -2, "ended": "bound"}, {"bytes": 1, "waited_s": 0, "ended": "soon"}],
     "alerts": [{}, [3]],
     "verdict": [[], "I/O-bound"],
 }
@@ -187,7 +191,7 @@ def test_mains_files_read_and_write_back_byte_for_byte(name):
 
 
 # sections added after main's df49ae4 (its files have none: they read as absent)
-NEWER = {"files", "tasks_sources", "before_attach", "unavailable"}
+NEWER = {"files", "tasks_sources", "before_attach", "unavailable", "unwritten_at_exit"}
 
 
 def test_mains_file_has_every_section():

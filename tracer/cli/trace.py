@@ -29,7 +29,7 @@ from tracer.cli.common import (
     take_interval,
 )
 from tracer.errors import UserError
-from tracer.options import Parser, at_least, interval_seconds, pid
+from tracer.options import Parser, at_least, interval_seconds, pid, wait_seconds
 from tracer.runtime.loop import Schedule
 from tracer.runtime.session import LiveRun
 from tracer.text import safe
@@ -41,6 +41,8 @@ examples:
                                                 a running trainer, its workers and what it forks
                                                 later, a report every 10 s
   sudo iotrace -o run.jsonl -- python train.py  run a command traced from its first I/O
+                                                and, once it exits, the write-back of what it left
+                                                dirty (up to 30 s: --wb-wait SECONDS, 0 for none)
   sudo iotrace --dev nvme0n1 -d 30 --hist       one device for 30 s, with latency bars
   iotrace report run.jsonl                      render saved dumps again (no root needed)
   iotrace mark 'epoch 3'                        close the running tracer's dump, labelled (no root needed)
@@ -107,6 +109,7 @@ class TraceArgs:
     files: int = 50                                         # --files: file rows kept per dump (the rest summed)
     count: int | None = None                                # reports to make, the final one included
     json: bool = False                                      # -j: dumps as JSON lines on stdout, no table
+    wb_wait: float = 30.0                                   # --wb-wait: seconds for the targets' write-back at exit
     options: argparse.Namespace = field(default_factory=argparse.Namespace)   # every option, sinks' included
 
 
@@ -125,6 +128,12 @@ def trace_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-children", action="store_true",
                    help="with --pid: that process (and its threads) alone, no descendant; with COMMAND: "
                         "do not follow its forks")
+    p.add_argument("--wb-wait", type=wait_seconds, default=30.0, metavar="SECONDS",
+                   help="when the COMMAND or the --pid processes have exited leaving written data in the page "
+                        "cache (buffered writes, no fsync), keep tracing until the kernel has written it to disk, "
+                        "charged to them, for at most SECONDS (default 30; Ctrl-C ends the wait with everything "
+                        "written out). 0: do not wait. If some is still unwritten at the end, one line and the "
+                        "final dump's unwritten_at_exit say how much")
     p.add_argument("--threads", action="store_true", help="one row per thread instead of per process")
     p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
                    help="trace only this disk (loop0, /dev/nvme0n1, 7:0); repeatable. Default: every device")
@@ -262,11 +271,23 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         windows = run.dump_windows(traced=bool(args.pids or args.command), iostat=bool(args.csv),
                                    attached=not args.command,
                                    cgroup=cgroups.cgroup_path(args.cgroup) if args.cgroup else None)
+        after_exit = _writeback_wait(args, probe) if args.pids or args.command else None
         run.loop(windows, Schedule(args.interval, args.duration, args.count), child=child, tree=tree,
-                 pidfds=pidfds, control=control)
+                 pidfds=pidfds, control=control, after_exit=after_exit)
+        if after_exit is not None and after_exit.line:
+            print(after_exit.line, file=sys.stderr)
     # leaving `with` closed everything in order (tracer.runtime.session): the outputs, the command, the
     # programs, the per-process tracer, the control socket, and last the signal handlers
     return run.status
+
+
+def _writeback_wait(args: TraceArgs, probe):
+    """The wait for the traced processes' write-back once they have exited (tracer.runtime.wbwait)."""
+    from tracer.runtime.wbwait import WritebackWait
+    from tracer.sources.meminfo import machine_unwritten_bytes
+
+    return WritebackWait(probe.owed_bytes, args.wb_wait, machine_unwritten_bytes,
+                         say=lambda line: print(line, file=sys.stderr))
 
 
 def _announce(args: TraceArgs, child: int | None, probe, control, control_error: str | None,

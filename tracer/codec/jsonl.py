@@ -37,6 +37,13 @@ and pages they added to the page cache: the hit ratio is 1 - missed/read),
 the syscalls (--tasks), or "unavailable: why"} for "io_wait", "throttled",
 "reads", "cache" and "fsync".  Merging dumps adds the rows up per pid.
 
+The final dump of a run that ended when its traced COMMAND or --pid tree
+did carries "unwritten_at_exit": {"bytes" (what they dirtied that the kernel
+had not written back when the trace stopped; 0: all of it is in the dumps),
+"waited_s" (the time traced after they exited, for that write-back), "ended"
+("written", "bound" (--wb-wait), "deadline" (-d), "signal", "not waited"
+(--wb-wait 0))} (tracer.runtime.wbwait).
+
 Raw-tracepoint dumps carry "files": a row per file and process of the window,
 the top --files N by bytes from disk and one "(other files)" row summing the
 rest (tracer.model.files: "dev", "ino", "path", "pid", "comm", "container",
@@ -49,7 +56,7 @@ Merging dumps adds them up per (file, pid).
 
   Beside these core keys a line holds the dump's sections (attach,
   start_event, coverage, bio_devices, tasks, tasks_sources, files, enclosing, loop, sender_pid,
-  before_attach, bpf_programs, traced_pids, alerts, verdict): each is a class in
+  before_attach, bpf_programs, traced_pids, unwritten_at_exit, alerts, verdict): each is a class in
   tracer.model.sections with its own from_json / to_json, walked here
   through SECTIONS.  Keys no section claims (a newer iotrace's) are kept on
   the dump (Dump.unknown) and written back as they were; merges leave them out.

@@ -44,6 +44,7 @@ from tracer.model.sections import (
     TasksSources,
     TracedPids,
     Unavailable,
+    UnwrittenAtExit,
     VerdictSection,
 )
 
@@ -159,6 +160,7 @@ class Dump:
     before_attach: BeforeAttach | None = None
     bpf_programs: BpfPrograms | None = None
     traced_pids: TracedPids | None = None
+    unwritten_at_exit: UnwrittenAtExit | None = None
     alerts: Alerts | None = None
     verdict: VerdictSection | None = None
     # a line's keys no section claims (a newer iotrace's): kept, written back with this dump, not merged

@@ -567,6 +567,35 @@ class TracedPids(Section):
         return self.count
 
 
+# why the wait for the traced processes' write-back ended (UnwrittenAtExit.ended)
+WRITEBACK_ENDS = ("written", "bound", "deadline", "signal", "not waited")
+
+
+@dataclass
+class UnwrittenAtExit(Section):
+    """The final dump of a run that ended when its traced processes did (a COMMAND, the --pid tree): the bytes
+    they dirtied that the kernel had not written back when the trace stopped (0: all of it is in the run's
+    figures), the seconds waited for that write-back, and why the wait ended (WRITEBACK_ENDS: "bound" is
+    --wb-wait's time, "deadline" -d's, "not waited" --wb-wait 0).  tracer.runtime.wbwait."""
+
+    key: ClassVar[str] = "unwritten_at_exit"
+    bytes: int
+    waited_s: float
+    ended: str
+
+    @classmethod
+    def from_json(cls, v) -> UnwrittenAtExit:
+        v = obj(v, "unwritten_at_exit")
+        ended = text(v.get("ended"), "unwritten_at_exit.ended")
+        if ended not in WRITEBACK_ENDS:
+            raise ValueError(f"unwritten_at_exit.ended is {ended!r}, not one of {', '.join(WRITEBACK_ENDS)}")
+        return cls(whole(v.get("bytes"), "unwritten_at_exit.bytes"),
+                   number(v.get("waited_s"), "unwritten_at_exit.waited_s"), ended)
+
+    def to_json(self) -> dict:
+        return {"bytes": self.bytes, "waited_s": round(self.waited_s, 3), "ended": self.ended}
+
+
 @dataclass
 class Alerts(Section):
     """The --alert rules a window crossed (tracer.pipeline.alerts.Alert.to_json each)."""
@@ -600,7 +629,8 @@ class VerdictSection(Section):
 # Every section, in the order a line holds them.
 SECTIONS: tuple[type[Section], ...] = (Attach, StartEvent, Coverage, BioDevices, Tasks, TasksSources, Unavailable,
                                        Files,
-                                       Enclosing, Loop, SenderPid, BeforeAttach, BpfPrograms, TracedPids, Alerts,
+                                       Enclosing, Loop, SenderPid, BeforeAttach, BpfPrograms, TracedPids,
+                                       UnwrittenAtExit, Alerts,
                                        VerdictSection)
 BY_KEY: dict[str, type[Section]] = {cls.key: cls for cls in SECTIONS}
 

@@ -174,7 +174,11 @@ class Live:
     control: Any = None                            # runtime.control.ControlSocket: markers
     inputs: dict[int, Callable[[], bool]] = field(default_factory=dict)  # fd -> handler; True ends the run
     final: bool = True                             # close a "final" window at the end
+    # runtime.wbwait.WritebackWait: once the traced processes have exited, the write-back of what they left
+    # dirty is waited for (bounded) before the final window, which carries what was left unwritten
+    after_exit: Any = None
     reason: str = ""
+    end_at: float | None = None                    # the deadline (time.monotonic) the loop last had
 
     def emit(self, kind: str, label: str | None = None) -> None:
         self.sinks.on_dump(self.windows.build(self.windows.cut(), kind, label))
@@ -193,8 +197,11 @@ class Live:
         status = self._loop()
         if self.control:     # markers sent just before the command exited are still queued
             self.take_markers()
+        sections: tuple = ()
+        if self.after_exit is not None and self.reason in ("command", "pids"):
+            sections = (self.after_exit.run(self.signals, self.end_at, on_report=lambda: self.emit("interval")),)
         if self.final:
-            self.sinks.on_dump(self.windows.build(self.windows.cut(final=True), "final"))
+            self.sinks.on_dump(self.windows.build(self.windows.cut(final=True), "final", sections=sections))
         return status
 
     def _signal_tree(self, sig: int) -> None:
@@ -211,7 +218,7 @@ class Live:
     def _loop(self) -> int:
         sched, sig, child = self.schedule, self.signals, self.child
         start = time.monotonic()
-        end = sched.deadline(start)
+        end = self.end_at = sched.deadline(start)
         next_tick = start + sched.interval if sched.interval else None
         alive = set(self.pidfds)
         stopping = ""           # why the command was asked to end: "signal" or "deadline"; "" while it runs

@@ -286,9 +286,10 @@ def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, s
             cflags += [f"-DIOTRACE_HAVE_{event.upper()}" for event in getattr(layout, "present", ())]
         else:
             cflags.append("-DIOTRACE_NO_FILES")
-        cflags.append(f"-DIOTRACE_PAGE_SHIFT={(os.sysconf('SC_PAGE_SIZE') - 1).bit_length()}")
     elif "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()):
         cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
+    # files and write-back's owed bytes (bpf/writeback.bpf.h, both paths) count pages
+    cflags.append(f"-DIOTRACE_PAGE_SHIFT={(os.sysconf('SC_PAGE_SIZE') - 1).bit_length()}")
     if not opts.writeback:
         cflags.append("-DIOTRACE_NO_WRITEBACK")
     if starts_at_bio(start_event):
@@ -385,6 +386,7 @@ class Probe:
                               per_thread=1 if opts.per_thread else 0, filter_devs=1 if opts.devs else 0,
                               filter_cgroup=opts.cgroup_id, cgroup_level=opts.cgroup_level, enabled=1)
         self._opts = opts
+        self._partitions: dict[int, int] | None = None     # partition -> its disk, read once (owed_bytes)
 
     def add_pid(self, pid: int) -> None:
         pids = self.bpf["pids"]
@@ -392,6 +394,21 @@ class Probe:
 
     def traced_pids(self) -> set[int]:
         return {k.value for k in self.bpf["pids"].keys()}
+
+    def owed_bytes(self) -> int:
+        """Bytes traced processes dirtied that no write-back has written yet (wb_owed, bpf/writeback.bpf.h:
+        an entry per inode, a page at least while its write-back has not been seen to finish); with --dev,
+        of files on those disks (a partition's are its disk's) and of files whose device is not known (the
+        perf-event path does not read it); 0 when the programs leave write-back out."""
+        if not self._opts.writeback:
+            return 0
+        owed = self.bpf["wb_owed"].values()
+        if not self._opts.devs:
+            return sum(v.bytes for v in owed)
+        if self._partitions is None:
+            self._partitions = devices.partitions()
+        traced = set(self._opts.devs)
+        return sum(v.bytes for v in owed if not v.dev or self._partitions.get(v.dev, v.dev) in traced)
 
     def reason_totals(self) -> np.ndarray:
         """Events per reason since load (per-CPU counters summed)."""
