@@ -130,7 +130,8 @@ class Series:
                       self.wb)
 
 
-@dataclass
+# slots: a long run holds a Dump per label window (views.report.LabelWindows); weakref: tests watch them go
+@dataclass(slots=True, weakref_slot=True)
 class Dump:
     kind: str
     start: datetime
