@@ -4,11 +4,11 @@
 
 torch.multiprocessing.spawn starts 2 ranks; rank R (tracer.marker.set_rank(R))
 trains on its own shard of the files in DATA_DIR (every second file, from
-the R-th), each sample one O_DIRECT read of a whole file, so every epoch
-reads its shard from the device; a DataLoader with 2 workers (forked anew
-each epoch), wrapped in tracer.integrations.torch.timed; the epochs are
-tracer.marker.epochs' windows.  With --join-cgroup, each rank moves
-into that cgroup (the test's slowed disk) once it has imported torch.  Each rank writes OUT_DIR/rank-R.json:
+the R-th), each sample one O_DIRECT read of a whole file (torch_attach's
+DirectFiles), so every epoch reads its shard from the device; a DataLoader
+with 2 workers (forked anew each epoch), wrapped in
+tracer.integrations.torch.timed; the epochs are tracer.marker.epochs'
+windows.  Each rank writes OUT_DIR/rank-R.json:
 {"pid", "files", "bytes", "batches", "workers": the pids of its loaders, every epoch's}.
 Not collected by pytest (no test_ prefix).
 """
@@ -18,14 +18,14 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import mmap
 import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
+from torch_attach import DirectFiles  # tests/: the script's own directory
 
 from tracer import marker
 from tracer.integrations.torch import timed
@@ -33,40 +33,20 @@ from tracer.integrations.torch import timed
 RANKS, WORKERS, BATCH = 2, 2, 4
 
 
-class DirectFiles(Dataset):
-    def __init__(self, paths: list[str]):
-        self.paths = paths
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int):
-        size = os.path.getsize(self.paths[i])
-        buf = mmap.mmap(-1, size)       # page-aligned, as O_DIRECT wants
-        fd = os.open(self.paths[i], os.O_RDONLY | os.O_DIRECT)
-        try:
-            if os.preadv(fd, [buf], 0) != size:
-                raise OSError(f"short read of {self.paths[i]}")
-        finally:
-            os.close(fd)
-        x = torch.frombuffer(bytearray(buf[:4096]), dtype=torch.uint8).float() / 255
-        return x, x.mean().unsqueeze(0)
-
-
 def note_worker(path: Path, _worker_id: int) -> None:
     with open(path, "a") as f:      # one short line: appends of the workers do not interleave
         f.write(f"{os.getpid()}\n")
 
 
-def rank_main(rank: int, data: str, out: str, epochs: int, join: str | None) -> None:
+def rank_main(rank: int, data: str, out: str, epochs: int) -> None:
     marker.set_rank(rank)
-    if join:        # torch imported (this module's import): from here on, this rank and its loaders read slowly
-        Path(join).write_text(f"{os.getpid()}\n")
-    paths = sorted(str(p) for p in Path(data).iterdir())[rank::RANKS]
+    shard = DirectFiles(data)
+    shard.paths = shard.paths[rank::RANKS]
+    paths = shard.paths
     torch.manual_seed(rank)
     model = torch.nn.Linear(4096, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(DirectFiles(paths), batch_size=BATCH, num_workers=WORKERS,
+    loader = DataLoader(shard, batch_size=BATCH, num_workers=WORKERS,
                         worker_init_fn=functools.partial(note_worker, Path(out, f"workers-{rank}")))
     for _epoch in marker.epochs(epochs):
         for x, y in timed(loader):
@@ -85,10 +65,8 @@ def main() -> int:
     p.add_argument("data")
     p.add_argument("out")
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--join-cgroup", metavar="PROCS", help="each rank moves into the cgroup whose cgroup.procs "
-                   "this is, once it has imported torch (the test's slowed disk)")
     a = p.parse_args()
-    mp.spawn(rank_main, args=(a.data, a.out, a.epochs, a.join_cgroup), nprocs=RANKS)
+    mp.spawn(rank_main, args=(a.data, a.out, a.epochs), nprocs=RANKS)
     return 0
 
 
