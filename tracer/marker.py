@@ -57,8 +57,11 @@ the machine's CLOCK_MONOTONIC, the tracer's clock too, so that a tracer
 attached after it opened knows by how much) and loop are optional: version-1 tracers that
 predate them ignore them, as they ignore any unknown key, and a bad one is
 left out without losing the marker.  "manual": true says a person sent it
-(`iotrace mark`), not a training loop.  A sender that bound its own socket
-(to wait) gets {"v": 1, "ack": "epoch 3"} back once the dump is closed: its
+(`iotrace mark`), not a training loop.  "rank" (a whole number, at most
+MAX_RANK) says which of several trainers under one launcher sent it:
+set_rank(n), else $RANK (torchrun sets it); a tracer then keeps that
+sender's windows apart from the other ranks' ("rank 1: epoch 2").
+A sender that bound its own socket (to wait) gets {"v": 1, "ack": "epoch 3"} back once the dump is closed: its
 next I/O falls in the next dump; or {"v": 1, "refused": "epoch 3", "why":
 ...} from a tracer that does not take it (an older tracer says nothing).
 """
@@ -79,6 +82,8 @@ MAX_DATAGRAM = 1024
 MAX_LABEL = 200
 ENV_CONTROL = "IOTRACE_CONTROL"
 ENV_RUN_DIR = "IOTRACE_RUN_DIR"
+ENV_RANK = "RANK"           # torchrun's, and torch.distributed's env:// rendezvous's
+MAX_RANK = 2**20
 DEFAULT_RUN_DIR = "/run/iotrace"
 SOCKET_SUFFIX = ".sock"
 STALE = "stale (its tracer is gone)"      # probe_socket: nothing listens on the socket any more
@@ -126,15 +131,18 @@ def _loop_json(loop: dict) -> str:
 
 
 def encode(label: str, enclosing: str | None = None, loop: dict | None = None, began: float | None = None,
-           manual: bool = False) -> bytes:
+           manual: bool = False, rank: int | None = None) -> bytes:
     """One marker datagram; the optional fields are left out (enclosing first) to keep it in MAX_DATAGRAM;
-    `manual`: sent by a person (`iotrace mark`), not by a training loop."""
+    `manual`: sent by a person (`iotrace mark`), not by a training loop; `rank`: the sender's, if it has one."""
     why = check_label(label)
     if why:
         raise ValueError(why)
     if loop is not None and check_loop(loop):
         raise ValueError(check_loop(loop))
-    head = f'{{"v": {WIRE_VERSION}, "label": {_json_string(label)}' + (', "manual": true' if manual else "")
+    if rank is not None and check_rank(rank):
+        raise ValueError(check_rank(rank))
+    head = (f'{{"v": {WIRE_VERSION}, "label": {_json_string(label)}' + (', "manual": true' if manual else "")
+            + (f', "rank": {int(rank)}' if rank is not None else ""))
     extras = []
     if enclosing is not None and not check_label(enclosing):
         extras.append(f', "enclosing": {_json_string(enclosing)}')
@@ -183,8 +191,15 @@ def check_began(began: object) -> str | None:
     return None
 
 
+def check_rank(rank: object) -> str | None:
+    """Why `rank` is not a whole number 0..MAX_RANK, or None."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= MAX_RANK:
+        return f"rank is not a whole number from 0 to {MAX_RANK}"
+    return None
+
+
 def decode_message(data: bytes) -> dict:
-    """One datagram as {"label", "enclosing", "began", "loop", "manual", "ignored"} (the optional ones None
+    """One datagram as {"label", "enclosing", "began", "loop", "manual", "rank", "ignored"} (the optional ones None
     (manual: False) when absent or
     bad, "ignored" saying which bad ones were left out and why); ValueError saying what is wrong with a
     datagram that is no marker at all.  Nothing else is raised, whatever `data` holds."""
@@ -220,7 +235,11 @@ def decode_message(data: bytes) -> dict:
     if loop is not None and (why := check_loop(loop)):
         ignored.append(why)
         loop = None
-    return {"label": label, "enclosing": enclosing, "began": None if began is None else float(began),
+    rank = msg.get("rank")
+    if rank is not None and (why := check_rank(rank)):
+        ignored.append(why)
+        rank = None
+    return {"rank": rank, "label": label, "enclosing": enclosing, "began": None if began is None else float(began),
             "loop": None if loop is None else {"data_wait_s": float(loop["data_wait_s"]), "steps": int(loop["steps"]),
                                                "wall_s": float(loop["wall_s"])},
             "manual": msg.get("manual") is True, "ignored": ignored}
@@ -334,13 +353,13 @@ def _sender() -> socket.socket:
 
 
 def send(label: str, path: str, wait: float = 0.0, enclosing: str | None = None, loop: dict | None = None,
-         began: float | None = None, manual: bool = False) -> bool:
+         began: float | None = None, manual: bool = False, rank: int | None = None) -> bool:
     """Send one marker to the socket at `path`; with wait > 0, wait that long for the ack.
 
     Raises OSError if it cannot be sent, Refused if the tracer answered that it does not take it;
     returns whether it was confirmed (always True without waiting, once sent).
     """
-    data = encode(label, enclosing, loop, began, manual)
+    data = encode(label, enclosing, loop, began, manual, rank)
     if wait <= 0:
         _sender().sendto(data, path)
         return True
@@ -426,7 +445,7 @@ def _send_one(text: str, path: str, where: str, wait: float, enclosing: str | No
     """True: taken (confirmed, when waited for); False: lost or unconfirmed (said); a str: refused, why."""
     global _unconfirmed
     try:
-        confirmed = send(text, path, wait, enclosing, loop, began)
+        confirmed = send(text, path, wait, enclosing, loop, began, rank=get_rank())
     except Refused as exc:
         return str(exc)
     except BlockingIOError:
@@ -440,6 +459,31 @@ def _send_one(text: str, path: str, where: str, wait: float, enclosing: str | No
         _warn(f"the tracer at {path} did not confirm marker {text!r} within {wait:g} s; "
               f"later markers do not wait for it")
     return confirmed
+
+
+# ---- which trainer this is, under a launcher ---------------------------------
+
+_rank: int | None = None      # set_rank's; a forked child (a loader) keeps it, and sends as that rank
+
+
+def set_rank(rank: int) -> None:
+    """Say which rank this process is (torch.multiprocessing.spawn passes it as an argument; torchrun sets
+    $RANK, read without this): its markers carry it, and the tracer names its windows "rank N: ..."."""
+    global _rank
+    if check_rank(rank) is None:
+        _rank = int(rank)
+    else:
+        _warn(f"set_rank({rank!r}) ignored: {check_rank(rank)}")
+
+
+def get_rank() -> int | None:
+    """This process's rank: set_rank's, else $RANK's if it is a whole number, else None."""
+    if _rank is not None:
+        return _rank
+    env = os.environ.get(ENV_RANK, "")
+    if env.isascii() and env.isdigit() and int(env) <= MAX_RANK:
+        return int(env)
+    return None
 
 
 # ---- windows that nest -------------------------------------------------------

@@ -118,3 +118,74 @@ def test_the_cold_epoch_is_io_bound_and_the_warm_one_is_not(torch_python, ext4_m
     assert f"  epoch 2: {warm['line']}" in text.splitlines()
     # the end of the traced run says the same
     assert f"  epoch 1: {cold['line']}" in stdout.splitlines(), context
+
+
+# two ranks under torch.multiprocessing.spawn (tests/torch_spawn.py), each with its own shard of files read with
+# O_DIRECT (every epoch from the device, its bytes exactly), 2 DataLoader workers a rank
+SPAWN = Path(__file__).resolve().parent.parent / "torch_spawn.py"
+RANK_FILES, RANK_FILE_KIB = 32, 256
+OWNED = re.compile(r"^  (rank \d: (?:before )?epoch \d)(?: +|: )(.*)$", re.M)
+
+
+def test_two_spawned_ranks_each_have_their_own_windows_steps_and_loaders(torch_python, ext4_mnt, tmp_path):
+    loop, mnt = ext4_mnt
+    data = mnt / "data"
+    data.mkdir()
+    for i in range(RANK_FILES):
+        (data / f"{i:04d}.bin").write_bytes(os.urandom(RANK_FILE_KIB << 10))
+    drop_caches()
+    ranks_dir = tmp_path / "ranks"
+    ranks_dir.mkdir()
+    out = tmp_path / "run.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUDO_") and k not in ("IOTRACE_CONTROL", "RANK")}
+    env["PYTHONPATH"] = str(ROOT)
+    rc, stdout, stderr = run_traced_group(
+        ["-o", str(out), "--dev", loop.name, "--", str(torch_python), str(SPAWN), str(data), str(ranks_dir),
+         "--epochs", "2"], env, TIMEOUT_S)
+    context = f"\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    assert rc == 0, context
+    ranks = {r: json.loads((ranks_dir / f"rank-{r}.json").read_text()) for r in (0, 1)}
+    dumps = [json.loads(line) for line in out.read_text().splitlines()]
+
+    for r, info in ranks.items():
+        mine = [d for d in dumps if d.get("owner") == {"pid": info["pid"], "rank": r}]
+        # one dump per window of this rank, none shared with the other rank
+        assert [d["label"] for d in mine] == ["before epoch 1", "epoch 1", "epoch 2"], ([d["label"] for d in mine],
+                                                                                         context)
+        family = {info["pid"], *info["workers"]}
+        assert len(info["workers"]) == 4, info          # 2 workers, forked anew each epoch
+        for d in mine[1:]:
+            assert d["sender_pid"] == info["pid"] and d["loop"]["steps"] == info["batches"], d["loop"]
+            readers = {s["tgid"] or s["pid"] for s in series_of(d, device=loop.name)}
+            assert readers and readers <= family and readers & set(info["workers"]), (r, d["label"], readers, info)
+            assert {t["pid"] for t in d["tasks"]} <= family, (r, d["label"], d["tasks"])
+            # its own shard, from the device (O_DIRECT), and nothing of the other rank's
+            read = bytes_of([d], loop.name, "read")
+            assert info["bytes"] <= read <= info["bytes"] + (64 << 10), (r, d["label"], read, info["bytes"])
+    # every request in exactly one dump: the ranks' windows and the rest add up to what the cuts recorded
+    recorded = sum(c["recorded"] for d in dumps if d.get("coverage") for c in d["coverage"]["devices"].values()
+                   if loop.name in d["coverage"]["devices"])
+    in_dumps = sum(s["count"] for d in dumps for s in series_of(d, device=loop.name)
+                   if s["op"] in ("read", "write", "flush", "discard"))
+    assert in_dumps == recorded, (in_dumps, recorded)
+
+    r = run_iotrace(["report", "--by", "label", "--json", str(out)])
+    assert r.returncode == 0, r.stderr
+    verdicts = {w["label"]: w["verdict"] for w in map(json.loads, r.stdout.splitlines()) if "verdict" in w}
+    for rank, info in ranks.items():
+        for n in (1, 2):
+            v = verdicts[f"rank {rank}: epoch {n}"]
+            [d] = [d for d in dumps if d.get("owner", {}).get("rank") == rank and d["label"] == f"epoch {n}"]
+            # the trainer is the rank; its loaders are its own 2 workers of the epoch (not the other rank, nor
+            # the launcher's resource tracker), and their I/O wait is theirs alone
+            assert v["trainer_pid"] == info["pid"] and v["loaders"] == 2 and v["steps"] == info["batches"], v
+            waited = sum(t["io_wait_s"] for t in d["tasks"] if t["pid"] in info["workers"])
+            assert v["loader_io_wait"] == pytest.approx(waited / 2 / v["wall_s"], abs=1e-4), (v, d["tasks"])
+    # live and report: the same numbers for the same windows (the waits rows and the verdict lines)
+    report = run_iotrace(["report", "--by", "label", str(out)]).stdout
+    def waits(text: str) -> list[tuple[str, str]]:
+        return OWNED.findall(text[text.index("waits per window"):])
+
+    live = waits(stdout)
+    assert len(live) == 2 * 2 * 3, context      # 2 ranks x 3 windows, a waits row and a verdict line each
+    assert live == waits(report), report + context

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PYTHON, read_dumps, run_iotrace
+
 from privileged.test_writeback import COMM, MIB, WBLOAD, exact_bytes, nothing_lost, wb_bytes, writes
 
 bpf = pytest.mark.bpf

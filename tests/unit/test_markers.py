@@ -28,7 +28,7 @@ import pytest
 from conftest import PYTHON, ROOT, run_iotrace
 
 from tracer import marker
-from tracer.model.sections import Enclosing, Loop, merge_loops
+from tracer.model.sections import Enclosing, Loop, Owner, merge_loops
 from tracer.runtime import control
 
 SUDO_VARS = ("SUDO_UID", "SUDO_GID", "SUDO_USER", "SUDO_COMMAND")
@@ -225,7 +225,7 @@ class _FakeTracer:
     def io(self, op: str, n: int) -> None:
         self.pending[op] += n
 
-    def send(self, label, path, wait=0.0, enclosing=None, loop=None, began=None):
+    def send(self, label, path, wait=0.0, enclosing=None, loop=None, began=None, rank=None):
         marker.decode_message(marker.encode(label, enclosing, loop, began))    # what is sent must be valid
         self.waits.append(wait)
         self.dumps.append({"label": label, "enclosing": enclosing, "loop": loop, "began": began, **self.pending})
@@ -362,9 +362,9 @@ def test_wire_carries_enclosing_and_loop_compatibly():
     data = marker.encode("epoch 2 / checkpoint", "epoch 2", loop)
     assert marker.decode(data) == "epoch 2 / checkpoint"          # what a label-only reader takes
     assert marker.decode_message(data) == {"label": "epoch 2 / checkpoint", "enclosing": "epoch 2", "loop": loop,
-                                           "began": None, "manual": False, "ignored": []}
+                                           "began": None, "manual": False, "rank": None, "ignored": []}
     assert marker.decode_message(marker.encode("x")) == {"label": "x", "enclosing": None, "loop": None,
-                                                         "began": None, "manual": False, "ignored": []}
+                                                         "began": None, "manual": False, "rank": None, "ignored": []}
     # a bad optional field is left out, the marker still counts
     for bad in ({"data_wait_s": -1, "steps": 1, "wall_s": 1}, {"steps": 1}, [1, 2],
                 {"data_wait_s": 1e400, "steps": 1, "wall_s": 1}, {"data_wait_s": 1, "steps": 1.5, "wall_s": 1}):
@@ -379,7 +379,7 @@ def test_wire_carries_enclosing_and_loop_compatibly():
     data = marker.encode(long, long, loop)
     assert len(data) <= marker.MAX_DATAGRAM
     assert marker.decode_message(data) == {"label": long, "enclosing": None, "loop": loop, "began": None,
-                                           "manual": False, "ignored": []}
+                                           "manual": False, "rank": None, "ignored": []}
 
 
 def test_the_tracer_end_reads_enclosing_and_loop(tracer_end):
@@ -742,24 +742,36 @@ def test_a_tracer_of_a_tree_takes_markers_from_it_alone_and_a_person_always():
     assert control.SenderGate(lambda: {me}).refuses(control.Marker("last", sender_pid=other.pid)) is None
 
 
-def test_one_training_loop_owns_the_windows_until_it_exits():
+def test_a_system_wide_tracer_takes_every_training_loops_markers():
+    # several senders: each one's windows are its own (tracer.pipeline.senders), none is refused
     a, b = _sleeper(), _sleeper()
     try:
         gate = control.SenderGate()         # a tracer of every process
-        assert gate.refuses(control.Marker("A epoch 1", sender_pid=a.pid)) is None
-        why = gate.refuses(control.Marker("B epoch 1", sender_pid=b.pid))
-        assert why and f"pid {a.pid}" in why, why
-        assert gate.refuses(control.Marker("A epoch 2", sender_pid=a.pid)) is None
-        assert gate.refuses(control.Marker("mark", sender_pid=b.pid, manual=True)) is None   # owns nothing
-        assert gate.refuses(control.Marker("B epoch 2", sender_pid=b.pid))
-        a.kill()
-        a.wait()
-        assert gate.refuses(control.Marker("B epoch 3", sender_pid=b.pid)) is None     # a is gone: b's now
-        assert gate.owner[0] == b.pid
+        for label, pid in (("A epoch 1", a.pid), ("B epoch 1", b.pid), ("A epoch 2", a.pid)):
+            assert gate.refuses(control.Marker(label, sender_pid=pid)) is None, label
     finally:
         for p in (a, b):
             p.kill()
             p.wait()
+
+
+def test_a_marker_says_its_rank_and_its_window_owner():
+    m = marker.decode_message(marker.encode("epoch 1", rank=3))
+    assert m["rank"] == 3 and not m["ignored"]
+    bad = marker.decode_message(b'{"v": 1, "label": "epoch 1", "rank": -1}')
+    assert bad["rank"] is None and bad["ignored"], bad
+    assert control.Marker("epoch 1", sender_pid=42, rank=3).owner() == Owner(42, 3)
+    assert control.Marker("by hand", sender_pid=42, manual=True).owner() is None     # a person's cuts all
+
+
+def test_the_rank_is_set_rank_s_else_torchrun_s(monkeypatch):
+    monkeypatch.setattr(marker, "_rank", None)
+    monkeypatch.setenv("RANK", "2")
+    assert marker.get_rank() == 2
+    monkeypatch.setenv("RANK", "x")
+    assert marker.get_rank() is None
+    marker.set_rank(1)
+    assert marker.get_rank() == 1
 
 
 def test_a_refused_sender_is_told_and_said_once(tracer_end, capsys):

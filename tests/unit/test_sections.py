@@ -63,6 +63,7 @@ TABLE = {
     "loop": ({"data_wait_s": 0.5, "steps": 10, "wall_s": 2.0}, {"data_wait_s": 0.25, "steps": 6, "wall_s": 1.0},
              {"data_wait_s": 0.75, "steps": 16, "wall_s": 3.0}),
     "sender_pid": (100, 101, None),     # two senders: none is the merged window's
+    "owner": ({"pid": 100, "rank": 0}, {"pid": 101, "rank": 1}, None),     # two ranks: no one owns the merge
     "before_attach": ({"by_s": 12.5}, {"by_s": None}, {"by_s": 12.5}),    # the longest known
     "bpf_programs": ({"block_rq_issue": {"runs": 4, "run_time_ns": 100, "missed": 0}},
                      {"block_rq_issue": {"runs": 1, "run_time_ns": 9, "missed": 0}}, None),
@@ -89,6 +90,7 @@ BAD = {
     "loop": [{"data_wait_s": "?", "steps": 3, "wall_s": 10}, "loop?", {"steps": 2},
              {"data_wait_s": 1, "steps": 10**900, "wall_s": 1}, {"data_wait_s": 1, "steps": 1.5, "wall_s": 1}],
     "sender_pid": ["100", -1, True, None],
+    "owner": [{"pid": -1}, {"pid": 5, "rank": 2**21}, {"pid": 5, "rank": "1"}, 7],
     "before_attach": [12.5, {"by_s": -1}, {"by_s": "12"}, {"by_s": float("inf")}, None],
     "bpf_programs": [[], "x"],
     "traced_pids": [-1, 1.5],
@@ -191,7 +193,7 @@ def test_mains_files_read_and_write_back_byte_for_byte(name):
 
 
 # sections added after main's df49ae4 (its files have none: they read as absent)
-NEWER = {"files", "tasks_sources", "before_attach", "unavailable", "unwritten_at_exit"}
+NEWER = {"files", "tasks_sources", "before_attach", "unavailable", "unwritten_at_exit", "owner"}
 
 
 def test_mains_file_has_every_section():

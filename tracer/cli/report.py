@@ -95,7 +95,7 @@ def _report(ns: argparse.Namespace, dumps, out: TextIO) -> int:
                        title=f"by label, from {', '.join(ns.files)}")
         return 0
     # bounded as the live whole-run table is: past MAX_RUN_ROWS series, rows fold per command (said below)
-    acc = dumpmod.DumpMerger(max_rows=MAX_RUN_ROWS)
+    acc = dumpmod.DumpMerger(max_rows=MAX_RUN_ROWS, whole=True)
     for d in dumps:
         acc.add(d)
     if not acc.count:

@@ -35,6 +35,7 @@ from tracer.model.sections import (
     Enclosing,
     Loop,
     Merger,
+    Owner,
     Section,
     SenderPid,
     StartEvent,
@@ -158,6 +159,7 @@ class Dump:
     enclosing: Enclosing | None = None
     loop: Loop | None = None
     sender_pid: SenderPid | None = None
+    owner: Owner | None = None
     before_attach: BeforeAttach | None = None
     bpf_programs: BpfPrograms | None = None
     traced_pids: TracedPids | None = None
@@ -212,9 +214,9 @@ def merge_by_device_op(series: Iterable[Series]) -> list[Series]:
             for s in merge_series(series, lambda s: (s.devno, s.op))]
 
 
-def merge_dumps(dumps: Iterable[Dump], kind: str = "final", label: str | None = None) -> Dump:
-    """One dump covering all of `dumps` (which should be disjoint windows)."""
-    acc = DumpMerger()
+def merge_dumps(dumps: Iterable[Dump], kind: str = "final", label: str | None = None, whole: bool = False) -> Dump:
+    """One dump covering all of `dumps` (which should be disjoint windows; `whole`: a run's, see DumpMerger)."""
+    acc = DumpMerger(whole=whole)
     for d in dumps:
         acc.add(d)
     if not acc.count:
@@ -318,10 +320,14 @@ class DumpMerger:
     a section that has none, and keys no section claims, are left out.
     """
 
-    def __init__(self, max_rows: int | None = None) -> None:
+    def __init__(self, max_rows: int | None = None, whole: bool = False) -> None:
         """`max_rows`: past that many series rows, rows of the same command are folded together (pid 0), and
-        every later row joins its command's: what the live whole-run table does (`folded` says it happened)."""
+        every later row joins its command's: what the live whole-run table does (`folded` says it happened).
+        `whole`: the dumps are a run's (or runs'), merged as one: a rank's window (an `owner`'s, per-sender
+        windows: tracer.pipeline.senders) lies inside the windows of the rest, which tile the run, so its
+        time is not added again, and the result is nobody's window."""
         self.max_rows = max_rows
+        self.whole = whole
         self.folded = 0         # distinct series rows there were when the rows were folded; 0: never
         self.count = 0
         self.kind: str | None = None        # the last dump's
@@ -364,7 +370,8 @@ class DumpMerger:
                 self.series = SeriesMerger(_comm_key)
                 self.series.add(rows)
         seconds = duration_of(d)
-        self.duration_s = self.duration_s + seconds
+        if not (self.whole and d.owner is not None):
+            self.duration_s = self.duration_s + seconds
         if d.disks is not None:
             self.disks.add(d.disks, seconds)
         for m in self.sections.values():
@@ -382,6 +389,8 @@ class DumpMerger:
             merged.disks = self.disks.result()
         for key, m in self.sections.items():
             setattr(merged, key, m.result())
+        if self.whole:
+            merged.owner = None
         return merged
 
 

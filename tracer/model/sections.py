@@ -497,6 +497,40 @@ class SenderPid(Section):
 
 
 @dataclass(frozen=True)
+class Owner(Section):
+    """Whose window a marker dump is, when a run's windows are per sender (tracer.pipeline.senders): the training
+    loop that sent its marker (`pid`) and the rank it said it is (`rank`, None: it did not say).  Its series,
+    rows and files are that sender's processes' only (itself and its descendants)."""
+
+    key: ClassVar[str] = "owner"
+    pid: int
+    rank: int | None = None
+
+    MAX_RANK: ClassVar[int] = 2**20
+
+    @classmethod
+    def from_json(cls, v) -> Owner:
+        o = obj(v, "owner")
+        rank = o.get("rank")
+        rank = None if rank is None else whole(rank, "owner.rank")
+        if rank is not None and rank > cls.MAX_RANK:
+            raise ValueError(f"owner.rank is {rank}, more than {cls.MAX_RANK}")
+        return cls(whole(o.get("pid"), "owner.pid"), rank)
+
+    def to_json(self) -> dict:
+        return {"pid": self.pid, "rank": self.rank}
+
+    @property
+    def name(self) -> str:
+        """How its windows are named: "rank 1", or "pid 4242" for a sender that gave no rank."""
+        return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
+
+    @classmethod
+    def merger(cls) -> Merger:
+        return _Agreed(cls.key)
+
+
+@dataclass(frozen=True)
 class BeforeAttach(Section):
     """A window that began before the tracer attached (`iotrace --pid` mid-epoch, a tracer started after the
     trainer): `by_s` seconds before (None: how long is not known: an older sender's marker does not say); the dump
@@ -629,7 +663,7 @@ class VerdictSection(Section):
 # Every section, in the order a line holds them.
 SECTIONS: tuple[type[Section], ...] = (Attach, StartEvent, Coverage, BioDevices, Tasks, TasksSources, Unavailable,
                                        Files,
-                                       Enclosing, Loop, SenderPid, BeforeAttach, BpfPrograms, TracedPids,
+                                       Enclosing, Loop, SenderPid, Owner, BeforeAttach, BpfPrograms, TracedPids,
                                        UnwrittenAtExit, Alerts,
                                        VerdictSection)
 BY_KEY: dict[str, type[Section]] = {cls.key: cls for cls in SECTIONS}

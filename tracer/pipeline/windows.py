@@ -4,16 +4,20 @@ DumpWindows (trace, serve, top): the BPF probe and, unless --no-tasks, the
 per-process tracer; a window is a tracer.model.dump.Dump built from both
 (tracer.pipeline.aggregate.build_dump), then, in order:
   0. with --cgroup, the per-process rows of the cgroup's processes only (CgroupRows);
-  1. marker fields (label, loop timing), whether the marker's window began
+  1. containers from cgroup ids (tracer.sources.cgroups);
+  2. with --csv or --alert, iostat's rows of the same window (`Dump.iostat`:
+     the probe's own /proc/diskstats reads at the window's edges, over the
+     dump's duration, so both sides cover one span);
+  3. with several training loops marking, the window of the one whose
+     marker closed it (tracer.pipeline.senders.SenderWindows: its own
+     processes' I/O since its last marker; the rest is kept for the next
+     window that closes them all);
+  4. marker fields (label, loop timing), whether the marker's window began
      before the tracer attached (before_attach, below) and, on the final
      window, what the sources say about themselves (BPF program costs, pid
      filter size);
-  2. containers from cgroup ids (tracer.sources.cgroups);
-  3. with --csv or --alert, iostat's rows of the same window (`Dump.iostat`:
-     the probe's own /proc/diskstats reads at the window's edges, over the
-     dump's duration, so both sides cover one span), then the --alert
-     checks (tracer.pipeline.alerts.AlertCheck), so each JSON line carries
-     its own alerts.
+  5. the --alert checks (tracer.pipeline.alerts.AlertCheck), so each JSON
+     line carries its own alerts.
 Before the attach: the tracer's first window begins when it attached (for
 --pid, once the filters hold the whole tree).  A marker dump whose window
 began earlier, as its marker says ("began", the sender's CLOCK_MONOTONIC),
@@ -38,8 +42,18 @@ from datetime import datetime
 from tracer.model.diskstats import Diskstats, window
 from tracer.model.dump import Dump, duration_of
 from tracer.model.files import fill_containers
-from tracer.model.sections import BeforeAttach, BpfPrograms, Section, Tasks, TasksSources, TracedPids, Unavailable
+from tracer.model.sections import (
+    BeforeAttach,
+    BpfPrograms,
+    Owner,
+    Section,
+    Tasks,
+    TasksSources,
+    TracedPids,
+    Unavailable,
+)
 from tracer.pipeline.aggregate import Clock, build_dump
+from tracer.pipeline.senders import SenderWindows
 from tracer.sources.tasks import UNAVAILABLE
 
 
@@ -78,6 +92,7 @@ class DumpWindows:
         # in every dump, {} included: a source named there is missing, not zero
         self.unavailable = Unavailable.of(unavailable(getattr(probe, "unavailable", {}),
                                                       tasks.sources if tasks is not None else None))
+        self.senders = SenderWindows()
 
     def start(self) -> None:
         """The diskstats baseline, when the first window begins."""
@@ -105,9 +120,10 @@ class DumpWindows:
         return self.probe.drain(final=final), tasks, dropped, final
 
     def build(self, cut, kind: str, label: str | None = None, sections: tuple[Section, ...] = (),
-              began: float | None = None, manual: bool = False):
+              began: float | None = None, manual: bool = False, owner: Owner | None = None):
         """The window of `cut`; a marker's: its `sections`, `began` (when its window opened) and `manual`
-        (`iotrace mark`'s), for before_attach (see the module docstring)."""
+        (`iotrace mark`'s), for before_attach (see the module docstring); `owner`: the training loop that sent
+        it, whose window it closes (stage 3)."""
         raw, tasks, dropped, final = cut
         first = self.first_ns is None
         if first:
@@ -118,13 +134,6 @@ class DumpWindows:
             d.put(TasksSources.of(self.tasks.sources))
             if self.cgroup is not None:
                 self.cgroup.apply(d)
-        d.put(*sections)
-        if kind == "marker":
-            late = before_attach(self.first_ns, began, first and self.attached and not manual, raw.end_ns)
-            if late is not None:
-                d.put(late)
-        if final:
-            d.put(*self.final_sections())
         if self.containers:
             from tracer.sources.cgroups import resolve_containers
 
@@ -132,6 +141,15 @@ class DumpWindows:
             fill_containers(d)
         if self.iostat:
             d.iostat = self.iostat_rows(raw, d)
+        # several training loops: the window of the one that marked (tracer.pipeline.senders)
+        d = self.senders.route(d, kind, owner)
+        d.put(*sections)
+        if kind == "marker":
+            late = before_attach(self.first_ns, began, first and self.attached and not manual, raw.end_ns)
+            if late is not None:
+                d.put(late)
+        if final:
+            d.put(*self.final_sections())
         if self.alerts:
             self.alerts.apply(d)
         return d
@@ -231,7 +249,7 @@ class DiskWindows:
         return cut
 
     def build(self, cut, kind: str, label: str | None = None, sections: tuple[Section, ...] = (),
-              began: float | None = None, manual: bool = False) -> Dump:
+              began: float | None = None, manual: bool = False, owner: Owner | None = None) -> Dump:
         rows, procs, start, end, seconds = cut
         d = disk_dump(kind, start, end, seconds, self._shown(rows), procs, self.procs.unreadable)
         if self.alerts:

@@ -16,20 +16,17 @@ a root tracer (each marker makes a dump, a table and a line in the output
 file, so an open socket would let anyone flood them).  A trainer running as
 yet another user needs the tracer started by sudo from that user's account.
 
-Whose markers: a marker cuts every traced process's window, so one sent by
-an unrelated job (another trainer on the machine, a second rank under one
-launcher) must not cut this one's.  SenderGate is the rule, by the sender's
-pid the kernel gives (SCM_CREDENTIALS):
-- a tracer with --pid or a COMMAND takes a training loop's markers only from
-  a process it traces (its pid filter);
-- of those (every process, for a system-wide tracer), one process's at a
-  time: the first whose marker it takes owns the windows until it exits;
-  another's meanwhile is refused (one line on stderr per sender);
-- `iotrace mark` (a person's, "manual") is always taken and owns nothing.
-A refused sender that waits is told so ({"refused": label, "why": ...}): it
-does not wait for a confirmation that will not come.  A sender that is gone
-by the time its marker is read cannot be checked; it is taken (unless another
-process owns the windows).
+Whose markers: a marker closes windows, so one sent by an unrelated job
+must not cut this one's.  SenderGate is the rule, by the sender's pid the
+kernel gives (SCM_CREDENTIALS): a tracer with --pid or a COMMAND takes a
+training loop's markers only from a process it traces (its pid filter); a
+system-wide tracer takes every sender's.  Several senders (ranks under one
+launcher, two jobs under a system-wide tracer) each get windows of their own
+processes (tracer.pipeline.senders), so none cuts another's.  `iotrace mark`
+(a person's, "manual") is always taken and cuts every window.  A refused
+sender that waits is told so ({"refused": label, "why": ...}): it does not
+wait for a confirmation that will not come.  A sender that is gone by the
+time its marker is read cannot be checked; it is taken.
 
 Imports nothing heavy: `iotrace mark` must start fast and without bcc or numpy.
 """
@@ -48,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tracer import marker
-from tracer.model.sections import Enclosing, Loop, Section, SenderPid
+from tracer.model.sections import Enclosing, Loop, Owner, Section, SenderPid
 from tracer.sources.proctree import stat_of
 from tracer.text import safe
 
@@ -78,6 +75,11 @@ class Marker:
     sender_pid: int | None = None   # from the kernel (SCM_CREDENTIALS), in the tracer's pid namespace
     began: float | None = None      # when the sender's window opened (CLOCK_MONOTONIC s), if it said
     manual: bool = False            # sent by `iotrace mark` (a person), not a training loop
+    rank: int | None = None         # the rank the sender said it is (tracer.marker.set_rank, $RANK)
+
+    def owner(self) -> Owner | None:
+        """The training loop whose windows this marker closes (None: a person's `iotrace mark`, or no pid)."""
+        return None if self.manual or not self.sender_pid else Owner(self.sender_pid, self.rank)
 
     def sections(self) -> tuple[Section, ...]:
         """What the marker adds to its dump, beside the label (tracer.model.sections)."""
@@ -105,22 +107,15 @@ class SenderGate:
 
     def __init__(self, traced: Callable[[], set[int]] | None = None):
         self.traced = traced
-        self.owner: tuple[int, int] | None = None      # (pid, start ticks) of the process whose windows these are
         self.refused: dict[int, int] = {}              # sender pid -> markers refused
 
     def refuses(self, m: Marker) -> str | None:
-        """Why `m` is not taken, or None (then, if it is the first, its sender owns the windows)."""
+        """Why `m` is not taken, or None."""
         pid = m.sender_pid
-        if m.manual or pid is None:
+        if m.manual or pid is None or self.traced is None:
             return None
-        started = _started(pid)
-        if started is not None and self.traced is not None and pid not in self.traced():
+        if _started(pid) is not None and pid not in self.traced():
             return f"pid {pid} is not in the process tree this tracer traces"
-        owner = self.owner
-        if owner is not None and owner[0] != pid and _started(owner[0]) == owner[1]:
-            return f"the markers of pid {owner[0]} cut this tracer's windows (one training loop at a time)"
-        if started is not None and (owner is None or owner[0] != pid or owner[1] != started):
-            self.owner = (pid, started)
         return None
 
     def note(self, m: Marker, why: str) -> None:
@@ -246,7 +241,7 @@ class ControlSocket:
                 self._complain(f"ignored a control message that could not be read ({type(exc).__name__})")
                 continue
             m = Marker(msg["label"], addr or None, msg["enclosing"], msg["loop"], _sender_pid(ancillary),
-                       msg["began"], msg["manual"])
+                       msg["began"], msg["manual"], msg["rank"])
             why = self.gate.refuses(m) if self.gate is not None else None
             if why:
                 self.gate.note(m, why)

@@ -36,7 +36,7 @@ class Windows(Protocol):
     def start(self) -> None: ...
     def cut(self, final: bool = False) -> Any: ...
     def build(self, cut: Any, kind: str, label: str | None = None, sections: tuple = (),
-              began: float | None = None, manual: bool = False) -> Any: ...
+              began: float | None = None, manual: bool = False, owner: Any = None) -> Any: ...
 
 
 class Sink(Protocol):
@@ -189,7 +189,7 @@ class Live:
             cut = self.windows.cut()
             self.control.ack(m)      # the window is closed: the sender's next I/O falls in the next one
             self.sinks.on_dump(self.windows.build(cut, "marker", m.label, m.sections(), began=m.began,
-                                                  manual=m.manual))
+                                                  manual=m.manual, owner=m.owner()))
 
     def run(self) -> int:
         """Until the end; then the last markers and the final window.  Returns the command's exit status (or 0)."""

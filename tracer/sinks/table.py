@@ -48,7 +48,7 @@ class TableSink:
         if self.labels is None:
             self.labels = LabelWindows()
         self.labels.add(window)
-        self.total = window if self.total is None else dumpmod.merge_dumps([self.total, window])
+        self.total = window if self.total is None else dumpmod.merge_dumps([self.total, window], whole=True)
         # processes come and go on a long run: keep their sums, not a row per pid
         if len(self.total.series) > MAX_RUN_ROWS:
             self.total.series = dumpmod.fold_by_comm(self.total.series)

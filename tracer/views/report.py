@@ -111,7 +111,8 @@ def _before_attach_line(d: Dump, out: TextIO) -> None:
 
 def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = None) -> None:
     seconds = duration_of(d)
-    head = safe(title or f"{d.kind}{' ' + repr(d.label) if d.label else ''}")
+    label = window_label(d)
+    head = safe(title or f"{d.kind}{' ' + repr(label) if label else ''}")
     # rates over the whole window, as iostat's are over its interval (the --csv row's iostat columns are
     # over this same window); a fio job's IOPS are over its own runtime, shorter when the window holds more
     out.write(f"\n{head}: {d.start:%H:%M:%S} - {d.end:%H:%M:%S} ({seconds:.1f}s), "
@@ -162,6 +163,15 @@ _LABEL_MAX = 30
 
 def window_name(label: str | None) -> str:
     return UNLABELLED if label is None else label
+
+
+def window_label(d: Dump) -> str | None:
+    """A dump's label as its window is named: with several training loops marking one trace, prefixed by
+    whose window it is ("rank 1: epoch 2", "pid 4242: epoch 2"; tracer.pipeline.senders), so that the
+    ranks' windows of one label are told apart, live and in `report --by label` alike."""
+    if d.label is None or d.owner is None:
+        return d.label
+    return f"{d.owner.name}: {d.label}"
 
 
 def row_comm(comm: str) -> str:
@@ -235,16 +245,18 @@ class Window:
 
 
 def windows_by_label(dumps: Iterable[Dump]) -> list[Window]:
-    """One window per label in first-seen order; the unlabelled dumps (if any) last, as one.
+    """One window per label in first-seen order; the unlabelled dumps (if any) last, as one.  A window is named
+    by window_label: with several training loops, each one's dumps of a label are a window of their own.
 
     `dumps` may be a reader's generator: each dump is merged into its label's
     window as it comes (tracer.model.dump.DumpMerger) and not kept.
     """
     groups: dict[str | None, DumpMerger] = {}
     for d in dumps:
-        acc = groups.get(d.label)
+        name = window_label(d)
+        acc = groups.get(name)
         if acc is None:
-            acc = groups[d.label] = DumpMerger()
+            acc = groups[name] = DumpMerger()
         acc.add(d)
     order = [k for k in groups if k is not None] + ([None] if None in groups else [])
     windows = [Window(k, groups[k].count, groups[k].result(kind=groups[k].kind or "final", label=k)) for k in order]
@@ -445,20 +457,21 @@ class LabelWindows:
         self.folded: set[str] = set()      # labels whose exited rows were folded
 
     def add(self, d: Dump) -> None:
-        if d.label is None or not judged(d):
+        name = window_label(d)      # as windows_by_label names it: the same windows, live and in report
+        if name is None or not judged(d):
             return
-        if d.label not in self.windows and len(self.windows) >= self.MAX:
+        if name not in self.windows and len(self.windows) >= self.MAX:
             self.skipped += 1
             return
-        light = Dump(kind=d.kind, label=d.label, start=d.start, end=d.end, host="", kernel="", series=[],
+        light = Dump(kind=d.kind, label=name, start=d.start, end=d.end, host="", kernel="", series=[],
                      window_s=duration_of(d), tasks=d.tasks, tasks_sources=d.tasks_sources, loop=d.loop,
-                     sender_pid=d.sender_pid)
-        prev = self.windows.get(d.label)
-        merged = merge_dumps([prev, light] if prev else [light], kind=d.kind, label=d.label)
+                     sender_pid=d.sender_pid, before_attach=d.before_attach)
+        prev = self.windows.get(name)
+        merged = merge_dumps([prev, light] if prev else [light], kind=d.kind, label=name)
         if merged.tasks is not None and len(merged.tasks.rows) > self.MAX_ROWS:
             merged.tasks = fold_exited(merged.tasks)
-            self.folded.add(d.label)
-        self.windows[d.label] = merged
+            self.folded.add(name)
+        self.windows[name] = merged
 
     def render(self, out: TextIO) -> None:
         if not self.windows:

@@ -71,6 +71,7 @@ rule 6.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 
 from tracer.model.sections import BeforeAttach, Loop, TaskRow
@@ -290,9 +291,13 @@ def _rule(v: Verdict, rows: bool, noun: str) -> tuple[str, str]:
     return state, f"no loop timing; in I/O wait: {waits}; {read}{_stalls(v)}"
 
 
+_OWNED = re.compile(r"^(rank|pid) \d+: ")      # a rank's window's name (tracer.views.report.window_label)
+
+
 def noun_of(label: str | None) -> str:
-    """What to call a window in its line: "epoch" for "epoch 3" (also nested: "run 2 / epoch 3")."""
-    last = (label or "").rsplit(" / ", 1)[-1]
+    """What to call a window in its line: "epoch" for "epoch 3" (also nested: "run 2 / epoch 3", and a
+    rank's: "rank 1: epoch 3")."""
+    last = _OWNED.sub("", label or "", count=1).rsplit(" / ", 1)[-1]
     return "epoch" if last.startswith("epoch") else "window"
 
 
