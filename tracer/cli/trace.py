@@ -159,8 +159,9 @@ def trace_parser() -> argparse.ArgumentParser:
                            "switch, ~0.2-0.3 us per buffered read batch, ~0.1 us per folio a miss adds, nothing "
                            "per system call")
     p.add_argument("--files", type=at_least(0), default=50, metavar="N",
-                   help="file rows kept in each dump (\"files\"): the top N files by bytes from disk, the rest "
-                        "summed into one \"(other files)\" row (default 50; the table at the end shows the top 10)")
+                   help="file rows kept in each dump (\"files\"): the top N files by bytes moved (read from "
+                        "disk + written), the rest summed into one \"(other files)\" row (default 50; the table "
+                        "at the end shows the top 10)")
     p.add_argument("--diskstats", action="store_true",
                    help="no BPF, no root: iostat's numbers per device from /proc/diskstats and bytes per "
                         "process from /proc/PID/io (your own processes only, unless root); no percentiles. "

@@ -38,9 +38,9 @@ the syscalls (--tasks), or "unavailable: why"} for "io_wait", "throttled",
 "reads", "cache" and "fsync".  Merging dumps adds the rows up per pid.
 
 Raw-tracepoint dumps carry "files": a row per file and process of the window,
-the top --files N by bytes from disk and one "(other files)" row summing the
-rest (tracer.model.files: "dev", "ino", "path", "pid", "comm", "container",
-"cache_read_bytes" (null where unmeasurable), "disk_read_bytes",
+the top --files N by bytes moved (read from disk + written) and one "(other
+files)" row summing the rest (tracer.model.files: "dev", "ino", "path",
+"pid", "comm", "container", "cache_read_bytes" (null where unmeasurable), "disk_read_bytes",
 "written_bytes", "requests", "p50_us", "p99_us", "hist", "files").
 Merging dumps adds them up per (file, pid).
 
