@@ -78,6 +78,7 @@ class Marker:
     sender_pid: int | None = None   # from the kernel (SCM_CREDENTIALS), in the tracer's pid namespace
     began: float | None = None      # when the sender's window opened (CLOCK_MONOTONIC s), if it said
     manual: bool = False            # sent by `iotrace mark` (a person), not a training loop
+    continues: bool = False         # the window it closes stays open around a nested one (tracer.model.slices)
 
     def sections(self) -> tuple[Section, ...]:
         """What the marker adds to its dump, beside the label (tracer.model.sections)."""
@@ -246,7 +247,7 @@ class ControlSocket:
                 self._complain(f"ignored a control message that could not be read ({type(exc).__name__})")
                 continue
             m = Marker(msg["label"], addr or None, msg["enclosing"], msg["loop"], _sender_pid(ancillary),
-                       msg["began"], msg["manual"])
+                       msg["began"], msg["manual"], msg["continues"])
             why = self.gate.refuses(m) if self.gate is not None else None
             if why:
                 self.gate.note(m, why)

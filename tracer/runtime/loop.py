@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tracer.model.slices import SliceFolder
 from tracer.runtime.child import KILL_GRACE_S, exit_status
 
 
@@ -175,17 +176,23 @@ class Live:
     inputs: dict[int, Callable[[], bool]] = field(default_factory=dict)  # fd -> handler; True ends the run
     final: bool = True                             # close a "final" window at the end
     reason: str = ""
+    slices: SliceFolder = field(default_factory=SliceFolder)     # a window's slices around nested ones, as one
+
+    def _hand_on(self, window: Any, continues: bool = False) -> None:
+        for d in self.slices.add(window, continues):
+            self.sinks.on_dump(d)
 
     def emit(self, kind: str, label: str | None = None) -> None:
-        self.sinks.on_dump(self.windows.build(self.windows.cut(), kind, label))
+        self._hand_on(self.windows.build(self.windows.cut(), kind, label))
 
     def take_markers(self) -> None:
-        """Each queued marker closes a window carrying its label, handed on at once."""
+        """Each queued marker closes a window carrying its label, handed on at once (a slice of a window
+        around a nested one: once the window ends, tracer.model.slices)."""
         for m in self.control.receive():
             cut = self.windows.cut()
             self.control.ack(m)      # the window is closed: the sender's next I/O falls in the next one
-            self.sinks.on_dump(self.windows.build(cut, "marker", m.label, m.sections(), began=m.began,
-                                                  manual=m.manual))
+            self._hand_on(self.windows.build(cut, "marker", m.label, m.sections(), began=m.began,
+                                             manual=m.manual), m.continues)
 
     def run(self) -> int:
         """Until the end; then the last markers and the final window.  Returns the command's exit status (or 0)."""
@@ -194,7 +201,9 @@ class Live:
         if self.control:     # markers sent just before the command exited are still queued
             self.take_markers()
         if self.final:
-            self.sinks.on_dump(self.windows.build(self.windows.cut(final=True), "final"))
+            self._hand_on(self.windows.build(self.windows.cut(final=True), "final"))
+        for d in self.slices.flush():       # no final window (top, serve): the held ones still go on
+            self.sinks.on_dump(d)
         return status
 
     def _signal_tree(self, sig: int) -> None:

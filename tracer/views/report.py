@@ -231,7 +231,8 @@ class Window:
 
 
 def windows_by_label(dumps: Iterable[Dump]) -> list[Window]:
-    """One window per label in first-seen order; the unlabelled dumps (if any) last, as one.
+    """One window per label in the order they began (a window folded around nested ones comes after them in a
+    file: tracer.model.slices); the unlabelled dumps (if any) last, as one.
 
     `dumps` may be a reader's generator: each dump is merged into its label's
     window as it comes (tracer.model.dump.DumpMerger) and not kept.
@@ -244,6 +245,7 @@ def windows_by_label(dumps: Iterable[Dump]) -> list[Window]:
         acc.add(d)
     order = [k for k in groups if k is not None] + ([None] if None in groups else [])
     windows = [Window(k, groups[k].count, groups[k].result(kind=groups[k].kind or "final", label=k)) for k in order]
+    windows.sort(key=lambda w: (w.label is None, w.merged.start))
     for w in windows:
         if judged(w.merged):    # so that --json carries it too
             w.merged.verdict = VerdictSection(judge_dump(w.merged).to_json())
@@ -460,7 +462,8 @@ class LabelWindows:
     def render(self, out: TextIO) -> None:
         if not self.windows:
             return
-        render_waits(list(self.windows.items()), out)
+        # in the order they began: a window folded around nested ones closes after them
+        render_waits(sorted(self.windows.items(), key=lambda kv: kv[1].start), out)
         if self.folded:
             out.write(f"  ({len(self.folded)} window(s) had more than {self.MAX_ROWS} processes: their exited "
                       f"ones are summed per parent and name, each sum counted as one loader)\n")

@@ -1,0 +1,65 @@
+"""A marker window's slices folded into one dump: the window around the windows nested in it.
+
+A window with a nested one (tracer.marker: "epoch 1" and its checkpoint
+phase "epoch 1 / checkpoint") reaches the tracer as slices: the marker that
+opens the nested window closes the stretch before it under the outer label,
+and the outer window's end closes the stretch after it (often no time at
+all: the parent resuming for an instant after each checkpoint) under the
+same label again.  Shown one by one, each epoch was two tables and two
+lines in every view, one of them empty.
+
+This module owns the fold.  A marker that opens a nested window says so
+("continues": the window it closes stays open, tracer.marker.begin); its
+dump is held, the nested windows' dumps pass on as they come, and the
+outer window's next slice is merged into the held one (tracer.model.dump.
+merge_dumps: rows, per-process rows, loop timing, coverage and drops added
+up; its time is its slices' own, not the nested windows'), until a slice
+that does not continue ends it: then the one dump goes on, after the
+windows nested in it.  The live tables, the JSONL file and so `report`
+see the same windows.
+
+Never lost: a held window is handed on when a dump arrives that is neither
+it nor nested in it (a sender that died mid-window), before the final
+dump, and at most MAX_HELD windows are held (deeper ones pass unfolded).
+Dumps from a marker that does not say "continues" (an older tracer.marker,
+`iotrace mark`), interval dumps and windows with iostat rows (--csv,
+--alert: those are per cut) pass on unfolded.
+"""
+
+from __future__ import annotations
+
+from tracer.model.dump import Dump, merge_dumps
+
+MAX_HELD = 16       # windows open around nested ones at once: the nesting depth of a training loop, and more
+
+
+def inside(label: str, outer: str) -> bool:
+    """Whether a window labelled `label` is `outer` or nested in it ("outer / ...")."""
+    return label == outer or label.startswith(outer + " / ")
+
+
+class SliceFolder:
+    """Dumps in, dumps out (in the order to hand them on): a window's slices around its nested ones as one."""
+
+    def __init__(self) -> None:
+        self.held: list[Dump] = []      # open windows around nested ones, outermost first
+
+    def add(self, d: Dump, continues: bool = False) -> list[Dump]:
+        """`d` as it comes; `continues`: its marker opens a nested window (the window `d` closes stays open)."""
+        if d.kind != "marker" or d.label is None or d.iostat is not None:
+            return [*(self.flush() if d.kind == "final" else []), d]
+        out = []
+        while self.held and not inside(d.label, self.held[-1].label):
+            out.append(self.held.pop())
+        if self.held and self.held[-1].label == d.label:
+            d = merge_dumps([self.held.pop(), d], kind="marker", label=d.label)
+        if continues and len(self.held) < MAX_HELD:
+            self.held.append(d)
+        else:
+            out.append(d)
+        return out
+
+    def flush(self) -> list[Dump]:
+        """Every held window, innermost first (the end of the run)."""
+        out, self.held = self.held[::-1], []
+        return out
