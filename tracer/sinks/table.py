@@ -43,8 +43,11 @@ class TableSink:
         from tracer.model import dump as dumpmod
         from tracer.views.report import LabelWindows, render_table
 
-        render_table(window, self.out, hist=self.hist)
-        self.out.flush()
+        # the final window of a run with marker or interval windows before it, when it holds nothing (the
+        # instant between the last marker and the exit): the whole run's table follows, an empty one says nothing
+        if not (self.windows > 1 and window.kind == "final" and not window.series and not window.lost):
+            render_table(window, self.out, hist=self.hist)
+            self.out.flush()
         if self.labels is None:
             self.labels = LabelWindows()
         self.labels.add(window)
