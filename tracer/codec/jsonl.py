@@ -18,8 +18,9 @@ back (`iotrace report`, diff, plot) through ``read``:
 
 "duration_s" is the window's own time: end - start, but less for a marker
 window folded around the windows nested in it (tracer.model.slices: its
-start and end span them, its time and rows do not) and for a merged dump
-(its windows' sum).  Older files always hold end - start.
+start and end span them, its time and rows do not); read back, a
+duration_s that is not end - start is the dump's own time.  Older files
+always hold end - start.
 
 Marker dumps also carry "enclosing": the label of the window the marker's
 stretch lay in (null at the top level, or from `iotrace mark`), and, when
@@ -148,9 +149,9 @@ def from_json(obj: dict) -> Dump:
 def _encode_dump(d: Dump) -> dict:
     obj = {
         "schema": SCHEMA, "kind": d.kind, "label": d.label,
-        # the window's own time: end - start, but less for a window whose nested windows are not its own
-        # (tracer.model.slices) and for merged dumps (their windows' sum)
-        "start": d.start.isoformat(), "end": d.end.isoformat(), "duration_s": round(duration_of(d), 6),
+        # the window's own time: end - start, but less for a window folded around nested ones (tracer.model.slices)
+        "start": d.start.isoformat(), "end": d.end.isoformat(),
+        "duration_s": round(duration_of(d) if d.folded else d.duration_s, 6),
         "host": d.host, "kernel": d.kernel, "dropped": d.dropped, "events": d.events,
     }
     write_sections(d, obj)

@@ -45,14 +45,16 @@ class SliceFolder:
         self.held: list[Dump] = []      # open windows around nested ones, outermost first
 
     def add(self, d: Dump, continues: bool = False) -> list[Dump]:
-        """`d` as it comes; `continues`: its marker opens a nested window (the window `d` closes stays open)."""
-        if d.kind != "marker" or d.label is None or d.iostat is not None:
-            return [*(self.flush() if d.kind == "final" else []), d]
+        """`d` as it comes; `continues`: its marker opens a nested window (the window `d` closes stays open).
+        Anything else than a Dump passes on as it is."""
+        if not isinstance(d, Dump) or d.kind != "marker" or d.label is None or d.iostat is not None:
+            return [*(self.flush() if getattr(d, "kind", None) == "final" else []), d]
         out = []
         while self.held and not inside(d.label, self.held[-1].label):
             out.append(self.held.pop())
         if self.held and self.held[-1].label == d.label:
             d = merge_dumps([self.held.pop(), d], kind="marker", label=d.label)
+            d.folded = True
         if continues and len(self.held) < MAX_HELD:
             self.held.append(d)
         else:
