@@ -12,14 +12,15 @@ epoch reads from disk; then runs
 
     python -m tracer.cli -o TMP/demo.jsonl --dev loopN -- python scripts/workload.py --mark ...
 
-with its output on this terminal.  Each epoch of the workload is a marker
+with its tables in a file (TMP/out/live.txt; --save keeps it) and, on this
+terminal, the workload's epoch lines and the end of the run: about a screen.  Each epoch of the workload is a marker
 window "epoch N" with its checkpoint nested in it, "epoch N / checkpoint"
 (tracer.marker), sent with the loop's wait for data; the per-process rows
 (on by default, no flag) add each process's I/O wait, file and disk read
-bytes and page-cache hits.  It ends with a guide to
-reading the tables and the epochs side by side (iotrace report --by label),
-whose last lines are iotrace's verdict per window: was the epoch waiting
-for the disk (the cold first one), or not (the warm ones)?  A disk that
+bytes and page-cache hits.  It shows the whole run's table, the waits and
+iotrace's verdict per window (was the epoch waiting
+for the disk, the cold first one, or not, the warm ones?), the top files and
+a short guide to reading them.  A disk that
 serves 150 MB in a second makes no epoch wait, so by default the workload
 reads the disk under the loop device at --slow-disk MB/s (a cgroup's
 blk-throttle limit for the workload's processes; 0: the disk's own speed).
@@ -31,7 +32,6 @@ fio is not needed.  Takes well under a minute.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -219,14 +219,15 @@ class SlowDisk:
 
 # ---- running the tracer ------------------------------------------------------
 
-def run_traced(cmd: list[str]) -> int:
-    """Run the tracer in its own process group, streaming to this terminal.
+def run_traced(cmd: list[str], stdout) -> int:
+    """Run the tracer in its own process group, its output (and the workload's) to `stdout`, its errors to
+    this terminal.
 
     Ctrl-C (or SIGTERM to the demo) is passed on to the whole group, as a
     terminal would: the workload stops, the tracer prints what it has.  A
     second Ctrl-C ends the tracer too, a third kills the group.
     """
-    proc = subprocess.Popen(cmd, cwd=ROOT, process_group=0)
+    proc = subprocess.Popen(cmd, cwd=ROOT, process_group=0, stdout=stdout)
     pgid = proc.pid
     interrupts = 0
     try:
@@ -265,68 +266,27 @@ def _signal_group(pgid: int, sig: int) -> bool:
 
 # ---- after the run -----------------------------------------------------------
 
-def timeline(path: Path) -> list[str]:
-    """One line per dump of the JSONL file: when, and how much was read and written."""
-    lines = []
-    try:
-        dumps = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    except (OSError, ValueError):
-        return lines
-    width = max([len(d.get("label") or d["kind"]) for d in dumps] + [8])
-    for d in dumps:
-        tot: dict[str, list[int]] = {}
-        for s in d.get("series", []):
-            t = tot.setdefault(s["op"], [0, 0])
-            t[0] += s["count"]
-            t[1] += s["bytes"]
-        ops = ", ".join(f"{op} {n} req {b / 1e6:.1f} MB" for op, (n, b) in sorted(tot.items())) or "no I/O"
-        lines.append(f"    {d['start'][11:19]} +{d['duration_s']:4.1f}s {d.get('label') or d['kind']:<{width}} {ops}")
-    return lines
-
-
 GUIDE = """\
-How to read the tables above
-  * One row per process, device and op. loader-N are the input workers (one process each, like
-    DataLoader workers); trainer is the main process, which writes the checkpoint.
-  * One table per dump: each epoch is a marker window 'epoch N' (tracer.marker.begin/end in the
-    training loop) with its checkpoint nested in it, 'epoch N / checkpoint'; the epoch's I/O
-    before and after the checkpoint are two dumps, both labelled 'epoch N'. 'final' is the rest,
-    and 'whole run' merges them all.
-  * p50 is the typical request; p99 means 1 request in 100 waited longer; p99.9, 1 in 1000.
-    A training step waits for its slowest batch, so the tail (p99, p99.9, max) is what stalls
-    the GPU, not the median.
-  * Each latency is split in two: Q (queue) is the time from the request's start to its issue
-    to the driver (block-layer queueing, plugging, scheduler); D (device) is issue to
-    completion, i.e. the disk itself. Q >> D: too many requests at once for the device to
-    take (more workers will not help). D high: the device is slow.
-  * Epoch 1 is cold: the demo dropped the page cache, so every sample and shard comes from
-    the disk: many small reads from the loaders (AVGSZ ~ a sample, or a readahead window
-    for shards). The data set (~150 MB) fits in RAM, so epochs 2 and 3 are served from the
-    page cache and the loader rows nearly vanish. A data set bigger than RAM makes every
-    epoch look like epoch 1.
-  * The checkpoint appears in the 'epoch N / checkpoint' tables as write requests of the
-    trainer row, during its fsync (large AVGSZ: sequential writeback), plus flush requests if
-    the device asks for them. Writes from ext4's journal thread (jbd2) and background writeback
-    are not the command's processes, so they are not in the tables.
-  * 'tasks:' under a table sums up the per-process rows (on by default): the I/O wait of the trainer
-    and of its loaders (a share of the dump's time), the bytes read from files and the share of
-    them the page cache served, fsync and dirty-page throttling time.
-  * Per-dump totals (from the JSONL file, one line per table above):
-{timeline}
-  * Below, the same dumps with the epochs side by side (iotrace report FILE --by label). It ends
-    with the waits per window and a verdict per epoch: I/O-bound when the training loop waited
-    for data and its readers were waiting for the disk (README, 'Is the disk slowing training?').
-"""
+\nHow to read it (the tracer's table of each window is in {live}: {n} lines)
+  * A row per process, disk and op: loader-N are the input workers, trainer the main process, which
+    writes the checkpoint ('epoch N / checkpoint', a window nested in 'epoch N').  p50 is the typical
+    request, p99 1 in 100 waited longer: a step waits for its slowest batch, so the tail stalls the GPU.
+    QUEUE is a request's wait before the disk took it, DEVICE the disk's own time.
+  * Epoch 1 is cold (the page cache was dropped): the loaders read from disk and wait; the ~150 MB
+    data set then fits in RAM, so epochs 2 and 3 hardly touch the disk.  The verdicts above say it.
+  * Epochs side by side: iotrace report FILE --by label (keep FILE with --save)."""
 
 
-def by_label(path: Path) -> None:
-    """End with the per-epoch table; say so if the report cannot make one."""
-    p = subprocess.run([PY, "-m", "tracer.cli", "report", "--by", "label", str(path)], cwd=ROOT,
-                       capture_output=True, text=True)
-    if p.returncode == 0:
-        print(p.stdout.rstrip("\n"))
-    else:
-        say(f"no per-epoch table: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+def summary(live: Path) -> list[str]:
+    """What the demo shows of the tracer's output: the workload's epoch lines and the end of the run (the
+    whole run's table, the waits and verdicts per window, the files), from the first 'whole run' line."""
+    try:
+        lines = live.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    end = next((i for i, line in enumerate(lines) if line.startswith("whole run:")), len(lines))
+    epochs = [line for line in lines[:end] if line.startswith("epoch ") and "/" in line.split(":", 1)[0]]
+    return epochs + lines[end:]
 
 
 def _raise_interrupt(signum, frame):
@@ -345,8 +305,8 @@ def main(argv: list[str] | None = None) -> int:
                "  3. python -m tracer.cli -o TMP/demo.jsonl --dev loopN -- "
                "python scripts/workload.py --mark ...\n"
                "     (each epoch a marker window 'epoch N', its checkpoint 'epoch N / checkpoint')\n"
-               "  4. a guide to reading the tables, then python -m tracer.cli report --by label,\n"
-               "     which ends with iotrace's verdict per epoch: cold epoch 1 vs the warm ones\n"
+               "  4. the end of the tracer's output (whole run, waits and verdict per epoch: cold epoch 1\n"
+               "     vs the warm ones, top files) and a short guide; every window's table is in a file\n"
                "  5. always (also on error or Ctrl-C): umount, losetup -d, remove the temp dir\n"
                "Needs root, bcc (make setup), mkfs.ext4 and losetup; fio is not needed. Under a minute.")
     p.add_argument("--epochs", type=int, default=3, help="training epochs (default 3)")
@@ -397,16 +357,19 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [PY, "-m", "tracer.cli", "-o", str(dump), "--dev", name, "--", *workload]
         say("running: " + " ".join(os.path.relpath(c, ROOT) if c.startswith(str(ROOT)) else c for c in cmd))
         sys.stdout.flush()
-        status = run_traced(cmd)
+        live = out_dir / "live.txt"
+        with open(live, "w") as f:
+            status = run_traced(cmd, f)
         if ns.save and dump.exists() and dump.stat().st_size:
             shutil.copyfile(dump, ns.save)
-        lines = timeline(dump)
+            shutil.copyfile(live, ns.save + ".txt")
+        lines = summary(live)
         if lines:
-            print()
-            print(GUIDE.format(timeline="\n".join(lines)))
-            by_label(dump)
+            print("\n".join(lines))
+            n = sum(1 for _ in open(live, errors="replace"))
+            print(GUIDE.format(live=f"{ns.save}.txt" if ns.save else "the temp dir", n=n))
             if ns.save:
-                say(f"dumps saved to {ns.save}: render them again with "
+                say(f"dumps saved to {ns.save}, the tracer's tables to {ns.save}.txt: render them again with "
                     f"'python -m tracer.cli report {ns.save}'")
         if status != 0:
             say(f"the tracer exited with status {status}"

@@ -61,6 +61,9 @@ left out without losing the marker.  "manual": true says a person sent it
 MAX_RANK) says which of several trainers under one launcher sent it:
 set_rank(n), else $RANK (torchrun sets it); a tracer then keeps that
 sender's windows apart from the other ranks' ("rank 1: epoch 2").
+"continues": true (begin() inside an open window) says the window the marker
+closes stays open: a window nested in it begins, and the tracer folds the
+window's slices before and after it into one dump (tracer.model.slices).
 A sender that bound its own socket (to wait) gets {"v": 1, "ack": "epoch 3"} back once the dump is closed: its
 next I/O falls in the next dump; or {"v": 1, "refused": "epoch 3", "why":
 ...} from a tracer that does not take it (an older tracer says nothing).
@@ -131,9 +134,10 @@ def _loop_json(loop: dict) -> str:
 
 
 def encode(label: str, enclosing: str | None = None, loop: dict | None = None, began: float | None = None,
-           manual: bool = False, rank: int | None = None) -> bytes:
+           manual: bool = False, rank: int | None = None, continues: bool = False) -> bytes:
     """One marker datagram; the optional fields are left out (enclosing first) to keep it in MAX_DATAGRAM;
-    `manual`: sent by a person (`iotrace mark`), not by a training loop; `rank`: the sender's, if it has one."""
+    `manual`: sent by a person (`iotrace mark`), not by a training loop; `rank`: the sender's, if it has one;
+    `continues`: the window it closes stays open (a window nested in it begins)."""
     why = check_label(label)
     if why:
         raise ValueError(why)
@@ -142,7 +146,7 @@ def encode(label: str, enclosing: str | None = None, loop: dict | None = None, b
     if rank is not None and check_rank(rank):
         raise ValueError(check_rank(rank))
     head = (f'{{"v": {WIRE_VERSION}, "label": {_json_string(label)}' + (', "manual": true' if manual else "")
-            + (f', "rank": {int(rank)}' if rank is not None else ""))
+            + (f', "rank": {int(rank)}' if rank is not None else "") + (', "continues": true' if continues else ""))
     extras = []
     if enclosing is not None and not check_label(enclosing):
         extras.append(f', "enclosing": {_json_string(enclosing)}')
@@ -199,8 +203,8 @@ def check_rank(rank: object) -> str | None:
 
 
 def decode_message(data: bytes) -> dict:
-    """One datagram as {"label", "enclosing", "began", "loop", "manual", "rank", "ignored"} (the optional ones None
-    (manual: False) when absent or
+    """One datagram as {"label", "enclosing", "began", "loop", "manual", "rank", "continues", "ignored"} (the
+    optional ones None (manual, continues: False) when absent or
     bad, "ignored" saying which bad ones were left out and why); ValueError saying what is wrong with a
     datagram that is no marker at all.  Nothing else is raised, whatever `data` holds."""
     import json
@@ -240,6 +244,7 @@ def decode_message(data: bytes) -> dict:
         ignored.append(why)
         rank = None
     return {"rank": rank, "label": label, "enclosing": enclosing, "began": None if began is None else float(began),
+            "continues": msg.get("continues") is True,
             "loop": None if loop is None else {"data_wait_s": float(loop["data_wait_s"]), "steps": int(loop["steps"]),
                                                "wall_s": float(loop["wall_s"])},
             "manual": msg.get("manual") is True, "ignored": ignored}
@@ -353,13 +358,14 @@ def _sender() -> socket.socket:
 
 
 def send(label: str, path: str, wait: float = 0.0, enclosing: str | None = None, loop: dict | None = None,
-         began: float | None = None, manual: bool = False, rank: int | None = None) -> bool:
+         began: float | None = None, manual: bool = False, rank: int | None = None,
+         continues: bool = False) -> bool:
     """Send one marker to the socket at `path`; with wait > 0, wait that long for the ack.
 
     Raises OSError if it cannot be sent, Refused if the tracer answered that it does not take it;
     returns whether it was confirmed (always True without waiting, once sent).
     """
-    data = encode(label, enclosing, loop, began, manual, rank)
+    data = encode(label, enclosing, loop, began, manual, rank, continues)
     if wait <= 0:
         _sender().sendto(data, path)
         return True
@@ -417,7 +423,7 @@ def mark(label: object, wait: float | None = None) -> bool:
 
 
 def _send_marker(label: object, wait: float | None, enclosing: str | None, loop: dict | None = None,
-                 began: float | None = None) -> bool:
+                 began: float | None = None, continues: bool = False) -> bool:
     """To every tracer found (find_tracers); True if one took it (and confirmed it, when waited for).
     `began`: when the window it closes opened; None: it closes the stretch since this process's last marker."""
     global _last_sent
@@ -430,7 +436,7 @@ def _send_marker(label: object, wait: float | None, enclosing: str | None, loop:
             _warn(where)
             return False
         wait = _wait_for(wait)
-        results = [_send_one(text, path, where, wait, enclosing, loop, began) for path in paths]
+        results = [_send_one(text, path, where, wait, enclosing, loop, began, continues) for path in paths]
         refused = [r for r in results if isinstance(r, str)]
         if refused and len(refused) == len(results):    # none takes it: say why, once
             _warn(f"no tracer takes markers from this process ({'; '.join(refused)}); marker {text!r} dropped")
@@ -441,11 +447,11 @@ def _send_marker(label: object, wait: float | None, enclosing: str | None, loop:
 
 
 def _send_one(text: str, path: str, where: str, wait: float, enclosing: str | None, loop: dict | None,
-              began: float | None) -> bool | str:
+              began: float | None, continues: bool = False) -> bool | str:
     """True: taken (confirmed, when waited for); False: lost or unconfirmed (said); a str: refused, why."""
     global _unconfirmed
     try:
-        confirmed = send(text, path, wait, enclosing, loop, began, rank=get_rank())
+        confirmed = send(text, path, wait, enclosing, loop, began, rank=get_rank(), continues=continues)
     except Refused as exc:
         return str(exc)
     except BlockingIOError:
@@ -551,8 +557,10 @@ def begin(label: object, wait: float | None = None, split: bool = True) -> bool:
         sent = True
         if split:
             outer = enclosing if enclosing is not None else clean_label(f"before {full}")
+            # inside a window, that window stays open around the new one: "continues" lets the tracer fold
+            # its slices before and after into one dump (tracer.model.slices)
             sent = _send_marker(outer, wait, stack[-2].label if len(stack) > 1 else None,
-                                began=stack[-1].began if stack else None)
+                                began=stack[-1].began if stack else None, continues=bool(stack))
         stack.append(_Window(full))
         return sent
     except Exception as exc:  # noqa: BLE001 - a marker must never break the training loop

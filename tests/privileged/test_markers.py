@@ -11,6 +11,7 @@ import pwd
 import re
 import signal
 import subprocess
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -201,6 +202,15 @@ def test_nested_epochs_and_checkpoints_with_the_real_tracer(make_loop, tmp_path)
         # the dumps say which window encloses them
         assert {d["enclosing"] for d in dumps if d["label"] == f"epoch {n} / checkpoint"} == {f"epoch {n}"}
         assert {d["enclosing"] for d in dumps if d["label"] == f"epoch {n}"} == {None}
+        # the epoch's slices before and after its checkpoint are one dump, handed on after the checkpoint's
+        # (tracer.model.slices); its time is its own, without the checkpoint's
+        labels = [d["label"] for d in dumps]
+        assert labels.count(f"epoch {n}") == 1, labels
+        assert labels.index(f"epoch {n}") == labels.index(f"epoch {n} / checkpoint") + 1, labels
+        whole = next(d for d in dumps if d["label"] == f"epoch {n}")
+        span = (datetime.fromisoformat(whole["end"]) - datetime.fromisoformat(whole["start"])).total_seconds()
+        inner = next(d for d in dumps if d["label"] == f"epoch {n} / checkpoint")["duration_s"]
+        assert whole["duration_s"] == pytest.approx(span - inner, abs=0.05), (whole["duration_s"], span, inner)
     # nothing of the loop's I/O was left for the windows around it
     for name in ("before epoch 1", None):
         rest = _bytes_by_op(windows.get(name, {"series": []}), loop.name)

@@ -1,5 +1,5 @@
 """Write-back under its writer: a block write the kernel's flusher issues for a file a traced process
-dirtied is that process's, in a row of its own marked write-back ("wb": true, "(wb)" in the table).
+dirtied is that process's, in a row of its own marked write-back ("wb": true; "write-back" in the table's OP column).
 
 Real processes (tests/wbload.py: buffered writes, no fsync, alive until the data is on disk), a real
 ext4 on a loop device, real BPF on both attach paths.  The data is handed to the flusher with
@@ -125,7 +125,7 @@ def test_command_checkpoint_without_fsync_is_its_write_back(ext4_mnt, tmp_path, 
     exact_bytes(wb_bytes(dumps, loop.name, pid), 64 * MIB, dumps, loop.name)
     assert wb_bytes(dumps, loop.name, pid, wb=False) < MIB, writes(dumps, loop.name, pid, wb=False)
     table = [line for line in r.stdout.splitlines() if line.split()[:1] == [str(pid)]]
-    assert any(f"{COMM} (wb)" in line and " write " in line for line in table), r.stdout
+    assert any(f" {COMM} " in line and " write-back " in line for line in table), r.stdout
 
 
 @bpf

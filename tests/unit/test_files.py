@@ -107,7 +107,7 @@ def row(path: str, disk: int, written: int = 0, pid: int = 1, cache: int | None 
                    written_bytes=written, requests=1, hist={60: 1})
 
 
-def test_top_n_by_bytes_from_disk_and_the_rest_summed():
+def test_top_n_by_bytes_moved_and_the_rest_summed():
     rows = [row(f"/f{i}", disk=i * 100, written=7) for i in range(6)]
     out = bounded(rows, 2)
     assert [r.path for r in out] == ["/f5", "/f4", OTHER]
@@ -116,6 +116,9 @@ def test_top_n_by_bytes_from_disk_and_the_rest_summed():
         4, 600, 28, 4, {60: 4})
     assert bounded(rows, 10) == sorted(rows, key=lambda r: -r.disk_read_bytes)     # nothing to sum
     assert bounded(rows, 0)[0].files == 6
+    # written bytes count as read ones: a checkpoint written once outranks a shard read from disk
+    mixed = [row("/shard", disk=300), row("/ckpt", disk=0, written=400), row("/log", disk=0, written=10)]
+    assert [r.path for r in bounded(mixed, 2)] == ["/ckpt", "/shard", OTHER]
 
 
 def test_unknown_cache_bytes_stay_unknown_when_rows_add_up():
@@ -153,3 +156,27 @@ def test_table_is_terminal_safe_and_says_what_it_cannot_know():
     assert "\x1b" not in text and "\\x1b[2J\\x0aname" in text
     assert "(10 other files)" in text and "CACHE n/a" in text
     assert len(text.strip().splitlines()) == 1 + 1 + 3 + 1 + 1
+
+
+def test_report_by_file_ranks_a_file_written_and_never_read_first(tmp_path):
+    """`report --by file` over saved dumps: the 68 MiB checkpoint the trainer wrote (not read) is the top row,
+    above every file read from disk, and its written bytes are shown; the rows of two dumps add up."""
+    from tracer.cli import report as cli_report
+
+    mib = 1 << 20
+    shards = [row(f"/data/shard-{i}", disk=(16 + i) * mib) for i in range(30)]
+    ckpt = [row("/ckpt/model.pt", disk=0, written=34 * mib, pid=7)]
+    path = tmp_path / "run.jsonl"
+    with open(path, "w") as f:
+        jsonl.write(f, dump(shards[:15] + ckpt))
+        jsonl.write(f, dump(shards[15:] + ckpt))
+    out = io.StringIO()
+    assert cli_report.run([str(path), "--by", "file", "--files", "3"], out) == 0
+    lines = out.getvalue().strip().splitlines()
+    assert "by bytes read from disk + written" in lines[0], lines
+    head = lines[1].split()
+    assert head[head.index("WRITTEN") - 2:head.index("WRITTEN") + 1] == ["DISK", "READ", "WRITTEN"], head
+    top = lines[2].split()
+    assert top[0] == "/ckpt/model.pt" and top[1] == "7" and top[4:6] == ["0B", "68.0MiB"], lines
+    assert [ln.split()[0] for ln in lines[3:5]] == ["/data/shard-29", "/data/shard-28"], lines
+    assert lines[5].startswith("(28 other files)"), lines

@@ -225,8 +225,8 @@ class _FakeTracer:
     def io(self, op: str, n: int) -> None:
         self.pending[op] += n
 
-    def send(self, label, path, wait=0.0, enclosing=None, loop=None, began=None, rank=None):
-        marker.decode_message(marker.encode(label, enclosing, loop, began))    # what is sent must be valid
+    def send(self, label, path, wait=0.0, enclosing=None, loop=None, began=None, rank=None, continues=False):
+        marker.decode_message(marker.encode(label, enclosing, loop, began, rank=rank, continues=continues))  # valid
         self.waits.append(wait)
         self.dumps.append({"label": label, "enclosing": enclosing, "loop": loop, "began": began, **self.pending})
         self.pending = {"read": 0, "write": 0}
@@ -362,9 +362,11 @@ def test_wire_carries_enclosing_and_loop_compatibly():
     data = marker.encode("epoch 2 / checkpoint", "epoch 2", loop)
     assert marker.decode(data) == "epoch 2 / checkpoint"          # what a label-only reader takes
     assert marker.decode_message(data) == {"label": "epoch 2 / checkpoint", "enclosing": "epoch 2", "loop": loop,
-                                           "began": None, "manual": False, "rank": None, "ignored": []}
+                                           "began": None, "manual": False, "rank": None, "continues": False,
+                                           "ignored": []}
     assert marker.decode_message(marker.encode("x")) == {"label": "x", "enclosing": None, "loop": None,
-                                                         "began": None, "manual": False, "rank": None, "ignored": []}
+                                                         "began": None, "manual": False, "rank": None,
+                                                         "continues": False, "ignored": []}
     # a bad optional field is left out, the marker still counts
     for bad in ({"data_wait_s": -1, "steps": 1, "wall_s": 1}, {"steps": 1}, [1, 2],
                 {"data_wait_s": 1e400, "steps": 1, "wall_s": 1}, {"data_wait_s": 1, "steps": 1.5, "wall_s": 1}):
@@ -379,7 +381,7 @@ def test_wire_carries_enclosing_and_loop_compatibly():
     data = marker.encode(long, long, loop)
     assert len(data) <= marker.MAX_DATAGRAM
     assert marker.decode_message(data) == {"label": long, "enclosing": None, "loop": loop, "began": None,
-                                           "manual": False, "rank": None, "ignored": []}
+                                           "manual": False, "rank": None, "continues": False, "ignored": []}
 
 
 def test_the_tracer_end_reads_enclosing_and_loop(tracer_end):

@@ -118,7 +118,9 @@ def reference_windows(dumps: list[Dump]) -> list[Window]:
     groups: dict = {}
     for d in dumps:
         groups.setdefault(d.label, []).append(d)
-    order = [k for k in groups if k is not None] + ([None] if None in groups else [])
+    # labelled windows in the order they began (a folded window follows its nested ones in a file), the rest last
+    order = sorted((k for k in groups if k is not None), key=lambda k: min(d.start for d in groups[k]))
+    order += [None] if None in groups else []
     out = [Window(k, len(groups[k]), reference_merge(groups[k], kind=groups[k][-1].kind, label=k)) for k in order]
     for w in out:
         if judged(w.merged):

@@ -1,8 +1,10 @@
 """Write-back rows on the Python side: the kernel's op bit (IOTRACE_OP_WB) becomes Series.wb, a row of its
-own through the merges, "wb": true in a dump's JSON line, "(wb)" in the tables.  No root, no BPF."""
+own through the merges, "wb": true in a dump's JSON line, "write-back" in the
+tables ("(wb)" with --hist).  No root, no BPF."""
 
 from __future__ import annotations
 
+import io
 from dataclasses import replace
 
 import numpy as np
@@ -86,14 +88,23 @@ def test_merges_keep_write_back_apart_except_per_device():
 
 
 def test_tables_mark_write_back_rows():
+    """Plain words by default (the OP cell says "write-back", the name is kept whole); --hist's "(wb)"."""
+    from tracer.views.words import JARGON
+
     wb = replace(series(7, "a-very-long-comm", "loop0", "write", [100_000]), wb=True)
     direct = series(7, "a-very-long-comm", "loop0", "write", [100_000])
-    assert report.series_row(wb, 1.0)[1] == "a-very-lon (wb)"
-    assert report.series_row(direct, 1.0)[1] == "a-very-long-com"
-    assert report.row_text(wb) == "a-very-long-comm (wb)  loop0  write"
+    assert report.series_row(wb, 1.0)[1:4] == ["a-very-long-com", "loop0", "write-back"]
+    assert report.series_row(direct, 1.0)[1:4] == ["a-very-long-com", "loop0", "write"]
+    assert report.series_row(wb, 1.0, JARGON)[1:4] == ["a-very-lon (wb)", "loop0", "write"]
+    assert report.row_text(wb) == "a-very-long-comm  loop0  write-back"
     d = dump(None, 0, 1, [wb, direct])
-    cells = sorted(r.cells()[1] for r in top.top_rows(d))
-    assert cells == ["a-very-lon (wb)", "a-very-long-com"]
+    cells = sorted(tuple(r.cells()[1:4:2]) for r in top.top_rows(d))
+    assert cells == [("a-very-long-com", "write"), ("a-very-long-com", "write-back")]
+    plain, hist = io.StringIO(), io.StringIO()
+    report.render_table(d, plain)
+    report.render_table(d, hist, hist=True)
+    assert " write-back " in plain.getvalue() and "(wb)" not in plain.getvalue()
+    assert "a-very-lon (wb)" in hist.getvalue() and "write-back" not in hist.getvalue()
 
 
 def test_the_perf_event_path_checks_the_writeback_events_in_their_own_category(monkeypatch):

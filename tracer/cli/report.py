@@ -24,7 +24,7 @@ examples:
   iotrace report run.jsonl                  the whole run: every dump merged
   iotrace report run.jsonl --by label       epochs side by side: count, MiB, p50, p99 per label
   iotrace report --follow run.jsonl         each dump as the tracer appends it (tail -f), until Ctrl-C
-  iotrace report run.jsonl --by file        the top files by bytes from disk, with their p99
+  iotrace report run.jsonl --by file        the top files by bytes read from disk + written
   iotrace report run.jsonl --json | jq .    the merged dump as one JSON line (--by label: one per window)
 
 With --by label, dumps that share a label are merged into one window, shown
@@ -48,7 +48,7 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
     p.add_argument("--hist", action="store_true", help="add a log2 latency bar chart per row")
     p.add_argument("--by", choices=("none", "label", "file"), default="none",
                    help="label: one window per dump label (epoch 1, epoch 2, ...), side by side; file: the "
-                        "whole run's files, top by bytes from disk")
+                        "whole run's files, top by bytes moved (read from disk + written)")
     p.add_argument("--files", type=at_least(0), default=20, metavar="N", dest="top_files",
                    help="with --by file: rows shown (default 20)")
     p.add_argument("--layout", choices=("auto", "wide", "long"), default="auto",

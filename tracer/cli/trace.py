@@ -65,7 +65,7 @@ coming from bcc and sysstat (what their flags are here):
   biolatency 1 10, iostat -x 1 10   iotrace 1 10       [interval [count]]; or -i SECONDS and -d SECONDS
   biolatency -d sda                 iotrace --dev sda  (here -d is the duration, in seconds)
   biolatency -D                     per disk already: every row is a process, a device and an op
-  biolatency -Q                     queue time is in already: total = queue (Q:) + device (D:)
+  biolatency -Q                     queue time is in already: total = queue + device (QUEUE, DEVICE)
   biolatency -F                     per op already: the OP column (read, write, flush, discard, other)
   biolatency -m                     units adapt per value (us, ms, s); --hist for log2 bars
   biotop -p PID, pidstat -d -p PID  iotrace -p PID (--pid; with the children it has and forks)
@@ -77,7 +77,8 @@ latency phases (blktrace's names in brackets):
   queue   request start to issue to the driver    (~Q2D)
   device  issue to completion                      (D2C)
   total   start to completion                      (~Q2C)
-The table shows total latency percentiles, and p50/p99 of queue (Q:) and device (D:).
+The table shows total latency percentiles, and p50/p99 of its queue and device parts
+(QUEUE p50 .. DEVICE p99; with --hist, blktrace's way: Q:p50 .. D:p99).
 """
 
 
@@ -167,8 +168,9 @@ def trace_parser() -> argparse.ArgumentParser:
                            "switch, ~0.2-0.3 us per buffered read batch, ~0.1 us per folio a miss adds, nothing "
                            "per system call")
     p.add_argument("--files", type=at_least(0), default=50, metavar="N",
-                   help="file rows kept in each dump (\"files\"): the top N files by bytes from disk, the rest "
-                        "summed into one \"(other files)\" row (default 50; the table at the end shows the top 10)")
+                   help="file rows kept in each dump (\"files\"): the top N files by bytes moved (read from "
+                        "disk + written), the rest summed into one \"(other files)\" row (default 50; the table "
+                        "at the end shows the top 10)")
     p.add_argument("--diskstats", action="store_true",
                    help="no BPF, no root: iostat's numbers per device from /proc/diskstats and bytes per "
                         "process from /proc/PID/io (your own processes only, unless root); no percentiles. "

@@ -16,6 +16,12 @@ back (`iotrace report`, diff, plot) through ``read``:
                                         "p99", "p99.9", "max"}},
                  "hdr": {phase: HdrHistogram compressed base64, values in ns}}]}
 
+"duration_s" is the window's own time: end - start, but less for a marker
+window folded around the windows nested in it (tracer.model.slices: its
+start and end span them, its time and rows do not); read back, a
+duration_s that is not end - start is the dump's own time.  Older files
+always hold end - start.
+
 Marker dumps also carry "enclosing": the label of the window the marker's
 stretch lay in (null at the top level, or from `iotrace mark`), and, when
 the marker closed a window the training loop was timed in, "loop":
@@ -45,9 +51,9 @@ had not written back when the trace stopped; 0: all of it is in the dumps),
 (--wb-wait 0))} (tracer.runtime.wbwait).
 
 Raw-tracepoint dumps carry "files": a row per file and process of the window,
-the top --files N by bytes from disk and one "(other files)" row summing the
-rest (tracer.model.files: "dev", "ino", "path", "pid", "comm", "container",
-"cache_read_bytes" (null where unmeasurable), "disk_read_bytes",
+the top --files N by bytes moved (read from disk + written) and one "(other
+files)" row summing the rest (tracer.model.files: "dev", "ino", "path",
+"pid", "comm", "container", "cache_read_bytes" (null where unmeasurable), "disk_read_bytes",
 "written_bytes", "requests", "p50_us", "p99_us", "hist", "files").
 Merging dumps adds them up per (file, pid).
 
@@ -150,7 +156,9 @@ def from_json(obj: dict) -> Dump:
 def _encode_dump(d: Dump) -> dict:
     obj = {
         "schema": SCHEMA, "kind": d.kind, "label": d.label,
-        "start": d.start.isoformat(), "end": d.end.isoformat(), "duration_s": round(d.duration_s, 6),
+        # the window's own time: end - start, but less for a window folded around nested ones (tracer.model.slices)
+        "start": d.start.isoformat(), "end": d.end.isoformat(),
+        "duration_s": round(duration_of(d) if d.folded else d.duration_s, 6),
         "host": d.host, "kernel": d.kernel, "dropped": d.dropped, "events": d.events,
     }
     write_sections(d, obj)
@@ -194,10 +202,14 @@ def _decode_series(s) -> Series:
 def _decode_dump(obj: dict) -> Dump:
     series = [_decode_series(s) for s in _list(obj["series"], "series")]
     sections, unknown = read_sections(obj, _DUMP_CORE)
+    start, end = _time(obj["start"], "start"), _time(obj["end"], "end")
+    own = None      # the window's own time when it is not end - start (older files: always end - start)
     if "duration_s" in obj:
-        _num(obj["duration_s"], "duration_s")
-    return Dump(kind=obj["kind"], label=_label(obj.get("label")), start=_time(obj["start"], "start"),
-                end=_time(obj["end"], "end"), host=_str(obj.get("host", ""), "host"),
+        seconds = _num(obj["duration_s"], "duration_s")
+        if abs(seconds - max((end - start).total_seconds(), 0.0)) > 2e-6:
+            own = seconds
+    return Dump(kind=obj["kind"], label=_label(obj.get("label")), start=start, window_s=own,
+                end=end, host=_str(obj.get("host", ""), "host"),
                 kernel=_str(obj.get("kernel", ""), "kernel"), series=series,
                 dropped=_counts(obj.get("dropped", {}), "dropped"), events=_counts(obj.get("events", {}), "events"),
                 unknown=unknown, **sections)

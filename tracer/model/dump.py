@@ -171,6 +171,9 @@ class Dump:
     # iostat -x rows of the same window (tracer.model.diskstats.IostatRow), sampled once by the pipeline
     # for --csv and --alert; not written to the file
     iostat: list | None = field(default=None, repr=False, compare=False)
+    # a marker window's slices around its nested windows merged (tracer.model.slices): its file line's
+    # duration_s is then its own time (window_s), not end - start
+    folded: bool = field(default=False, repr=False, compare=False)
 
     @property
     def duration_s(self) -> float:

@@ -10,7 +10,8 @@ requests' count and total-latency buckets (IOTRACE_FILE_HIST_SUB_BITS: 4 a
 power of two, so p50 and p99 are within 12.5%); O_DIRECT's bytes, counted as
 asked when it starts (no request of its is a file's: its pages are the
 process's memory), are in disk_read_bytes / written_bytes and direct_bytes.  A window keeps its top N
-rows by bytes from disk (then written, then read through the cache); the rest
+rows by bytes moved (read from disk + written, then read from disk, then read
+through the cache: rank()); the rest
 are summed into one "(other files)" row whose `files` says how many.
 
 The section is registered in tracer.model.sections' SECTIONS.
@@ -133,9 +134,15 @@ class FileRow:
         return FileRow(**{f.name: getattr(self, f.name) for f in fields(self)} | {"hist": dict(self.hist)})
 
 
+def moved(r: FileRow) -> int:
+    """The bytes a file's row moved to or from the disk: read from disk + written (write-back included)."""
+    return r.disk_read_bytes + r.written_bytes
+
+
 def rank(r: FileRow) -> tuple[int, int, int]:
-    """Bigger first: bytes from disk, then written, then read through the cache."""
-    return (r.disk_read_bytes, r.written_bytes, r.cache_read_bytes or 0)
+    """Bigger first: bytes moved (a checkpoint written and never read ranks as a shard read), then read from
+    disk, then read through the cache."""
+    return (moved(r), r.disk_read_bytes, r.cache_read_bytes or 0)
 
 
 def bounded(rows: list[FileRow], top: int) -> list[FileRow]:

@@ -156,8 +156,8 @@ def on_disks(rows: list, disks: list[int] | None, parts: dict[int, int] | None =
 
 
 def file_rows(raw_rows: list, top: int, cache: bool) -> list[FileRow]:
-    """The dump's "files" (tracer.sources.files.FileRaw rows): the top `top` by bytes from disk, the rest
-    summed; page-cache read bytes only where they were measured (`cache`)."""
+    """The dump's "files" (tracer.sources.files.FileRaw rows): the top `top` by bytes moved (read from disk +
+    written), the rest summed; page-cache read bytes only where they were measured (`cache`)."""
     rows = [FileRow(devices.devno(r.dev), r.ino, r.path, r.tgid, r.comm, "", r.cgroup,
                     r.cache_bytes if cache else None, r.disk_read_bytes, r.written_bytes, r.requests,
                     r.direct_bytes, dict(r.hist))

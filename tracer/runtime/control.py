@@ -76,6 +76,7 @@ class Marker:
     began: float | None = None      # when the sender's window opened (CLOCK_MONOTONIC s), if it said
     manual: bool = False            # sent by `iotrace mark` (a person), not a training loop
     rank: int | None = None         # the rank the sender said it is (tracer.marker.set_rank, $RANK)
+    continues: bool = False         # the window it closes stays open around a nested one (tracer.model.slices)
 
     def owner(self) -> Owner | None:
         """The training loop whose windows this marker closes (None: a person's `iotrace mark`, or no pid)."""
@@ -241,7 +242,7 @@ class ControlSocket:
                 self._complain(f"ignored a control message that could not be read ({type(exc).__name__})")
                 continue
             m = Marker(msg["label"], addr or None, msg["enclosing"], msg["loop"], _sender_pid(ancillary),
-                       msg["began"], msg["manual"], msg["rank"])
+                       msg["began"], msg["manual"], msg["rank"], msg["continues"])
             why = self.gate.refuses(m) if self.gate is not None else None
             if why:
                 self.gate.note(m, why)

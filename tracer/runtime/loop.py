@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tracer.model.slices import SliceFolder
 from tracer.runtime.child import KILL_GRACE_S, exit_status
 
 
@@ -179,17 +180,23 @@ class Live:
     after_exit: Any = None
     reason: str = ""
     end_at: float | None = None                    # the deadline (time.monotonic) the loop last had
+    slices: SliceFolder = field(default_factory=SliceFolder)     # a window's slices around nested ones, as one
+
+    def _hand_on(self, window: Any, continues: bool = False) -> None:
+        for d in self.slices.add(window, continues):
+            self.sinks.on_dump(d)
 
     def emit(self, kind: str, label: str | None = None) -> None:
-        self.sinks.on_dump(self.windows.build(self.windows.cut(), kind, label))
+        self._hand_on(self.windows.build(self.windows.cut(), kind, label))
 
     def take_markers(self) -> None:
-        """Each queued marker closes a window carrying its label, handed on at once."""
+        """Each queued marker closes a window carrying its label, handed on at once (a slice of a window
+        around a nested one: once the window ends, tracer.model.slices)."""
         for m in self.control.receive():
             cut = self.windows.cut()
             self.control.ack(m)      # the window is closed: the sender's next I/O falls in the next one
-            self.sinks.on_dump(self.windows.build(cut, "marker", m.label, m.sections(), began=m.began,
-                                                  manual=m.manual, owner=m.owner()))
+            self._hand_on(self.windows.build(cut, "marker", m.label, m.sections(), began=m.began,
+                                             manual=m.manual, owner=m.owner()), m.continues)
 
     def run(self) -> int:
         """Until the end; then the last markers and the final window.  Returns the command's exit status (or 0)."""
@@ -201,7 +208,9 @@ class Live:
         if self.after_exit is not None and self.reason in ("command", "pids"):
             sections = (self.after_exit.run(self.signals, self.end_at, on_report=lambda: self.emit("interval")),)
         if self.final:
-            self.sinks.on_dump(self.windows.build(self.windows.cut(final=True), "final", sections=sections))
+            self._hand_on(self.windows.build(self.windows.cut(final=True), "final", sections=sections))
+        for d in self.slices.flush():       # no final window (top, serve): the held ones still go on
+            self.sinks.on_dump(d)
         return status
 
     def _signal_tree(self, sig: int) -> None:

@@ -43,8 +43,13 @@ class TableSink:
         from tracer.model import dump as dumpmod
         from tracer.views.report import LabelWindows, render_table
 
-        render_table(window, self.out, hist=self.hist)
-        self.out.flush()
+        # the final window of a run with marker windows before it, when it holds nothing (the instant between
+        # the last marker and the exit): the whole run's table follows; an interval run's final is one of its
+        # `count` reports, always shown
+        marked = self.labels is not None and bool(self.labels.windows)
+        if not (marked and window.kind == "final" and not window.series and not window.lost):
+            render_table(window, self.out, hist=self.hist)
+            self.out.flush()
         if self.labels is None:
             self.labels = LabelWindows()
         self.labels.add(window)

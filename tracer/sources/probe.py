@@ -69,7 +69,7 @@ class ProbeOptions:
     series_entries: int | None = None
     attach: str = "auto"        # "raw_tp", "tracepoint", or "auto": raw_tp where the kernel's BTF allows
     files: bool = False         # per-file rows (bpf/files.bpf.h; raw path): trace mode's, not top's or serve's
-    files_top: int = 50         # --files: file rows kept per window (top by bytes from disk), the rest summed
+    files_top: int = 50         # --files: file rows kept per window (top by bytes moved), the rest summed
     writeback: bool = True      # write-back under its writer (IOTRACE_NO_WRITEBACK when off: the cost bench's)
 
 

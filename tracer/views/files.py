@@ -1,5 +1,6 @@
-"""The files table: a dump's "files" rows (tracer.model.files), top by bytes from disk, with p50/p99 of their
-requests.  Paths, comms and containers are untrusted text: shown through tracer.text.safe."""
+"""The files table: a dump's "files" rows (tracer.model.files), top by bytes moved (read from disk +
+written), with p50/p99 of their requests.  Paths, comms and containers are untrusted text: shown through
+tracer.text.safe."""
 
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ def render_files(d, out: TextIO, rows: int = DEFAULT_ROWS, title: str = "files")
         other.path = f"({other.files} other file{'s' if other.files != 1 else ''})"
         shown.append(other)
     out.write(f"\n{title}: top {min(rows, len(files))} of {len(files) + sum(r.files for r in others)} "
-              f"by bytes from disk\n")
-    out.write(f"{'FILE':<44} {'PID':>7} {'COMM':<15} {'CACHE':>9} {'DISK':>9} {'WRITTEN':>9} "
+              f"by bytes read from disk + written\n")
+    out.write(f"{'FILE':<44} {'PID':>7} {'COMM':<15} {'CACHE':>9} {'DISK READ':>9} {'WRITTEN':>9} "
               f"{'REQS':>6} {'P50':>8} {'P99':>8}\n")
     for r in shown:
         who = safe(r.comm) + (f" [{safe(r.container)}]" if r.container else "")

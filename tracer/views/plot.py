@@ -241,6 +241,7 @@ class _WaitWindows:
         from tracer.views.verdict import judge_dump
 
         merged = [(label, acc.result(kind=acc.kind, label=label)) for label, acc in self.labels.items()]
+        merged.sort(key=lambda lm: lm[1].start)     # in the order they began, as report --by label lists them
         return [(label, judge_dump(m)) for label, m in merged if judged(m)]
 
 

@@ -26,17 +26,21 @@ from tracer.model.sections import TaskRow, Tasks, VerdictSection
 from tracer.text import safe
 from tracer.units import fmt_latency, fmt_ns, fmt_size, mib
 from tracer.views.verdict import Verdict, judge_dump
+from tracer.views.words import PLAIN, Words, words_for
 
 BAR_WIDTH = 40
 
 
-COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<7"), ("COUNT", ">8"), ("IOPS", ">8"),
-           ("MiB/s", ">8"), ("AVGSZ", ">6"), ("p50", ">7"), ("p90", ">7"), ("p99", ">7"), ("p99.9", ">7"),
-           ("max", ">7"), ("Q:p50", ">7"), ("Q:p99", ">7"), ("D:p50", ">7"), ("D:p99", ">7"))
+def columns(words: Words = PLAIN) -> tuple[tuple[str, str], ...]:
+    """The table's (head, format) columns, in `words`' names (a plain OP cell may say "write-back")."""
+    split = tuple((h, f">{max(7, len(h))}") for h in words.split_heads)
+    return (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<7" if words.jargon else "<10"),
+            ("COUNT", ">8"), ("IOPS", ">8"), ("MiB/s", ">8"), ("AVGSZ", ">6"), ("p50", ">7"), ("p90", ">7"),
+            ("p99", ">7"), ("p99.9", ">7"), ("max", ">7"), *split)
 
 
-def _row(cells: list[str]) -> str:
-    return " ".join(f"{safe(c):{spec}}" for c, (_, spec) in zip(cells, COLUMNS, strict=True)).rstrip()
+def _row(cells: list[str], words: Words = PLAIN) -> str:
+    return " ".join(f"{safe(c):{spec}}" for c, (_, spec) in zip(cells, columns(words), strict=True)).rstrip()
 
 
 def lost_text(dropped: dict) -> str:
@@ -49,36 +53,24 @@ def _pct(s: Series, phase: str, key: str) -> str:
     return fmt_latency(st.summary_us().get(key)) if st and st.count else "-"
 
 
-WB_MARK = " (wb)"
-
-
-def comm_cell(comm: str, wb: bool, width: int = 15) -> str:
-    """A row's COMM cell, `width` wide at most: a write-back row (Series.wb) ends in " (wb)"."""
-    comm = safe(comm)
-    return f"{comm[:width - len(WB_MARK)]}{WB_MARK}" if wb else comm[:width]
-
-
-def series_row(s: Series, seconds: float) -> list[str]:
+def series_row(s: Series, seconds: float, words: Words = PLAIN) -> list[str]:
     rate = s.count / seconds if seconds > 0 else 0.0
     mbps = mib(s.bytes) / seconds if seconds > 0 else 0.0
     avg = fmt_size(s.bytes / s.count) if s.count and s.bytes else "-"
     total = [_pct(s, "total", k) for k in (*PCT_KEYS, "max")]
     split = [_pct(s, "queue", "p50"), _pct(s, "queue", "p99"), _pct(s, "device", "p50"), _pct(s, "device", "p99")]
-    return [str(s.pid), comm_cell(s.comm, s.wb), safe(s.device)[:9], s.op, str(s.count), f"{rate:.0f}",
+    comm, op = words.comm_op(s.comm, s.op, s.wb)
+    return [str(s.pid), comm, safe(s.device)[:9], op, str(s.count), f"{rate:.0f}",
             f"{mbps:.2f}", avg, *total, *split]
 
 
-def _coverage_line(d: Dump, out: TextIO) -> None:
+def _coverage_line(d: Dump, out: TextIO, words: Words = PLAIN) -> None:
     cov = d.coverage
     if cov is None or not cov.devices:
         return
-    parts = []
-    for name, c in cov.devices.items():
-        rec, ker = c.recorded, c.diskstats
-        pct = f" ({100 * rec / ker:.1f}%)" if ker else ""
-        parts.append(f"{safe(name)} {rec}/{ker}{pct}")
-    why = "; a pid or cgroup filter leaves the rest out" if cov.filtered else ""
-    out.write(f"coverage: requests recorded / completed per /proc/diskstats: {', '.join(parts)}{why}\n")
+    line = words.coverage([(name, c.recorded, c.diskstats) for name, c in cov.devices.items()], cov.filtered)
+    if line is not None:
+        out.write(line + "\n")
     missing = cov.unrecorded()
     # requests counted as dropped are missing for a known reason (the next line names it)
     if unexplained_loss(cov, d.dropped) and not cov.filtered and d.kind == "final":
@@ -86,11 +78,12 @@ def _coverage_line(d: Dump, out: TextIO) -> None:
                   + ", ".join(f"{safe(n)} {k}" for n, k in missing.items()) + " (see README, 'Coverage')\n")
 
 
-def _bio_line(d: Dump, out: TextIO) -> None:
+def _bio_line(d: Dump, out: TextIO, words: Words = PLAIN) -> None:
     bio = d.bio_devices.names if d.bio_devices is not None else ()
     if bio and any(s.device in bio for s in d.series):
+        split = "Q:/D:" if words.jargon else "queue/device"
         out.write(f"bio-based: {', '.join(map(safe, bio))} timed per bio, queue to completion "
-                  f"(total only, no Q:/D: split)\n")
+                  f"(total only, no {split} split)\n")
 
 
 def _start_line(d: Dump, out: TextIO) -> None:
@@ -110,13 +103,14 @@ def _before_attach_line(d: Dump, out: TextIO) -> None:
 
 
 def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = None) -> None:
+    words = words_for(hist)
     seconds = duration_of(d)
     label = window_label(d)
     head = safe(title or f"{d.kind}{' ' + repr(label) if label else ''}")
     # rates over the whole window, as iostat's are over its interval (the --csv row's iostat columns are
     # over this same window); a fio job's IOPS are over its own runtime, shorter when the window holds more
     out.write(f"\n{head}: {d.start:%H:%M:%S} - {d.end:%H:%M:%S} ({seconds:.1f}s), "
-              f"{len(d.series)} series; total latency (p50..max), Q = queue (~Q2D), D = device (D2C); "
+              f"{len(d.series)} series; {words.latency}; "
               f"IOPS, MiB/s over the window's {seconds:.1f}s\n")
     if not d.series:
         out.write("  no block I/O completed\n")
@@ -124,12 +118,13 @@ def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = N
         summarize(d.series)
         # last, and only when some row ran in a container: a host's table stays as it was
         ctr = any(s.container for s in d.series)
-        out.write(_row([name for name, _ in COLUMNS]) + ("  CONTAINER" if ctr else "") + "\n")
+        out.write(_row([name for name, _ in columns(words)], words) + ("  CONTAINER" if ctr else "") + "\n")
         for s in sorted(d.series, key=lambda s: (-s.count, s.pid, s.device, s.op)):
-            out.write(_row(series_row(s, seconds)) + (f"  {safe(s.container or '-')}" if ctr else "") + "\n")
-    _bio_line(d, out)
+            out.write(_row(series_row(s, seconds, words), words) + (f"  {safe(s.container or '-')}" if ctr else "")
+                      + "\n")
+    _bio_line(d, out, words)
     _tasks_line(d, out)
-    _coverage_line(d, out)
+    _coverage_line(d, out, words)
     _before_attach_line(d, out)
     _start_line(d, out)
     if any(d.dropped.values()):
@@ -200,8 +195,9 @@ def rows_of(series: Iterable[Series], per_pid: bool = False) -> dict[tuple, Seri
 
 
 def row_text(s: Series, per_pid: bool = False) -> str:
-    """A row's name as shown: [pid] comm  device  op (made safe)."""
-    return safe(f"{f'{s.pid} ' if per_pid else ''}{s.comm}{WB_MARK if s.wb else ''}  {s.device}  {s.op}")
+    """A row's name as shown: [pid] comm  device  op (made safe; a write-back row's op says so)."""
+    comm, op = PLAIN.comm_op(s.comm, s.op, s.wb, width=None)
+    return f"{f'{s.pid} ' if per_pid else ''}{comm}  {safe(s.device)}  {op}"
 
 
 def row_stats(s: Series | None, phase: str = "total") -> dict[str, float | None]:
@@ -245,8 +241,9 @@ class Window:
 
 
 def windows_by_label(dumps: Iterable[Dump]) -> list[Window]:
-    """One window per label in first-seen order; the unlabelled dumps (if any) last, as one.  A window is named
-    by window_label: with several training loops, each one's dumps of a label are a window of their own.
+    """One window per label in the order they began (a window folded around nested ones comes after them in a
+    file: tracer.model.slices); the unlabelled dumps (if any) last, as one.  A window is named by window_label:
+    with several training loops, each one's dumps of a label are a window of their own.
 
     `dumps` may be a reader's generator: each dump is merged into its label's
     window as it comes (tracer.model.dump.DumpMerger) and not kept.
@@ -260,6 +257,7 @@ def windows_by_label(dumps: Iterable[Dump]) -> list[Window]:
         acc.add(d)
     order = [k for k in groups if k is not None] + ([None] if None in groups else [])
     windows = [Window(k, groups[k].count, groups[k].result(kind=groups[k].kind or "final", label=k)) for k in order]
+    windows.sort(key=lambda w: (w.label is None, w.merged.start))
     for w in windows:
         if judged(w.merged):    # so that --json carries it too
             w.merged.verdict = VerdictSection(judge_dump(w.merged).to_json())
@@ -325,7 +323,7 @@ def render_windows(windows: list[Window], out: TextIO, layout: str = "auto", per
     render_waits([(w.name, w.merged) for w in shown], out)
 
 
-_KEY_COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<7"))
+_KEY_COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<10"))
 _GROUP_COLUMNS = (("p50", "p50", ">7"), ("p99", "p99", ">7"), ("COUNT", "count", ">7"), ("MiB", "MiB", ">7"))
 _GROUP_WIDTH = sum(int(spec[1:]) + 1 for _, _, spec in _GROUP_COLUMNS) - 1
 _GROUP_GAP = "  "
@@ -349,7 +347,8 @@ def _render_wide(windows: list[Window], table: list[list[Series | None]], out: T
     out.write(" ".join(f"{name:{spec}}" for name, spec in cols) + (_GROUP_GAP + group_head) * len(windows) + "\n")
     for cells in table:
         first = next(s for s in cells if s is not None)
-        key = [str(first.pid), safe(first.comm)[:15], safe(first.device)[:9], safe(first.op)][-len(cols):]
+        comm, op = PLAIN.comm_op(first.comm, first.op, first.wb)
+        key = [str(first.pid), comm, safe(first.device)[:9], op][-len(cols):]
         line = " ".join(f"{c:{spec}}" for c, (_, spec) in zip(key, cols, strict=True))
         for s in cells:
             stats = row_stats(s)
@@ -476,7 +475,8 @@ class LabelWindows:
     def render(self, out: TextIO) -> None:
         if not self.windows:
             return
-        render_waits(list(self.windows.items()), out)
+        # in the order they began: a window folded around nested ones closes after them
+        render_waits(sorted(self.windows.items(), key=lambda kv: kv[1].start), out)
         if self.folded:
             out.write(f"  ({len(self.folded)} window(s) had more than {self.MAX_ROWS} processes: their exited "
                       f"ones are summed per parent and name, each sum counted as one loader)\n")

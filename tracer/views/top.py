@@ -14,7 +14,7 @@ from tracer.text import safe
 from tracer.units import MIB
 
 SORTS = ("p99", "bytes", "iops")
-COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<7"), ("IOPS", ">8"), ("MiB/s", ">8"),
+COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<10"), ("IOPS", ">8"), ("MiB/s", ">8"),
            ("AVGSZ", ">6"), ("p50", ">7"), ("p90", ">7"), ("p99", ">7"), ("p99.9", ">7"), ("max", ">7"))
 HELP = "q quit  s sort"
 
@@ -30,14 +30,16 @@ class TopRow:
     bytes: int
     avg_size: float
     pct_us: dict        # p50, p90, p99, p99.9, max of the total phase; empty when it has none
-    wb: bool = False    # write-back charged to its dirtier (Series.wb): COMM ends in " (wb)"
+    wb: bool = False    # write-back charged to its dirtier (Series.wb): OP says "write-back" (tracer.views.words)
 
     def cells(self) -> list[str]:
         from tracer.units import fmt_latency, fmt_size
 
         lat = [fmt_latency(self.pct_us.get(k)) for k in ("p50", "p90", "p99", "p99.9", "max")]
-        comm = f"{safe(self.comm)[:10]} (wb)" if self.wb else safe(self.comm)[:15]
-        return [str(self.pid), comm, safe(self.device)[:9], safe(self.op), f"{self.iops:.0f}",
+        from tracer.views.words import PLAIN
+
+        comm, op = PLAIN.comm_op(self.comm, self.op, self.wb)
+        return [str(self.pid), comm, safe(self.device)[:9], op, f"{self.iops:.0f}",
                 f"{self.mbps:.2f}", fmt_size(self.avg_size) if self.avg_size else "-", *lat]
 
 
