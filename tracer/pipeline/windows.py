@@ -39,7 +39,7 @@ from tracer.model.diskstats import Diskstats, window
 from tracer.model.dump import Dump, duration_of
 from tracer.model.files import fill_containers
 from tracer.model.sections import BeforeAttach, BpfPrograms, Section, Tasks, TasksSources, TracedPids
-from tracer.pipeline.aggregate import Clock, build_dump
+from tracer.pipeline.aggregate import Clock, WindowNames, build_dump
 
 
 class DumpWindows:
@@ -61,6 +61,8 @@ class DumpWindows:
         self.first_ns: int | None = None    # when the first window began (CLOCK_MONOTONIC): the attach
         # --cgroup (its path as /proc/PID/cgroup names it): the kernel filters the requests, this the rows
         self.cgroup = CgroupRows(cgroup) if cgroup is not None else None
+        # the windows built so far: a later write-back names the one that dirtied its data by these
+        self.names = WindowNames()
 
     def start(self) -> None:
         """The diskstats baseline, when the first window begins."""
@@ -95,7 +97,8 @@ class DumpWindows:
         first = self.first_ns is None
         if first:
             self.first_ns = raw.start_ns
-        d = build_dump(raw, self.clock, kind, label=label, tasks=tasks, tasks_dropped=dropped)
+        d = build_dump(raw, self.clock, kind, label=label, tasks=tasks, tasks_dropped=dropped, windows=self.names)
+        self.names.add(raw.window, label, d.start)
         if tasks is not None:
             d.put(TasksSources.of(self.tasks.sources))
             if self.cgroup is not None:

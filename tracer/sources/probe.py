@@ -96,6 +96,7 @@ class RawInterval:
     files: list | None = None              # tracer.sources.files.FileRaw rows; None: no file rows on this path
     files_top: int = 0                     # rows kept of them (the rest summed)
     files_cache: bool = False              # page-cache read bytes measured (mm_filemap_get_pages present)
+    window: int = 0                        # this window's sequence number (MapDrain.window; 0: unknown)
 
 
 def tracefs() -> Path:
@@ -357,6 +358,7 @@ class Probe:
         `final`: the last one; it waits (up to LOST_MIN_AGE_NS) until requests
         left in flight on idle devices are old enough to be told lost.
         """
+        window = self.maps.window
         old, end = self.maps.flip()
         # after the grace period: the old generation's last completions are in the kernel's counters too
         diskstats_start, diskstats_end = self.ledger.diskstats_window()
@@ -372,6 +374,7 @@ class Probe:
             bio_devs=list(self.bio_devs), attach=self.attach,
             start_event=self.start_event, start_blind=list(self.start_blind),
             files=files, files_top=self._opts.files_top, files_cache=bool(self.files and self.files.cache),
+            window=window,
         )
         self._interval_start = end
         return raw
