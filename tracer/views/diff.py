@@ -204,6 +204,7 @@ def render_diff(a: Side, b: Side, out: TextIO, phase: str = "total") -> None:
     heads = ["COUNT", "MiB", *LATENCY_KEYS]
     if not (comp.matched or comp.only_a or comp.only_b):
         out.write("  no block I/O on either side\n")
+        _render_credited(a, b, out)     # a side's data may have been written back in another window
         return
     if comp.matched:
         out.write("\n" + _line("ROW", heads) + "\n")
