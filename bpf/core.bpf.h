@@ -573,7 +573,8 @@ static __always_inline void wb_charge(struct iotrace_slot *s, u32 tid)
 	s->tid = d->tid;
 	s->cgroup = d->cgroup;
 	__builtin_memcpy(s->comm, d->comm, sizeof(s->comm));
-	s->op |= IOTRACE_OP_WB;
+	/* and the window its data was dirtied in: its bytes are credited there (iotrace.h) */
+	s->op |= IOTRACE_OP_WB | (d->window << IOTRACE_OP_WINDOW_SHIFT);
 }
 
 /* Note who started the request (pid_tgid `id`) in its freshly claimed slot. */

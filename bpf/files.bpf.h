@@ -181,7 +181,7 @@ static __always_inline void file_request(u64 bio, const struct iotrace_slot *s, 
 	u64 vec = 0, page = 0, mapping = 0, inode = 0, size, ns;
 	struct iotrace_file_key k = {};
 	struct iotrace_file_val *v;
-	u32 op = s->op & ~IOTRACE_OP_WB;
+	u32 op = s->op & (IOTRACE_OP_WB - 1);	/* the code alone: no write-back mark, no window */
 	u64 b;
 
 	if ((op != IOTRACE_OP_READ && op != IOTRACE_OP_WRITE) || !s->done)

@@ -96,6 +96,15 @@ enum iotrace_op {
 /* or'ed into a slot's, series key's and histogram key's op: a request the kernel's flusher wrote
  * back for an inode a traced process dirtied, charged to that process (see struct iotrace_dirtier) */
 #define IOTRACE_OP_WB 0x80
+/*
+ * and, above the mark, on a write-back request: the window its data was dirtied in (struct
+ * iotrace_dirtier's `window`, IOTRACE_OP_WINDOW_BITS of it), so that its bytes are credited there.  The
+ * histogram key's op is a u8: it keeps the op and the mark only, a request's latency stays in the window
+ * it ran in.  An op's code and mark alone: op & IOTRACE_OP_CODE_MASK.
+ */
+#define IOTRACE_OP_WINDOW_SHIFT 8
+#define IOTRACE_OP_WINDOW_BITS 24
+#define IOTRACE_OP_CODE_MASK 0xFF
 
 /* The three latencies of a request, named after blktrace's intervals. */
 enum iotrace_phase {
@@ -392,8 +401,10 @@ struct iotrace_qdev {
  * hash of (bdi name, ino) on perf-event ones); flusher thread -> the
  * dirtier of the inode it is writing back (IOTRACE_WB_THREADS); a request
  * a thread in that state starts is the dirtier's, its op marked
- * IOTRACE_OP_WB.  An untraced dirtier removes the inode's entry: the last
- * dirtier wins.  fsync and sync_file_range write in the caller's context,
+ * IOTRACE_OP_WB and the window it dirtied the inode in (IOTRACE_OP_WINDOW_SHIFT).
+ * An untraced dirtier removes the inode's entry: the last dirtier, and its
+ * last window, win (an inode dirtied in two windows before its write-back is
+ * credited to the later one).  fsync and sync_file_range write in the caller's context,
  * outside that window: their requests stay the caller's.
  */
 struct iotrace_dirtier {
@@ -402,6 +413,8 @@ struct iotrace_dirtier {
 	u64 cgroup;
 	u64 ns;			/* when its comm and cgroup were read */
 	char comm[IOTRACE_COMM_LEN];
+	u32 window;		/* the window (wb_window) it last dirtied the inode in; 0: unknown */
+	u32 pad;
 };
 
 /* Bytes of an inode that a traced process dirtied and no write-back has written yet (writeback.bpf.h) */

@@ -422,7 +422,8 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 	}
 	s->dev = dev;
 	/* flushes are never merged: no bytes in all is no bytes at the start */
-	s->op = opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_RQ_CMD_FLAGS), s->done) | (s->op & IOTRACE_OP_WB);
+	/* the write-back mark and its dirtying window (wb_charge) stay: all above the op's code */
+	s->op = opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_RQ_CMD_FLAGS), s->done) | (s->op & ~(IOTRACE_OP_WB - 1));
 	record_once(s, now);
 #ifndef IOTRACE_NO_FILES
 	file_request(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_BIO), s, now);

@@ -7,7 +7,10 @@
  * (wb_inodes, wb_threads, wb_busy) and the request side (wb_writing,
  * wb_charge: a flusher's request is its inode's last traced dirtier's) are
  * in core.bpf.h; each path file includes this after it and wraps these in
- * its programs.
+ * its programs.  A dirtier carries the window it dirtied in (wb_window,
+ * which user space moves on at every window's cut with the generation): the
+ * request side puts it in the op's upper bits (IOTRACE_OP_WINDOW_SHIFT), so
+ * a later write-back's bytes are credited to the window that wrote them.
  *
  * Beside that, what the traced processes dirtied and the kernel has not
  * written back yet (wb_owed), for the run's end (tracer.sources.owed): the
@@ -24,6 +27,16 @@
  */
 #ifndef IOTRACE_WRITEBACK_BPF_H
 #define IOTRACE_WRITEBACK_BPF_H
+
+/* [0] -> u32: the sequence number of the window being recorded (1 the first; user space, MapDrain.flip) */
+BPF_ARRAY(wb_window, u32, 1);
+
+static __always_inline u32 wb_current_window(void)
+{
+	u32 zero = 0, *w = wb_window.lookup(&zero);
+
+	return w ? *w & ((1U << IOTRACE_OP_WINDOW_BITS) - 1) : 0;
+}
 
 /* inode key -> struct iotrace_owed: bytes a traced process dirtied there, not written back yet */
 BPF_TABLE("lru_hash", u64, struct iotrace_owed, wb_owed, IOTRACE_WB_INODES);
@@ -79,6 +92,7 @@ static __always_inline void wb_dirtied(u64 inode, u64 bytes)
 {
 	u64 id = bpf_get_current_pid_tgid(), now;
 	struct iotrace_dirtier nd = {}, *d;
+	u32 window;
 	struct iotrace_who *w;
 
 	/* a flusher dirtying as it writes back is no writer */
@@ -94,13 +108,15 @@ static __always_inline void wb_dirtied(u64 inode, u64 bytes)
 	}
 	wb_owe(inode, id >> 32, bytes);
 	now = bpf_ktime_get_ns();
+	window = wb_current_window();
 	d = wb_inodes.lookup(&inode);
-	/* the same writer lately: nothing new (a process dirties many folios in a row) */
-	if (d && d->tid == (u32)id && now - d->ns < IOTRACE_COMM_REUSE_NS)
+	/* the same writer lately, in the same window: nothing new (a process dirties many folios in a row) */
+	if (d && d->tid == (u32)id && d->window == window && now - d->ns < IOTRACE_COMM_REUSE_NS)
 		return;
 	nd.tgid = id >> 32;
 	nd.tid = (u32)id;
 	nd.ns = now;
+	nd.window = window;
 	w = who_is((u32)id, now);
 	if (w) {
 		nd.cgroup = w->cgroup;

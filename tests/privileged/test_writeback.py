@@ -24,6 +24,7 @@ from unit.test_core import start_tracer
 
 from tracer.sources.cgroups import cgroup2_mount
 from tracer.sources.probe import USER_DROPS
+from tracer.units import fmt_size
 
 WBLOAD = str(Path(__file__).resolve().parent.parent / "wbload.py")
 bpf = pytest.mark.bpf
@@ -211,3 +212,54 @@ def test_cgroup_filter_charges_write_back_to_the_container(ext4_mnt, tmp_path, c
     exact_bytes(wb_bytes(dumps, loop.name, inside.pid), 16 * MIB, dumps, loop.name)
     others = [s for d in dumps for s in series_of(d, device=loop.name) if s["tgid"] != inside.pid]
     assert sum(s["bytes"] for s in others) < MIB, others
+
+
+WBEPOCHS = str(Path(__file__).resolve().parent.parent / "wbepochs.py")
+
+
+@bpf
+@pytest.mark.parametrize("attach", ["raw_tp", "tracepoint"])
+def test_a_checkpoint_written_back_an_epoch_later_is_credited_to_the_epoch_that_wrote_it(ext4_mnt, tmp_path,
+                                                                                           attach):
+    """tests/wbepochs.py: "epoch 1" writes 32 MiB without fsync, "epoch 2" has the flusher write them back.
+    Epoch 2's dump holds the write-back row (its requests ran there) and says all of its bytes were dirtied
+    in epoch 1 (its window_seq and label); `report --by label` credits them to epoch 1, "written back during
+    epoch 2".  Tolerance: what the flusher wrote of the file before epoch 2 (none is expected: the dirty
+    expiry is 30 s) and the requests the kernel skipped showing (exact_bytes)."""
+    loop, mnt = ext4_mnt
+    target, out, pidfile = mnt / "ckpt", tmp_path / "out.jsonl", tmp_path / "pid"
+    r = run_iotrace(["--attach", attach, "--dev", loop.name, "-o", str(out), "--",
+                     PYTHON, WBEPOCHS, str(target), "32", str(pidfile)], timeout=120)
+    assert r.returncode == 0, r.stderr
+    pid = int(pidfile.read_text())
+    dumps = read_dumps(out)
+    by_label = {d["label"]: d for d in dumps if d["kind"] == "marker"}
+    assert {"epoch 1", "epoch 2"} <= set(by_label), [d["label"] for d in dumps]
+    seqs = [d["window_seq"] for d in dumps]
+    assert seqs == list(range(1, len(dumps) + 1)), seqs
+    for d in dumps:
+        nothing_lost(d)
+    epoch1, epoch2 = by_label["epoch 1"], by_label["epoch 2"]
+    rows = [s for s in series_of(epoch2, device=loop.name, op="write") if s.get("wb")]
+    assert len(rows) == 1 and rows[0]["comm"] == COMM and rows[0]["tgid"] == pid, rows
+    row = rows[0]
+    credited = [e for e in row["dirtied"] if e["window_seq"] == epoch1["window_seq"]]
+    assert len(credited) == 1 and credited[0]["label"] == "epoch 1", row["dirtied"]
+    assert credited[0]["start"] == epoch1["start"], (credited, epoch1["start"])
+    # the dirtied entries add up to the row, and epoch 1's are the file's 32 MiB
+    assert sum(e["bytes"] for e in row["dirtied"]) == row["bytes"]
+    assert sum(e["count"] for e in row["dirtied"]) == row["count"]
+    early = sum(s["bytes"] for d in dumps if d is not epoch2 for s in series_of(d, device=loop.name, op="write")
+                if s.get("wb"))
+    assert early == 0, early
+    exact_bytes(credited[0]["bytes"], 32 * MIB, dumps, loop.name)
+    # the table of epoch 2 says whose window the bytes were
+    assert "of 'epoch 1'" in r.stdout, r.stdout
+    rep = run_iotrace(["report", str(out), "--by", "label"], timeout=60)
+    assert rep.returncode == 0, rep.stderr
+    line = [ln for ln in rep.stdout.splitlines() if ln.strip().startswith(f"epoch 1 / {COMM}:")]
+    assert len(line) == 1 and "written back during epoch 2" in line[0], rep.stdout
+    # a process's line adds up its write-back of every op (ext4 may read a bitmap block as it allocates)
+    of_epoch1 = [e for s in epoch2["series"] if s.get("wb") for e in s["dirtied"] if e["label"] == "epoch 1"]
+    want = f": {fmt_size(sum(e['bytes'] for e in of_epoch1))} ({sum(e['count'] for e in of_epoch1)} requests),"
+    assert want in line[0], (line, want)

@@ -80,6 +80,13 @@ class FakeLib:
         return 0
 
 
+class FakeCell(dict):
+    """An array map written as bcc's are (ctypes index and value): {index: value} as ints."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key.value, value.value)
+
+
 class FakeObject:
     """A BpfObject's face to the drain: maps by name, libbcc, the config map."""
 
@@ -92,6 +99,7 @@ class FakeObject:
                        "series_cells": FakeArray("series_cells", 6, SCELL, 2 * NCPU * SERIES_CELLS)}
         self.lib = FakeLib({t.map_fd: t for t in self.tables.values()})
         self.config = types.SimpleNamespace(gen=0)
+        self.tables["wb_window"] = FakeCell()
 
     def __getitem__(self, name):
         return self.tables[name]
@@ -125,6 +133,21 @@ def test_flip_alternates_the_generation_and_waits_the_grace(monkeypatch):
     seen = []
     d.flip(lambda: seen.append((obj.config.gen, len(slept))))
     assert seen == [(1, 2)] and len(slept) == 3
+
+
+def test_each_flip_moves_the_write_back_programs_to_the_next_window(monkeypatch):
+    monkeypatch.setattr(drainmod.time, "sleep", lambda s: None)
+    obj = FakeObject()
+    d = MapDrain(obj, NCPU)
+    window = obj["wb_window"]
+    assert d.window == 1 and window == {0: 1}
+    for want in (2, 3):
+        d.flip()
+        assert d.window == want and window == {0: want}
+    # the programs see the low IOTRACE_OP_WINDOW_BITS of it
+    d.window = drainmod.WINDOW_MASK
+    d.flip()
+    assert d.window == drainmod.WINDOW_MASK + 1 and window == {0: 0}
 
 
 def test_a_hash_handed_out_a_few_at_a_time_is_drained_whole_into_the_reused_buffers():

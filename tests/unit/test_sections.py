@@ -73,6 +73,11 @@ TABLE = {
     "alerts": ([{"rule": "p99>1ms", "metric": "total.p99", "device": "sda", "op": "read", "value": 1500.0,
                  "threshold": 1000.0, "unit": "us"}], [], None),
     "verdict": ({"state": "I/O-bound", "line": "I/O-bound: ..."}, {"state": "no verdict", "line": "..."}, None),
+    "window_seq": (2, 3, None),     # a merge of windows is none of them
+    "written_back": ([{"comm": "python", "written_in": "epoch 3", "count": 28, "bytes": 1 << 25,
+                       "start": "2026-01-01T08:00:00+00:00", "end": "2026-01-01T08:00:01+00:00"}],
+                     [{"comm": "python", "written_in": None, "count": 1, "bytes": 4096,
+                       "start": "2026-01-01T08:00:00+00:00", "end": "2026-01-01T08:00:01+00:00"}], None),
 }
 
 # key: values a hand-edited line may hold that its section refuses (ValueError: that line's error)
@@ -98,6 +103,9 @@ BAD = {
                           {"bytes": 1, "waited_s": -2, "ended": "bound"}, {"bytes": 1, "waited_s": 0, "ended": "soon"}],
     "alerts": [{}, [3]],
     "verdict": [[], "I/O-bound"],
+    "window_seq": [-1, "2", 1.5, None],
+    "written_back": [{}, [3], [{"comm": 3}], [{"comm": "python", "written_in": None, "count": -1, "bytes": 0,
+                                             "start": "", "end": ""}]],
 }
 
 
@@ -193,7 +201,8 @@ def test_mains_files_read_and_write_back_byte_for_byte(name):
 
 
 # sections added after main's df49ae4 (its files have none: they read as absent)
-NEWER = {"files", "tasks_sources", "before_attach", "unavailable", "unwritten_at_exit", "owner"}
+NEWER = {"files", "tasks_sources", "before_attach", "unavailable", "unwritten_at_exit", "owner", "window_seq",
+         "written_back"}
 
 
 def test_mains_file_has_every_section():

@@ -14,7 +14,16 @@ back (`iotrace report`, diff, plot) through ``read``:
                  "container", "count", "bytes",
                  "latency_us": {phase: {"count", "min", "mean", "p50", "p90",
                                         "p99", "p99.9", "max"}},
-                 "hdr": {phase: HdrHistogram compressed base64, values in ns}}]}
+                 "hdr": {phase: HdrHistogram compressed base64, values in ns},
+                 "wb": true (a write-back row; absent otherwise),
+                 "dirtied": [{"window_seq", "label", "start", "count", "bytes"}]}]}
+
+A write-back row's "dirtied" splits its requests and bytes by the window
+their data was dirtied in (its "window_seq", label and start): the bytes are
+credited there, written back during this dump's window; the row's latencies
+are this window's (absent in files of an older iotrace: nothing is split).
+Trace-mode dumps carry "window_seq", the window's number in its run (1 the
+first), which those entries name.
 
 "duration_s" is the window's own time: end - start, but less for a marker
 window folded around the windows nested in it (tracer.model.slices: its
@@ -61,8 +70,9 @@ Merging dumps adds them up per (file, pid).
   nanoseconds (tracer.codec.hdr).
 
   Beside these core keys a line holds the dump's sections (attach,
-  start_event, coverage, bio_devices, tasks, tasks_sources, files, enclosing, loop, sender_pid,
-  before_attach, bpf_programs, traced_pids, unwritten_at_exit, alerts, verdict): each is a class in
+  start_event, coverage, bio_devices, tasks, tasks_sources, unavailable, files, enclosing, loop, sender_pid,
+  owner, before_attach, bpf_programs, traced_pids, unwritten_at_exit, alerts, verdict, window_seq,
+  written_back): each is a class in
   tracer.model.sections with its own from_json / to_json, walked here
   through SECTIONS.  Keys no section claims (a newer iotrace's) are kept on
   the dump (Dump.unknown) and written back as they were; merges leave them out.
@@ -96,7 +106,7 @@ from datetime import datetime
 from tracer.codec import hdr
 from tracer.errors import UserError
 from tracer.model.diskstats import IOSTAT_COLUMNS, DiskRow, Diskstats, ProcBytes
-from tracer.model.dump import Dump, PhaseStats, Series, duration_of, summarize
+from tracer.model.dump import Dirtied, Dump, PhaseStats, Series, duration_of, summarize
 from tracer.model.histogram import Histogram
 from tracer.model.jsoncheck import array as _list
 from tracer.model.jsoncheck import boolean as _bool
@@ -174,8 +184,22 @@ def _encode_dump(d: Dump) -> dict:
             "latency_us": summaries,
             "hdr": {name: next(hdrs) for name, st in s.phases.items() if st.count},
             **({"wb": True} if s.wb else {}),
+            **({"dirtied": [_encode_dirtied(e) for e in s.dirtied]} if s.dirtied else {}),
         })
     return obj
+
+
+def _encode_dirtied(e: Dirtied) -> dict:
+    return {"window_seq": e.window, "label": e.label, "start": e.start.isoformat() if e.start else None,
+            "count": e.count, "bytes": e.bytes}
+
+
+def _decode_dirtied(v) -> Dirtied:
+    v = _obj(v, "a dirtied entry")
+    start = v.get("start")
+    return Dirtied(_int(v["window_seq"], "dirtied.window_seq"), _label(v.get("label")),
+                   None if start is None else _time(start, "dirtied.start"), _int(v["count"], "dirtied.count"),
+                   _int(v["bytes"], "dirtied.bytes"))
 
 
 def _phase_from_json(summary: dict, text: str | None) -> PhaseStats:
@@ -196,7 +220,8 @@ def _decode_series(s) -> Series:
                   _str(s["devno"], "devno"), _str(s["op"], "op"), _int(s["count"], "count"),
                   _int(s["bytes"], "bytes"), phases, _int(s.get("tgid", 0), "tgid"),
                   _int(s.get("cgroup_id", 0), "cgroup_id"), _str(s.get("container") or "", "container"),
-                  _bool(s.get("wb", False), "wb"))
+                  _bool(s.get("wb", False), "wb"),
+                  tuple(_decode_dirtied(e) for e in _list(s.get("dirtied", []), "dirtied")))
 
 
 def _decode_dump(obj: dict) -> Dump:

@@ -32,6 +32,7 @@ from tracer.model.sections import (
     BpfPrograms,
     Coverage,
     CoverageMerger,
+    Credit,
     Enclosing,
     Loop,
     Merger,
@@ -47,6 +48,8 @@ from tracer.model.sections import (
     Unavailable,
     UnwrittenAtExit,
     VerdictSection,
+    WindowSeq,
+    WrittenBack,
 )
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
@@ -98,6 +101,33 @@ class PhaseStats:
         return out
 
 
+@dataclass(frozen=True)
+class Dirtied:
+    """Of a write-back row's requests, those whose data was dirtied in one window (the dirtier's last window on
+    that file before the write-back, bpf/writeback.bpf.h): its bytes are credited to that window, as "written
+    back later"; the requests' latencies stay in the row, in the window where they ran."""
+
+    window: int                 # the dirtying window's sequence number in its run (WindowSeq); 0: unknown
+    label: str | None           # that window's label (None: unlabelled, or no longer known)
+    start: datetime | None      # when that window began (None: not known)
+    count: int
+    bytes: int
+
+    @property
+    def key(self) -> tuple:
+        return (self.window, self.label, self.start)
+
+
+def merge_dirtied(*parts: Iterable[Dirtied]) -> tuple[Dirtied, ...]:
+    """Dirtied entries added up per dirtying window, first-seen order."""
+    acc: dict[tuple, Dirtied] = {}
+    for part in parts:
+        for e in part:
+            old = acc.get(e.key)
+            acc[e.key] = e if old is None else replace(old, count=old.count + e.count, bytes=old.bytes + e.bytes)
+    return tuple(acc.values())
+
+
 @dataclass
 class Series:
     """One row: a process's requests of one op on one device."""
@@ -116,6 +146,8 @@ class Series:
     # write-back: requests the kernel's flusher wrote for files this process dirtied (charged to it),
     # a row of its own beside the process's direct I/O of the same op
     wb: bool = False
+    # of a write-back row: its requests and bytes by the window their data was dirtied in; () when not known
+    dirtied: tuple[Dirtied, ...] = ()
 
     @property
     def key(self) -> tuple[int, str, str, bool]:
@@ -128,7 +160,7 @@ class Series:
         return Series(self.pid, other.comm or self.comm, other.device, self.devno, self.op,
                       self.count + other.count, self.bytes + other.bytes, phases,
                       other.tgid or self.tgid, other.cgroup_id or self.cgroup_id, other.container or self.container,
-                      self.wb)
+                      self.wb, merge_dirtied(self.dirtied, other.dirtied))
 
 
 # slots: a long run holds a Dump per label window (views.report.LabelWindows); weakref: tests watch them go
@@ -166,6 +198,8 @@ class Dump:
     unwritten_at_exit: UnwrittenAtExit | None = None
     alerts: Alerts | None = None
     verdict: VerdictSection | None = None
+    window_seq: WindowSeq | None = None
+    written_back: WrittenBack | None = None
     # a line's keys no section claims (a newer iotrace's): kept, written back with this dump, not merged
     unknown: dict = field(default_factory=dict)
     # iostat -x rows of the same window (tracer.model.diskstats.IostatRow), sampled once by the pipeline
@@ -263,16 +297,20 @@ class _PhaseAcc:
 class _SeriesAcc:
     """Series.merge over a sequence of rows with one key, without building a Series at every step."""
 
-    __slots__ = ("bytes", "cgroup_id", "comm", "container", "count", "device", "first", "n", "phases", "tgid")
+    __slots__ = ("bytes", "cgroup_id", "comm", "container", "count", "device", "dirtied", "first", "n", "phases",
+                 "tgid")
 
     def __init__(self, s: Series) -> None:
         self.first, self.n = s, 1
         self.comm, self.device, self.count, self.bytes = s.comm, s.device, s.count, s.bytes
         self.tgid, self.cgroup_id, self.container = s.tgid, s.cgroup_id, s.container
         self.phases = {name: _PhaseAcc(st) for name, st in s.phases.items()}
+        self.dirtied = s.dirtied
 
     def add(self, s: Series) -> None:
         self.n += 1
+        if s.dirtied:
+            self.dirtied = merge_dirtied(self.dirtied, s.dirtied)
         self.comm, self.device = s.comm or self.comm, s.device
         self.count, self.bytes = self.count + s.count, self.bytes + s.bytes
         self.tgid, self.cgroup_id = s.tgid or self.tgid, s.cgroup_id or self.cgroup_id
@@ -290,7 +328,7 @@ class _SeriesAcc:
         f = self.first
         return Series(f.pid, self.comm, self.device, f.devno, f.op, self.count, self.bytes,
                       {name: acc.result() for name, acc in self.phases.items()}, self.tgid, self.cgroup_id,
-                      self.container, f.wb)
+                      self.container, f.wb, self.dirtied)
 
 
 class SeriesMerger:
@@ -395,6 +433,39 @@ class DumpMerger:
         if self.whole:
             merged.owner = None
         return merged
+
+
+class WritebackCredit:
+    """Write-back bytes credited to the window (label) that dirtied the data, from dumps as they come: for
+    every write-back row's Dirtied entry, (dirtying label, process, label of the dump it was written back in)
+    -> requests, bytes, and the first and last such dump's edges.  Bounded: past MAX keys, new ones are
+    counted in `skipped`, not kept."""
+
+    MAX = 10000
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str | None, str, str | None], list] = {}
+        self.skipped = 0
+
+    def add(self, d: Dump) -> None:
+        for s in d.series:
+            for e in s.dirtied:
+                key = (e.label, s.comm, d.label)
+                acc = self.rows.get(key)
+                if acc is None:
+                    if len(self.rows) >= self.MAX:
+                        self.skipped += 1
+                        continue
+                    acc = self.rows[key] = [0, 0, d.start, d.end]
+                acc[0] += e.count
+                acc[1] += e.bytes
+                acc[2], acc[3] = min(acc[2], d.start), max(acc[3], d.end)
+
+    def of(self, label: str | None) -> WrittenBack:
+        """The write-back of data dirtied in windows labelled `label`, most bytes first."""
+        credits = [Credit(comm, written, n, b, start.isoformat(), end.isoformat())
+                   for (dirtied, comm, written), (n, b, start, end) in self.rows.items() if dirtied == label]
+        return WrittenBack(tuple(sorted(credits, key=lambda c: (-c.bytes, c.comm, str(c.written_in)))))
 
 
 def merge_tasks(parts: list[list[TaskRow]]) -> list[TaskRow]:

@@ -630,6 +630,63 @@ class UnwrittenAtExit(Section):
         return {"bytes": self.bytes, "waited_s": round(self.waited_s, 3), "ended": self.ended}
 
 
+@dataclass(frozen=True)
+class WindowSeq(Section):
+    """The window's sequence number in its run (1 the first; the BPF side's wb_window): what a later window's
+    write-back names it by (tracer.model.dump.Dirtied).  A merge of windows has none."""
+
+    key: ClassVar[str] = "window_seq"
+    seq: int
+
+    @classmethod
+    def from_json(cls, v) -> WindowSeq:
+        return cls(whole(v, "window_seq"))
+
+    def to_json(self) -> int:
+        return self.seq
+
+
+@dataclass(frozen=True)
+class Credit:
+    """Write-back of data a window dirtied, by one process (`comm`) and the window it was written back in
+    (`written_in`, its label; None: unlabelled), from `start` to `end` (ISO 8601: the first and last such
+    windows' edges)."""
+
+    comm: str
+    written_in: str | None
+    count: int
+    bytes: int
+    start: str
+    end: str
+
+
+@dataclass(frozen=True)
+class WrittenBack(Section):
+    """A labelled window's write-back credit (`iotrace report --by label`'s merged windows): the bytes its
+    processes dirtied, by the window that wrote them back (the same one, or a later one), from the write-back
+    rows' Dirtied entries of every dump read.  Bytes only: the requests' latencies are those of the window
+    they ran in.  A merge has none (it is made from all the dumps, not merged)."""
+
+    key: ClassVar[str] = "written_back"
+    credits: tuple[Credit, ...] = ()
+
+    @classmethod
+    def from_json(cls, v) -> WrittenBack:
+        out = []
+        for i, c in enumerate(array(v, "written_back")):
+            c = obj(c, f"written_back[{i}]")
+            w = c.get("written_in")
+            out.append(Credit(text(c["comm"], "written_back.comm"),
+                              None if w is None else text(w, "written_back.written_in"),
+                              whole(c["count"], "written_back.count"), whole(c["bytes"], "written_back.bytes"),
+                              text(c["start"], "written_back.start"), text(c["end"], "written_back.end")))
+        return cls(tuple(out))
+
+    def to_json(self) -> list:
+        return [{"comm": c.comm, "written_in": c.written_in, "count": c.count, "bytes": c.bytes,
+                 "start": c.start, "end": c.end} for c in self.credits]
+
+
 @dataclass
 class Alerts(Section):
     """The --alert rules a window crossed (tracer.pipeline.alerts.Alert.to_json each)."""
@@ -665,7 +722,7 @@ SECTIONS: tuple[type[Section], ...] = (Attach, StartEvent, Coverage, BioDevices,
                                        Files,
                                        Enclosing, Loop, SenderPid, Owner, BeforeAttach, BpfPrograms, TracedPids,
                                        UnwrittenAtExit, Alerts,
-                                       VerdictSection)
+                                       VerdictSection, WindowSeq, WrittenBack)
 BY_KEY: dict[str, type[Section]] = {cls.key: cls for cls in SECTIONS}
 
 

@@ -12,10 +12,19 @@ from datetime import UTC, datetime
 import numpy as np
 
 from tracer import contract
-from tracer.model.dump import Dump, PhaseStats, Series
+from tracer.model.dump import Dirtied, Dump, PhaseStats, Series, merge_dirtied
 from tracer.model.files import FileRow, Files, bounded
 from tracer.model.histogram import Histogram
-from tracer.model.sections import Attach, BioDevices, Coverage, DeviceCoverage, StartEvent, TaskRow, Tasks
+from tracer.model.sections import (
+    Attach,
+    BioDevices,
+    Coverage,
+    DeviceCoverage,
+    StartEvent,
+    TaskRow,
+    Tasks,
+    WindowSeq,
+)
 from tracer.sources import devices
 
 
@@ -58,12 +67,61 @@ def _group_hists(keys: np.ndarray, counts: np.ndarray) -> dict[tuple[int, int, i
                                                    np.split(sums, starts[1:]), strict=True)}
 
 
+class WindowNames:
+    """The windows of a run so far by sequence number (WindowSeq): the label and start of the last MAX, so that
+    a later window's write-back names the window that dirtied its data (an older one: by number alone)."""
+
+    MAX = 4096
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[str | None, datetime]] = {}
+
+    def add(self, seq: int, label: str | None, start: datetime) -> None:
+        if not seq:
+            return
+        self.known[seq] = (label, start)
+        if len(self.known) > self.MAX:
+            del self.known[next(iter(self.known))]     # insertion order: the oldest
+
+    def get(self, seq: int) -> tuple[str | None, datetime | None]:
+        return self.known.get(seq, (None, None))
+
+
+def full_window(current: int, low: int, bits: int) -> int:
+    """The sequence number of the window a write-back request names by its low `bits` (`low`), seen in window
+    `current`: the latest one not after it (0, or `current` unknown: `low` as it is)."""
+    if not low or not current:
+        return low
+    return current - ((current - low) & ((1 << bits) - 1))
+
+
+def _fold_rows(cols: dict, rows: list[int], nphases: int) -> dict:
+    """The kernel's series rows of one (pid, dev, op) (one per dirtying window, for write-back) as one:
+    counts and sums added, min of the minima seen (0: none), max of the maxima; identity of the largest."""
+    if len(rows) == 1:
+        i = rows[0]
+        return {name: cols[name][i] for name in cols}
+    out = {"count": sum(cols["count"][i] for i in rows), "bytes": sum(cols["bytes"][i] for i in rows)}
+    for name in ("phase_count", "sum_ns", "max_ns"):
+        pick = max if name == "max_ns" else sum
+        out[name] = [pick(cols[name][i][p] for i in rows) for p in range(nphases)]
+    out["min_ns"] = [min((cols["min_ns"][i][p] for i in rows if cols["min_ns"][i][p]), default=0)
+                     for p in range(nphases)]
+    main = max(rows, key=lambda i: cols["count"][i])
+    out["tgid"], out["cgroup"] = cols["tgid"][main], cols["cgroup"][main]
+    out["main"] = main
+    return out
+
+
 def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: list | None = None,
-               tasks_dropped: dict[str, int] | None = None) -> Dump:
+               tasks_dropped: dict[str, int] | None = None, windows: WindowNames | None = None) -> Dump:
     """A Dump from a probe.RawInterval; with `tasks` (tracer.sources.tasks.TaskRaw rows of the same window)
-    it carries "tasks", and `tasks_dropped`'s non-zero counts join its dropped events."""
+    it carries "tasks", and `tasks_dropped`'s non-zero counts join its dropped events.  A write-back row's
+    requests come from the kernel split by the window their data was dirtied in (IOTRACE_OP_WINDOW_SHIFT):
+    one row, its latencies this window's, its bytes split in Series.dirtied (named through `windows`)."""
     con = contract.load()
     ops, phases, wb_bit = con.ops, con.phases, con.const("OP_WB")
+    shift, bits, code_mask = con.const("OP_WINDOW_SHIFT"), con.const("OP_WINDOW_BITS"), con.const("OP_CODE_MASK")
     hists = _group_hists(raw.hist_keys, raw.hist_counts)
     names: dict[int, str] = {}
     series = []
@@ -72,20 +130,34 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: li
     cols = {name: v[name].tolist() for name in ("count", "bytes", "tgid", "cgroup",
                                                  "phase_count", "sum_ns", "min_ns", "max_ns")}
     comms = [bytes(c).split(b"\0", 1)[0].decode(errors="replace") for c in v["comm"]]
-    for i, (pid, dev, op) in enumerate(zip(k["pid"].tolist(), k["dev"].tolist(), k["op"].tolist(), strict=True)):
+    full_ops = k["op"].tolist()
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    for i, (pid, dev, op) in enumerate(zip(k["pid"].tolist(), k["dev"].tolist(), full_ops, strict=True)):
+        groups.setdefault((pid, dev, op & code_mask), []).append(i)
+    here = raw.window
+    for (pid, dev, op), rows in groups.items():
         if dev not in names:
             names[dev] = devices.name_of(dev)
+        row = _fold_rows(cols, rows, len(phases))
         stats = {}
         for p, pname in enumerate(phases):
-            if not cols["phase_count"][i][p]:
+            if not row["phase_count"][p]:
                 continue
-            stats[pname] = PhaseStats(hists.get((pid, dev, op, p), Histogram.empty()), float(cols["sum_ns"][i][p]),
-                                      cols["min_ns"][i][p], cols["max_ns"][i][p])
-        code = op & ~wb_bit     # the op, without the write-back mark
+            stats[pname] = PhaseStats(hists.get((pid, dev, op, p), Histogram.empty()), float(row["sum_ns"][p]),
+                                      row["min_ns"][p], row["max_ns"][p])
+        dirtied = []
+        if op & wb_bit:
+            for i in rows:
+                seq = full_window(here, full_ops[i] >> shift, bits)
+                name, began = ((label, clock.wall(raw.start_ns)) if seq == here and seq
+                               else windows.get(seq) if windows is not None else (None, None))
+                dirtied.append(Dirtied(seq, name, began, cols["count"][i], cols["bytes"][i]))
+        code = op & (wb_bit - 1)     # the op, without the write-back mark
         series.append(Series(
-            pid=pid, comm=comms[i], device=names[dev], devno=devices.devno(dev),
-            op=ops[code] if code < len(ops) else str(code), count=cols["count"][i], bytes=cols["bytes"][i],
-            phases=stats, tgid=cols["tgid"][i], cgroup_id=cols["cgroup"][i], wb=bool(op & wb_bit)))
+            pid=pid, comm=comms[row.get("main", rows[0])], device=names[dev], devno=devices.devno(dev),
+            op=ops[code] if code < len(ops) else str(code), count=row["count"], bytes=row["bytes"],
+            phases=stats, tgid=row["tgid"], cgroup_id=row["cgroup"], wb=bool(op & wb_bit),
+            dirtied=merge_dirtied(sorted(dirtied, key=lambda e: e.window))))
     series.sort(key=lambda s: (s.pid, s.device, s.op, s.wb))
     dropped = {r.removeprefix("drop_"): n for r, n in raw.reasons.items() if r.startswith("drop_")}
     events = {r.removeprefix("note_"): n for r, n in raw.reasons.items() if r.startswith("note_")}
@@ -93,6 +165,8 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: li
              host=socket.gethostname(), kernel=platform.release(), series=series,
              dropped=dropped, events=events)
     d.attach = Attach(raw.attach)
+    if raw.window:
+        d.window_seq = WindowSeq(raw.window)
     if raw.start_event:
         d.start_event = StartEvent(raw.start_event, tuple(raw.start_blind or ()))
     d.coverage = coverage(raw, series)

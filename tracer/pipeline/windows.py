@@ -52,7 +52,7 @@ from tracer.model.sections import (
     TracedPids,
     Unavailable,
 )
-from tracer.pipeline.aggregate import Clock, build_dump
+from tracer.pipeline.aggregate import Clock, WindowNames, build_dump
 from tracer.pipeline.senders import SenderWindows
 from tracer.sources.tasks import UNAVAILABLE
 
@@ -93,6 +93,8 @@ class DumpWindows:
         self.unavailable = Unavailable.of(unavailable(getattr(probe, "unavailable", {}),
                                                       tasks.sources if tasks is not None else None))
         self.senders = SenderWindows()
+        # the windows built so far: a later write-back names the one that dirtied its data by these
+        self.names = WindowNames()
 
     def start(self) -> None:
         """The diskstats baseline, when the first window begins."""
@@ -128,7 +130,8 @@ class DumpWindows:
         first = self.first_ns is None
         if first:
             self.first_ns = raw.start_ns
-        d = build_dump(raw, self.clock, kind, label=label, tasks=tasks, tasks_dropped=dropped)
+        d = build_dump(raw, self.clock, kind, label=label, tasks=tasks, tasks_dropped=dropped, windows=self.names)
+        self.names.add(raw.window, label, d.start)
         d.put(self.unavailable)
         if tasks is not None:
             d.put(TasksSources.of(self.tasks.sources))

@@ -7,8 +7,10 @@ look-up-and-delete), the per-CPU cell arrays `series_cells` and `cells` in
 front of them (both generations, half each: read in one batch, the
 populated cells zeroed), the
 generation flip in the config map that tells the programs which half to
-write, and the numpy buffers the reads go into (made once: fresh ones every
-interval would ratchet malloc's heap up).  Per-CPU series values are folded
+write, the window sequence that goes with it (wb_window: a dirtier is stamped
+with the window it dirtied in, bpf/writeback.bpf.h), and the numpy buffers
+the reads go into (made once: fresh ones every interval would ratchet
+malloc's heap up).  Per-CPU series values are folded
 here into one row per series (fold_series).
 
 It knows nothing of drop reasons, lost requests or diskstats (those are the
@@ -27,6 +29,9 @@ import numpy as np
 
 from tracer import contract
 from tracer.sources.bpfobject import BpfObject
+
+# the bits of a window's sequence number a dirtier (and a write-back request's op) carries
+WINDOW_MASK = (1 << contract.load().const("OP_WINDOW_BITS")) - 1
 
 # Programs that began on the old generation finish within microseconds
 # (BPF programs do not sleep); this margin is generous.
@@ -182,6 +187,10 @@ class MapDrain:
     def __init__(self, bpf: BpfObject, ncpu: int, config: str = "config"):
         self.bpf, self.ncpu, self.config = bpf, ncpu, config
         self.gen = 0            # the generation the programs write
+        # the window being recorded, 1 the first: a dirtier is stamped with it, and a later write-back's op
+        # carries it (IOTRACE_OP_WINDOW_SHIFT); tracer.pipeline.aggregate names the window back
+        self.window = 1
+        self._write_window()
         hist, series, cells, scells = bpf["hist0"], bpf["series0"], bpf["cells"], bpf["series_cells"]
         self.hist_key = np.dtype(hist.Key)
         self.hist_cell = np.dtype(cells.Leaf)
@@ -201,13 +210,22 @@ class MapDrain:
                      np.zeros((hist.max_entries, ncpu), np.uint64)),
         }
 
+    def _write_window(self) -> None:
+        t = self.bpf["wb_window"]
+        t[ct.c_int(0)] = ct.c_uint32(self.window & WINDOW_MASK)
+
     def flip(self, at_flip=None) -> tuple[int, int]:
-        """Send the programs to the other generation; (the old one, CLOCK_MONOTONIC ns of the flip), once the
-        programs that began on the old one have finished (GENERATION_GRACE_S).  `at_flip()`, if given, is
-        called right after the flip, before that wait: what is read there is read at the window's edge."""
+        """Send the programs to the other generation, and the write-back programs to the next window; (the old
+        generation, CLOCK_MONOTONIC ns of the flip), once the programs that began on the old one have finished
+        (GENERATION_GRACE_S).  The window moves on right after the generation: a page dirtied between the
+        two is stamped with the window that closes (its write-back is credited there).  `at_flip()`, if
+        given, is called right after the flip, before that wait: what is read there is read at the window's
+        edge."""
         old = self.gen
         self.gen ^= 1
         self.bpf.update_config(self.config, gen=self.gen)
+        self.window += 1
+        self._write_window()
         end = time.monotonic_ns()
         if at_flip is not None:
             at_flip()

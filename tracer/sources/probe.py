@@ -96,6 +96,7 @@ class RawInterval:
     files: list | None = None              # tracer.sources.files.FileRaw rows; None: no file rows on this path
     files_top: int = 0                     # rows kept of them (the rest summed)
     files_cache: bool = False              # page-cache read bytes measured (mm_filemap_get_pages present)
+    window: int = 0                        # this window's sequence number (MapDrain.window; 0: unknown)
 
 
 def tracefs() -> Path:
@@ -425,6 +426,7 @@ class Probe:
         # requests (but those completing in that microsecond) and none of the new one's, while a read
         # GENERATION_GRACE_S later also had the next window's first 5 ms (the first window after an
         # attach then fell short by them: 99.9%)
+        window = self.maps.window
         edge = {}
         old, end = self.maps.flip(lambda: edge.update(ds=self.ledger.diskstats_window()))
         diskstats_start, diskstats_end = edge["ds"]
@@ -440,6 +442,7 @@ class Probe:
             bio_devs=list(self.bio_devs), attach=self.attach,
             start_event=self.start_event, start_blind=list(self.start_blind),
             files=files, files_top=self._opts.files_top, files_cache=bool(self.files and self.files.cache),
+            window=window,
         )
         self._interval_start = end
         return raw

@@ -20,6 +20,7 @@ from tracer.errors import UserError
 from tracer.model import dump as dumpmod
 from tracer.model.dump import Dump, Series
 from tracer.text import safe
+from tracer.units import mib
 from tracer.views.report import (
     LATENCY_KEYS,
     STAT_KEYS,
@@ -109,13 +110,16 @@ def load_sides(specs: list[tuple[str, str, str | None]]) -> list[Side]:
     kept): memory is bounded by the merged rows, not by the files.
     """
     accs = [dumpmod.DumpMerger() for _ in specs]
+    credits: dict[str, dumpmod.WritebackCredit] = {}
     for path in dict.fromkeys(path for _, path, _ in specs):
         mine = [(acc, label) for acc, (_, p, label) in zip(accs, specs, strict=True) if p == path]
         seen: dict[str | None, None] = {}
         n = 0
+        credit = credits[path] = dumpmod.WritebackCredit()
         for d in jsonl.read(path):
             n += 1
             seen.setdefault(d.label)
+            credit.add(d)
             for acc, label in mine:
                 if label is None or window_name(d.label) == label:
                     acc.add(d)
@@ -125,8 +129,23 @@ def load_sides(specs: list[tuple[str, str, str | None]]) -> list[Side]:
             if not acc.count:
                 labels = [x for x in seen if x is not None] + ([UNLABELLED] if None in seen else [])
                 raise UserError(f"{path} has no dump labelled {label!r}; its labels: {', '.join(map(repr, labels))}")
-    return [Side(tag, path, label, acc.count, acc.result(kind=acc.kind or "final", label=label))
-            for acc, (tag, path, label) in zip(accs, specs, strict=True)]
+    sides = [Side(tag, path, label, acc.count, acc.result(kind=acc.kind or "final", label=label))
+             for acc, (tag, path, label) in zip(accs, specs, strict=True)]
+    for side in sides:
+        # a labelled side: the write-back of what it dirtied, wherever in the file it was written back
+        if side.label is not None:
+            written = credits[side.path].of(None if side.label == UNLABELLED else side.label)
+            if written.credits:
+                side.merged.written_back = written
+    return sides
+
+
+def credited(side: Side) -> dict[str, int]:
+    """Bytes of write-back credited to a labelled side (the data it dirtied), per process name."""
+    out: dict[str, int] = {}
+    for c in side.merged.written_back.credits if side.merged.written_back is not None else ():
+        out[c.comm] = out.get(c.comm, 0) + c.bytes
+    return out
 
 
 def compare(a: Dump, b: Dump) -> Comparison:
@@ -185,6 +204,7 @@ def render_diff(a: Side, b: Side, out: TextIO, phase: str = "total") -> None:
     heads = ["COUNT", "MiB", *LATENCY_KEYS]
     if not (comp.matched or comp.only_a or comp.only_b):
         out.write("  no block I/O on either side\n")
+        _render_credited(a, b, out)     # a side's data may have been written back in another window
         return
     if comp.matched:
         out.write("\n" + _line("ROW", heads) + "\n")
@@ -202,6 +222,20 @@ def render_diff(a: Side, b: Side, out: TextIO, phase: str = "total") -> None:
             for s in rows:
                 stats = row_stats(s, phase)
                 out.write(_line(row_text(s), [fmt_stat(k, stats[k]) for k in STAT_KEYS]) + "\n")
+    _render_credited(a, b, out)
+
+
+def _render_credited(a: Side, b: Side, out: TextIO) -> None:
+    """The write-back each labelled side's data got, wherever it ran: bytes credited to the dirtying window."""
+    ca, cb = credited(a), credited(b)
+    if not ca and not cb:
+        return
+    out.write("\nwrite-back of the data each side dirtied, in MiB (credited to the window that wrote it, written "
+              "back then or later;\nits latencies are in the (wb) rows of the window it ran in)\n")
+    out.write(_line("PROCESS", ["A", "B", "change"]) + "\n")
+    for comm in sorted(set(ca) | set(cb), key=lambda c: (-(ca.get(c, 0) + cb.get(c, 0)), c)):
+        ma, mb = mib(ca.get(comm, 0)), mib(cb.get(comm, 0))
+        out.write(_line(f"  {comm}", [f"{ma:.2f}", f"{mb:.2f}", f"{mb - ma:+.2f}"]) + "\n")
 
 
 def _row_key(s: Series) -> dict:
@@ -225,4 +259,6 @@ def diff_json(a: Side, b: Side, phase: str = "total") -> dict:
                      "change_pct": {k: pct for k, (_, pct) in changes.items()}})
     return {"kind": "iotrace-diff", "phase": phase, "a": sides["A"], "b": sides["B"], "rows": rows,
             "only_a": [{**_row_key(s), **row_stats(s, phase)} for s in comp.only_a],
-            "only_b": [{**_row_key(s), **row_stats(s, phase)} for s in comp.only_b]}
+            "only_b": [{**_row_key(s), **row_stats(s, phase)} for s in comp.only_b],
+            # labelled sides: bytes of write-back of the data each dirtied, per process name
+            "written_back": {"a": credited(a), "b": credited(b)}}

@@ -14,9 +14,11 @@ from typing import TextIO
 
 from tracer.model.dump import (
     PCT_KEYS,
+    Dirtied,
     Dump,
     DumpMerger,
     Series,
+    WritebackCredit,
     duration_of,
     merge_dumps,
     summarize,
@@ -102,6 +104,30 @@ def _before_attach_line(d: Dump, out: TextIO) -> None:
                   f"(the cold start may be missed)\n")
 
 
+def dirtied_name(e: Dirtied, here: int | None = None) -> str:
+    """The window a write-back's data was dirtied in, as shown (made safe): its label, else its number and
+    start; "this window" when it is `here` (the dump's own WindowSeq)."""
+    if here and e.window == here:
+        return "this window"
+    began = f", began {e.start:%H:%M:%S}" if e.start is not None else ""
+    if e.label is not None:
+        return safe(repr(e.label)) + (began and f" ({began[2:]})")
+    return f"window {e.window}{began}" if e.window else "a window not known"
+
+
+def _writeback_lines(d: Dump, out: TextIO) -> None:
+    """A window's write-back rows, by the window that dirtied their data (Series.dirtied)."""
+    rows = [s for s in d.series if s.wb and s.dirtied]
+    if not rows:
+        return
+    here = d.window_seq.seq if d.window_seq is not None else None
+    out.write("write-back: by the window that dirtied the data (its bytes are credited there; the latencies "
+              "above are of the window the requests ran in)\n")
+    for s in sorted(rows, key=lambda s: -s.bytes):
+        parts = [f"{fmt_size(e.bytes)} of {dirtied_name(e, here)}" for e in s.dirtied]
+        out.write(f"  {s.pid} {safe(s.comm)}: {'; '.join(parts)}\n")
+
+
 def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = None) -> None:
     words = words_for(hist)
     seconds = duration_of(d)
@@ -122,6 +148,7 @@ def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = N
         for s in sorted(d.series, key=lambda s: (-s.count, s.pid, s.device, s.op)):
             out.write(_row(series_row(s, seconds, words), words) + (f"  {safe(s.container or '-')}" if ctr else "")
                       + "\n")
+    _writeback_lines(d, out)
     _bio_line(d, out, words)
     _tasks_line(d, out)
     _coverage_line(d, out, words)
@@ -249,18 +276,24 @@ def windows_by_label(dumps: Iterable[Dump]) -> list[Window]:
     window as it comes (tracer.model.dump.DumpMerger) and not kept.
     """
     groups: dict[str | None, DumpMerger] = {}
+    credit = WritebackCredit()
     for d in dumps:
         name = window_label(d)
         acc = groups.get(name)
         if acc is None:
             acc = groups[name] = DumpMerger()
         acc.add(d)
+        credit.add(d)
     order = [k for k in groups if k is not None] + ([None] if None in groups else [])
     windows = [Window(k, groups[k].count, groups[k].result(kind=groups[k].kind or "final", label=k)) for k in order]
     windows.sort(key=lambda w: (w.label is None, w.merged.start))
     for w in windows:
         if judged(w.merged):    # so that --json carries it too
             w.merged.verdict = VerdictSection(judge_dump(w.merged).to_json())
+        # the write-back of what this window dirtied, wherever it ran: a later window's rows say it
+        written = credit.of(w.label)
+        if written.credits:
+            w.merged.written_back = written
     return windows
 
 
@@ -320,7 +353,30 @@ def render_windows(windows: list[Window], out: TextIO, layout: str = "auto", per
         _render_wide(shown, table, out, per_pid)
     else:
         _render_long(shown, table, out, per_pid)
+    render_credits(windows, out)
     render_waits([(w.name, w.merged) for w in shown], out)
+
+
+def render_credits(windows: list[Window], out: TextIO) -> None:
+    """Per window, the write-back of the data it dirtied (WrittenBack): how much, by whom, and in which window
+    and when it was written back.  The rows above keep write-back where it ran (with its latencies); this
+    credits its bytes to the window that wrote them."""
+    lines = []
+    for w in windows:
+        if w.merged.written_back is None:
+            continue
+        for c in w.merged.written_back.credits:
+            where = window_name(c.written_in)
+            when = f"{c.start[11:19]} - {c.end[11:19]}"
+            during = ("in the same window" if c.written_in == w.label
+                      else f"written back during {safe(where)}")
+            lines.append(f"  {w.name} / {safe(c.comm)}: {fmt_size(c.bytes)} ({c.count} requests), {during} "
+                         f"({when})\n")
+    if not lines:
+        return
+    out.write("\nwrite-back credited to the window that dirtied the data (bytes only: its latencies are in the rows "
+              "of the window it ran in, marked (wb)):\n")
+    out.writelines(lines)
 
 
 _KEY_COLUMNS = (("PID", ">7"), ("COMM", "<15"), ("DEVICE", "<9"), ("OP", "<10"))
