@@ -178,11 +178,11 @@ def framework_python(venv: str, make_target: str) -> Path:
 
 def epoch_windows(path: Path, epochs: int, context: str = "") -> dict[str, list[dict]]:
     """The marker dumps of a training run whose epochs are tracer.marker windows with a checkpoint
-    nested in each, by label; asserts they came in that order ("epoch N" twice: before and after
-    its checkpoint)."""
+    nested in each, by label; asserts they came in that order ("epoch N" once, after its checkpoint: its
+    slices before and after it are folded into one dump, tracer.model.slices)."""
     markers = [d for d in read_dumps(path) if d["kind"] == "marker"]
     expected = ["before epoch 1"] + [label for n in range(1, epochs + 1)
-                                     for label in (f"epoch {n}", f"epoch {n} / checkpoint", f"epoch {n}")]
+                                     for label in (f"epoch {n} / checkpoint", f"epoch {n}")]
     assert [d["label"] for d in markers] == expected, context
     by_label: dict[str, list[dict]] = {}
     for d in markers:
