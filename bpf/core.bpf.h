@@ -72,8 +72,8 @@ BPF_HASH(wb_threads, u32, struct iotrace_dirtier, IOTRACE_WB_THREADS);
 /* [0] -> u32: entries in wb_threads, so that a request start looks there only while there are some */
 BPF_ARRAY(wb_busy, u32, 1);
 #ifdef IOTRACE_BIO_LEVEL
-/* dev_t -> 1: bio-based disks, traced per bio (see the end of this file) */
-BPF_HASH(bio_devs, u32, u8, IOTRACE_DEV_ENTRIES);
+/* dev_t of a disk or partition -> struct iotrace_bio_dev: the disks whose bios are timed (raw_tp.bpf.c's end) */
+BPF_HASH(bio_devs, u32, struct iotrace_bio_dev, IOTRACE_DEV_ENTRIES);
 #endif
 
 static __always_inline void count_reason(u32 reason)

@@ -42,6 +42,8 @@
 #define IOTRACE_PARTITIONS 1024	/* block_getrq starts, perf-event path: partitions mapped to their disk */
 /* block_getrq starts: bios before rq->bio searched for the start (a front merge puts one there) */
 #define IOTRACE_BIO_HOPS 2
+/* --bio: bios a request's completion looks at, its first ones (a request of merged bios may hold more) */
+#define IOTRACE_BIO_WALK 32
 /* a slot this old whose completion never came (the kernel skipped it) may be reused */
 #define IOTRACE_STALE_NS 60000000000ULL
 /* a thread's comm and cgroup, read on this CPU less than this ago, are taken as still right */
@@ -96,6 +98,9 @@ enum iotrace_op {
 /* or'ed into a slot's, series key's and histogram key's op: a request the kernel's flusher wrote
  * back for an inode a traced process dirtied, charged to that process (see struct iotrace_dirtier) */
 #define IOTRACE_OP_WB 0x80
+/* or'ed into the op of an I/O timed as it was submitted (--bio): a bio on a request-based disk, from
+ * block_bio_queue to its completion, a row of its own beside its process's requests (struct iotrace_bio_dev) */
+#define IOTRACE_OP_BIO 0x40
 /*
  * and, above the mark, on a write-back request: the window its data was dirtied in (struct
  * iotrace_dirtier's `window`, IOTRACE_OP_WINDOW_BITS of it), so that its bytes are credited there.  The
@@ -142,7 +147,8 @@ enum iotrace_reason {
 	IOTRACE_NOTE_WB_UNKEPT = 19,	/* a dirtier or a flusher's inode not kept (map full, read failed): its write-back stays the flusher's */
 	IOTRACE_DROP_FILES_FULL = 20,	/* a file row not kept (map full): its bytes are in no file row (its request is in its series) */
 	IOTRACE_NOTE_FILE_UNREAD = 21,	/* a file's inode or name could not be read: its request stays in its series, in no file row */
-	IOTRACE_REASON_COUNT = 22,
+	IOTRACE_DROP_BIO_WALK = 22,	/* --bio: a request ended more bios than its completion reads (IOTRACE_BIO_WALK): theirs lost */
+	IOTRACE_REASON_COUNT = 23,
 };
 
 #define IOTRACE_HASH_MUL 0x9E3779B97F4A7C15ULL	/* Fibonacci hashing */
@@ -212,6 +218,9 @@ KENUM(REQ_OP_BITS, __REQ_FAILFAST_DEV)	/* the flag bits begin right above the op
 KENUM(REQ_PREFLUSH, __REQ_PREFLUSH)
 KHEAD(RQ_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN, RQ_PART, RQ_BIO)	/* at completion */
 KHEAD(BIO_HEAD_LEN, bio, BIO_BDEV, BIO_OPF, BIO_SIZE)
+KMEMBER(BIO_REMAINING, bio, __bi_remaining, 4)	/* --bio: a split bio's parts not yet done, itself included */
+KMEMBER(BIO_PRIVATE, bio, bi_private, 8)	/* --bio: a split part's bio (bio_chain) */
+KHEAD(BIO_WALK_LEN, bio, BIO_NEXT, BIO_SIZE, BIO_REMAINING, BIO_PRIVATE)	/* --bio: a completion's walk */
 KRAWTP(block_io_start, struct request *)
 KRAWTP(block_getrq, struct bio *)
 KRAWTP(block_rq_insert, struct request *)
@@ -355,6 +364,17 @@ struct iotrace_slot {
 	u32 remaining;		/* bytes not yet completed (raw path: bytes at the start) */
 	u32 done;		/* bytes completed so far */
 	char comm[IOTRACE_COMM_LEN];	/* submitter's comm */
+};
+
+/*
+ * A disk (or a partition of one) whose bios are timed, the bio_devs map's
+ * value: bio-based disks (zram, device-mapper, md: no requests to time),
+ * and with --bio (IOTRACE_BIO_SUBMITTED) request-based ones too, each bio
+ * as submitted, its splits and the wait for its request included.
+ */
+struct iotrace_bio_dev {
+	u32 disk;		/* the whole disk's dev_t, which its rows are recorded under */
+	u32 mark;		/* 0 for a bio-based disk, IOTRACE_OP_BIO for a request-based one's bios */
 };
 
 /*

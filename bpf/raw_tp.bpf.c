@@ -234,6 +234,95 @@ static __always_inline void record_once(struct iotrace_slot *s, u64 now)
 #define record_once record
 #endif
 
+/* A bio's own slot (bio-level timing) is keyed at its address + 1, beside a block_getrq start's at its address. */
+#define BIO_SLOT(bio) ((bio) | 1)
+
+#ifdef IOTRACE_BIO_SUBMITTED
+/*
+ * --bio: a request starts for this bio (its first); the bio's wait before
+ * it (a tag, a plug, the queue's entry) ends here, kept as the bio slot's
+ * issue time: record() makes it the bio row's queue phase.  A split bio's
+ * slot is its last part's (the kernel resubmits the remainder under the
+ * bio's own address), so its wait runs until that part's request started.
+ */
+static __always_inline void bio_request_started(u64 bio, u64 now)
+{
+	struct slot_ref b;
+
+	if (bio && addr_find(BIO_SLOT(bio), &b) && !b.s->issue_ns)
+		b.s->issue_ns = now;
+}
+
+/* The start of a struct bio up to the last member the completion's walk reads: one read a bio. */
+struct bio_walk {
+	u64 w[(IOTRACE_K_BIO_WALK_LEN + 7) / 8];
+};
+
+/* A timed bio is done: its row gets it (queue phase: its wait for a request), its slot is free. */
+static __always_inline void bio_done(struct slot_ref *b, u64 now)
+{
+	b->s->done = b->s->remaining;
+	record_once(b->s, now);
+	slot_release(b);
+}
+
+/*
+ * The bios a request's completion ends: its first ones, as far as its
+ * bytes go.  The kernel clears their completion trace (block_rq_complete
+ * stands for it), so no block_bio_complete comes for them.  A bio the
+ * kernel split ends with its last part, in whichever request that is: a
+ * part that is not the bio itself (bio_split's, chained to it) names the
+ * bio in bi_private; __bi_remaining counts the bio's parts not yet done,
+ * itself included, so it is done when this is the last.  At most
+ * IOTRACE_BIO_WALK bios a request; beyond, theirs are counted lost.
+ */
+static __always_inline void bios_complete(u64 bio, u32 nr_bytes, u64 now)
+{
+	struct bio_walk h;
+	struct slot_ref b;
+	u32 size, left;
+	u64 whose;
+
+	for (u32 i = 0; i < IOTRACE_BIO_WALK; i++) {
+		if (!bio || kread(&h, sizeof(h), bio))
+			return;
+		size = HEAD_FIELD(&h, u32, IOTRACE_K_BIO_SIZE);
+		if (size > nr_bytes)
+			return;		/* not ended by this (partial) completion */
+		nr_bytes -= size;
+		left = HEAD_FIELD(&h, u32, IOTRACE_K_BIO_REMAINING);
+		whose = HEAD_FIELD(&h, u64, IOTRACE_K_BIO_PRIVATE);
+		if (addr_find(BIO_SLOT(bio), &b)) {
+			if (left <= 1)
+				bio_done(&b, now);
+		} else if (whose && addr_find(BIO_SLOT(whose), &b)) {
+			if (!kread(&left, sizeof(left), whose + IOTRACE_K_BIO_REMAINING) && left <= 1)
+				bio_done(&b, now);
+		}
+		bio = HEAD_FIELD(&h, u64, IOTRACE_K_BIO_NEXT);
+	}
+	if (bio)
+		count_reason(IOTRACE_DROP_BIO_WALK);
+}
+
+/* A completing request's bios, when its disk's are timed as submitted (the walk costs no other disk). */
+static __always_inline void bios_of(u64 rq, u32 nr_bytes, u64 now)
+{
+	struct iotrace_bio_dev *bd;
+	struct rq_head h;
+	u32 dev;
+
+	if (kread(&h, sizeof(h), rq))
+		return;
+	dev = queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now);
+	bd = dev ? bio_devs.lookup(&dev) : 0;
+	if (bd && bd->mark)
+		bios_complete(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_BIO), nr_bytes, now);
+}
+#else
+#define bio_request_started(bio, now) do {} while (0)
+#endif
+
 #ifdef IOTRACE_START_BIO
 /*
  * block_getrq(bio), on kernels without block_io_start: it fires for every
@@ -252,6 +341,7 @@ RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 
 	if (!task_wanted(id >> 32))
 		return 0;
+	bio_request_started(bio, now);
 	if (!addr_claim(bio, now, &r)) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		return 0;
@@ -324,6 +414,14 @@ RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 		return 0;
 	if (dev_filtered_out(rq, now))
 		return 0;
+#ifdef IOTRACE_BIO_SUBMITTED
+	{
+		u64 bio = 0;
+
+		if (!kread(&bio, sizeof(bio), rq + IOTRACE_K_RQ_BIO))
+			bio_request_started(bio, now);
+	}
+#endif
 	if (!addr_claim(rq, now, &r)) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		return 0;
@@ -391,6 +489,10 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 	struct rq_head h;
 	struct slot_ref r;
 
+#ifdef IOTRACE_BIO_SUBMITTED
+	/* first: a bio of a request no filter wanted (merged into another's) may be timed */
+	bios_of(rq, nr_bytes, now);
+#endif
 	if (!addr_find(rq, &r)
 #ifdef IOTRACE_START_BIO
 	    /* never issued (an empty flush the flush machinery finished): its start is still its bio's */
@@ -569,12 +671,18 @@ struct bio_head {
 /*
  * Bio-based disks (zram, device-mapper, md) have no requests: their bios
  * are timed from block_bio_queue to block_bio_complete, keyed by the bio's
- * address, total phase only.  Attached only when such a disk is traced;
- * every other disk's bios return after the bio_devs lookup.
+ * address (BIO_SLOT), total phase only.  With --bio a request-based disk's
+ * bios are timed the same way, as the application submitted them, in rows
+ * of their own (IOTRACE_OP_BIO).  block_bio_queue fires once a bio (the
+ * kernel marks it BIO_TRACE_COMPLETION then), before any split; its
+ * block_bio_complete comes once all its parts are done.  Attached only when
+ * such a disk is traced; every other disk's bios return after the bio_devs
+ * lookup.
  */
 RAW_TRACEPOINT_PROBE(block_bio_queue)
 {
 	u64 now = bpf_ktime_get_ns(), bio = ctx->args[0], bdev, id;
+	struct iotrace_bio_dev *bd;
 	struct bio_head h;
 	struct slot_ref r;
 	u32 dev = 0, bytes;
@@ -585,14 +693,16 @@ RAW_TRACEPOINT_PROBE(block_bio_queue)
 	if (!bdev || kread(&dev, sizeof(dev), bdev + IOTRACE_K_BDEV_DEV))
 		return 0;
 	id = bpf_get_current_pid_tgid();
-	if (!bio_devs.lookup(&dev) || !dev_wanted(dev) || !task_wanted(id >> 32))
+	/* a partition's bios are its disk's (bi_bdev is the partition) */
+	bd = bio_devs.lookup(&dev);
+	if (!bd || !dev_wanted(bd->disk) || !task_wanted(id >> 32))
 		return 0;
-	if (!addr_claim(bio, now, &r)) {
+	if (!addr_claim(BIO_SLOT(bio), now, &r)) {
 		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		return 0;
 	}
 	bytes = HEAD_FIELD(&h, u32, IOTRACE_K_BIO_SIZE);
-	slot_fill(r.s, now, id, dev, opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_BIO_OPF), bytes), bytes);
+	slot_fill(r.s, now, id, bd->disk, opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_BIO_OPF), bytes) | bd->mark, bytes);
 	return 0;
 }
 
@@ -602,7 +712,7 @@ RAW_TRACEPOINT_PROBE(block_bio_complete)
 	u64 now = bpf_ktime_get_ns();
 	struct slot_ref r;
 
-	if (!addr_find(ctx->args[1], &r))
+	if (!addr_find(BIO_SLOT(ctx->args[1]), &r))
 		return 0;
 	r.s->done = r.s->remaining;
 	record_once(r.s, now);

@@ -111,6 +111,7 @@ class TraceArgs:
     count: int | None = None                                # reports to make, the final one included
     json: bool = False                                      # -j: dumps as JSON lines on stdout, no table
     wb_wait: float = 30.0                                   # --wb-wait: seconds for the targets' write-back at exit
+    bio: bool = False                                       # --bio: each I/O also timed as submitted (a bio)
     options: argparse.Namespace = field(default_factory=argparse.Namespace)   # every option, sinks' included
 
 
@@ -135,6 +136,12 @@ def trace_parser() -> argparse.ArgumentParser:
                         "charged to them, for at most SECONDS (default 30; Ctrl-C ends the wait with everything "
                         "written out). 0: do not wait. If some is still unwritten at the end, one line and the "
                         "final dump's unwritten_at_exit say how much")
+    p.add_argument("--bio", action="store_true",
+                   help="also time each I/O as the process submitted it, from block_bio_queue to its completion: "
+                        "a table of its own beside the requests', where an I/O the kernel split into several "
+                        "requests is one row entry and the wait for a request (a tag, a plug) is counted; "
+                        "what fio's clat sees minus the system call. Raw tracepoints only; one more program "
+                        "run per bio")
     p.add_argument("--threads", action="store_true", help="one row per thread instead of per process")
     p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
                    help="trace only this disk (loop0, /dev/nvme0n1, 7:0); repeatable. Default: every device")
@@ -246,7 +253,7 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
         opts = ProbeOptions(pids=list(args.pids) + ([child] if child else []), follow_children=not args.no_children,
                             per_thread=args.threads, devs=devs, inflight_slots=args.inflight_slots,
                             hist_cells=args.hist_cells, cgroup_id=cgroup_id, cgroup_level=cgroup_level,
-                            attach=args.attach, files=True, files_top=max(args.files, 0))
+                            attach=args.attach, files=True, files_top=max(args.files, 0), submitted=args.bio)
         probe = run.open_probe(opts, on_error=offer_diskstats)
         tasks, tasks_note = ((None, "") if args.no_tasks else
                              run.open_tasks(opts.pids, opts.follow_children, syscall_hooks=args.tasks))

@@ -18,6 +18,15 @@ back (`iotrace report`, diff, plot) through ``read``:
                  "wb": true (a write-back row; absent otherwise),
                  "dirtied": [{"window_seq", "label", "start", "count", "bytes"}]}]}
 
+With --bio a line also has "submitted": rows of the same shape for the
+traced processes' I/Os as they submitted them (bios on request-based disks,
+block_bio_queue to the completion of the whole bio: a split I/O is one,
+its wait for a request included); "series" stays the requests', which
+every count, rate and coverage is of.  A "submitted" row's phases: "total"
+the bio's latency, "queue" from its submission to the start of the request
+that took it (its last part's, for a split bio), "device" from there to the
+bio's completion (docs/design.md, "As submitted").
+
 A write-back row's "dirtied" splits its requests and bytes by the window
 their data was dirtied in (its "window_seq", label and start): the bytes are
 credited there, written back during this dump's window; the row's latencies
@@ -172,13 +181,20 @@ def _encode_dump(d: Dump) -> dict:
         "host": d.host, "kernel": d.kernel, "dropped": d.dropped, "events": d.events,
     }
     write_sections(d, obj)
-    # every histogram of the dump at once: per-histogram numpy calls would dominate
-    summarize(d.series)
-    hdrs = iter(hdr.encode_many(st.hist for s in d.series for st in s.phases.values() if st.count))
-    obj["series"] = []
-    for s in d.series:
+    obj["series"] = _encode_series(d.series)
+    if d.submitted:
+        obj["submitted"] = _encode_series(d.submitted)
+    return obj
+
+
+def _encode_series(rows: list[Series]) -> list[dict]:
+    # every histogram of the rows at once: per-histogram numpy calls would dominate
+    summarize(rows)
+    hdrs = iter(hdr.encode_many(st.hist for s in rows for st in s.phases.values() if st.count))
+    out = []
+    for s in rows:
         summaries = {name: st.summary_us() for name, st in s.phases.items()}
-        obj["series"].append({
+        out.append({
             "pid": s.pid, "tgid": s.tgid, "comm": s.comm, "device": s.device, "devno": s.devno, "op": s.op,
             "cgroup_id": s.cgroup_id, "container": s.container, "count": s.count, "bytes": s.bytes,
             "latency_us": summaries,
@@ -186,7 +202,7 @@ def _encode_dump(d: Dump) -> dict:
             **({"wb": True} if s.wb else {}),
             **({"dirtied": [_encode_dirtied(e) for e in s.dirtied]} if s.dirtied else {}),
         })
-    return obj
+    return out
 
 
 def _encode_dirtied(e: Dirtied) -> dict:
@@ -226,6 +242,7 @@ def _decode_series(s) -> Series:
 
 def _decode_dump(obj: dict) -> Dump:
     series = [_decode_series(s) for s in _list(obj["series"], "series")]
+    submitted = [_decode_series(s) for s in _list(obj.get("submitted", []), "submitted")]
     sections, unknown = read_sections(obj, _DUMP_CORE)
     start, end = _time(obj["start"], "start"), _time(obj["end"], "end")
     own = None      # the window's own time when it is not end - start (older files: always end - start)
@@ -235,13 +252,14 @@ def _decode_dump(obj: dict) -> Dump:
             own = seconds
     return Dump(kind=obj["kind"], label=_label(obj.get("label")), start=start, window_s=own,
                 end=end, host=_str(obj.get("host", ""), "host"),
-                kernel=_str(obj.get("kernel", ""), "kernel"), series=series,
+                kernel=_str(obj.get("kernel", ""), "kernel"), series=series, submitted=submitted,
                 dropped=_counts(obj.get("dropped", {}), "dropped"), events=_counts(obj.get("events", {}), "events"),
                 unknown=unknown, **sections)
 
 
 # a trace-mode line's own keys; the others are sections (tracer.model.sections) or kept as unknown
-_DUMP_CORE = {"schema", "kind", "label", "start", "end", "duration_s", "host", "kernel", "dropped", "events", "series"}
+_DUMP_CORE = {"schema", "kind", "label", "start", "end", "duration_s", "host", "kernel", "dropped", "events", "series",
+              "submitted"}
 
 
 # ---- what a line's values may be (tracer.model.jsoncheck) ----------------------

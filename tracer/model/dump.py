@@ -173,8 +173,11 @@ class Dump:
     kernel: str
     series: list[Series]
     dropped: dict[str, int] = field(default_factory=dict)
+    # --bio: the same processes' I/Os as they submitted them (bios on request-based disks: a split I/O whole,
+    # its wait for a request included), rows apart from the requests', which every count and rate is of
     events: dict[str, int] = field(default_factory=dict)
     label: str | None = None
+    submitted: list[Series] = field(default_factory=list)
     disks: Diskstats | None = None      # a --diskstats window (it has no series); None for a BPF dump
     # the window's own length when it is not end - start (a --diskstats sample's, a merge's sum of its windows')
     window_s: float | None = None
@@ -377,6 +380,7 @@ class DumpMerger:
         self.end: datetime | None = None
         self.host = self.kernel = ""
         self.series = SeriesMerger()
+        self.submitted = SeriesMerger()
         self.dropped: dict[str, int] = {}
         self.events: dict[str, int] = {}
         self.duration_s = 0
@@ -401,6 +405,7 @@ class DumpMerger:
             self.dropped[k] = self.dropped.get(k, 0) + v
         for k, v in d.events.items():
             self.events[k] = self.events.get(k, 0) + v
+        self.submitted.add(d.submitted)
         if self.folded:
             self.series.add(replace(s, pid=0) for s in d.series)
         else:
@@ -424,6 +429,7 @@ class DumpMerger:
         assert self.start is not None and self.end is not None
         merged = Dump(kind=kind, label=label, start=self.start, end=self.end, host=self.host, kernel=self.kernel,
                       series=self.series.result(), dropped=dict(self.dropped), events=dict(self.events),
+                      submitted=self.submitted.result(),
                       # the windows' own lengths, not the span: a file may hold several runs
                       window_s=self.duration_s)
         if not self.bpf:

@@ -120,11 +120,12 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: li
     requests come from the kernel split by the window their data was dirtied in (IOTRACE_OP_WINDOW_SHIFT):
     one row, its latencies this window's, its bytes split in Series.dirtied (named through `windows`)."""
     con = contract.load()
-    ops, phases, wb_bit = con.ops, con.phases, con.const("OP_WB")
+    ops, phases, wb_bit, bio_bit = con.ops, con.phases, con.const("OP_WB"), con.const("OP_BIO")
     shift, bits, code_mask = con.const("OP_WINDOW_SHIFT"), con.const("OP_WINDOW_BITS"), con.const("OP_CODE_MASK")
     hists = _group_hists(raw.hist_keys, raw.hist_counts)
     names: dict[int, str] = {}
     series = []
+    submitted = []      # --bio: the bios as submitted (IOTRACE_OP_BIO), rows of their own (Dump.submitted)
     k, v = raw.series_keys, raw.series_vals
     # plain lists, column by column: per-element access to numpy records is slow
     cols = {name: v[name].tolist() for name in ("count", "bytes", "tgid", "cgroup",
@@ -152,18 +153,19 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: li
                 name, began = ((label, clock.wall(raw.start_ns)) if seq == here and seq
                                else windows.get(seq) if windows is not None else (None, None))
                 dirtied.append(Dirtied(seq, name, began, cols["count"][i], cols["bytes"][i]))
-        code = op & (wb_bit - 1)     # the op, without the write-back mark
-        series.append(Series(
+        code = op & (bio_bit - 1)    # the op, without the bio and write-back marks
+        (submitted if op & bio_bit else series).append(Series(
             pid=pid, comm=comms[row.get("main", rows[0])], device=names[dev], devno=devices.devno(dev),
             op=ops[code] if code < len(ops) else str(code), count=row["count"], bytes=row["bytes"],
             phases=stats, tgid=row["tgid"], cgroup_id=row["cgroup"], wb=bool(op & wb_bit),
             dirtied=merge_dirtied(sorted(dirtied, key=lambda e: e.window))))
     series.sort(key=lambda s: (s.pid, s.device, s.op, s.wb))
+    submitted.sort(key=lambda s: (s.pid, s.device, s.op, s.wb))
     dropped = {r.removeprefix("drop_"): n for r, n in raw.reasons.items() if r.startswith("drop_")}
     events = {r.removeprefix("note_"): n for r, n in raw.reasons.items() if r.startswith("note_")}
     d = Dump(kind=kind, label=label, start=clock.wall(raw.start_ns), end=clock.wall(raw.end_ns),
              host=socket.gethostname(), kernel=platform.release(), series=series,
-             dropped=dropped, events=events)
+             dropped=dropped, events=events, submitted=submitted)
     d.attach = Attach(raw.attach)
     if raw.window:
         d.window_seq = WindowSeq(raw.window)

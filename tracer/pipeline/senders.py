@@ -140,8 +140,9 @@ class SenderWindows:
         theirs = [s for s in d.series if not mine(s.tgid or s.pid)]
         part = Dump(kind=d.kind, label=d.label, start=d.start, end=d.end, host=d.host, kernel=d.kernel,
                     series=ours, window_s=d.window_s, attach=d.attach, start_event=d.start_event,
-                    bio_devices=d.bio_devices, tasks_sources=d.tasks_sources)
-        rest = replace(d, series=theirs)
+                    bio_devices=d.bio_devices, tasks_sources=d.tasks_sources,
+                    submitted=[s for s in d.submitted if mine(s.tgid or s.pid)])
+        rest = replace(d, series=theirs, submitted=[s for s in d.submitted if not mine(s.tgid or s.pid)])
         if d.tasks is not None:
             part.tasks = Tasks([r for r in d.tasks.rows if mine(r.pid)])
             rest.tasks = Tasks([r for r in d.tasks.rows if not mine(r.pid)])

@@ -71,6 +71,7 @@ class ProbeOptions:
     files: bool = False         # per-file rows (bpf/files.bpf.h; raw path): trace mode's, not top's or serve's
     files_top: int = 50         # --files: file rows kept per window (top by bytes moved), the rest summed
     writeback: bool = True      # write-back under its writer (IOTRACE_NO_WRITEBACK when off: the cost bench's)
+    submitted: bool = False     # --bio: request-based disks' bios timed as submitted too (IOTRACE_BIO_SUBMITTED)
 
 
 @dataclass
@@ -263,6 +264,19 @@ def bio_level_devices(devs: list[int]) -> list[int]:
     return [dev for name, dev in disks.items() if devices.bio_based(name) and devices.size_sectors(name) > 0]
 
 
+def submitted_devices(devs: list[int]) -> dict[int, int]:
+    """--bio: the request-based disks whose bios are timed as submitted, with their partitions (a bio names
+    the partition it was sent to): dev_t -> the whole disk's.  Those among `devs`, or every one in use when
+    none is given; decided at start, as for bio_level_devices."""
+    from tracer.sources import devices
+
+    chosen = {dev for name, dev in devices.whole_disks().items() if not devices.bio_based(name)
+              and (dev in devs if devs else devices.size_sectors(name) > 0)}
+    out = {d: d for d in chosen}
+    out.update({part: disk for part, disk in devices.partitions().items() if disk in chosen})
+    return out
+
+
 def check_perf_events(bio: bool) -> str:
     """The perf-event path: every tracepoint field its programs read is in this kernel (a UserError names
     what is not), bio ones too with `bio`; the start event it has."""
@@ -279,6 +293,8 @@ def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, s
     cflags = [f"-I{contract.bpf_dir()}"]
     if bio:
         cflags.append("-DIOTRACE_BIO_LEVEL")
+    if opts.submitted:
+        cflags.append("-DIOTRACE_BIO_SUBMITTED")
     if layout is not None:
         cflags += layout.cflags()
         if layout.group_dead:
@@ -325,9 +341,16 @@ class Probe:
         bpfobject.preflight()
         self.contract = contract.load()
         self.bio_devs = bio_level_devices(opts.devs)
+        self.submitted = submitted_devices(opts.devs) if opts.submitted else {}
+        bio = bool(self.bio_devs or self.submitted)
         # attach_note: why raw tracepoints were not used, when "auto" fell back
-        self.attach, layout, self.attach_note = choose_attach(opts.attach, bool(self.bio_devs))
-        self.start_event = layout.start_event if layout is not None else check_perf_events(bool(self.bio_devs))
+        self.attach, layout, self.attach_note = choose_attach(opts.attach, bio)
+        if opts.submitted and layout is None:
+            # the perf-event path knows a bio by its (dev, sector): a split bio completes under another sector
+            raise UserError("--bio needs the raw-tracepoint path (--attach raw_tp): "
+                            + (f"here it is not available: {self.attach_note}" if self.attach_note
+                               else "--attach tracepoint cannot tell a split bio's completion"))
+        self.start_event = layout.start_event if layout is not None else check_perf_events(bio)
         # the event table's "present" events this kernel has, attached beside the others (raw path)
         self.present: tuple[str, ...] = tuple(getattr(layout, "present", ())) if opts.files else ()
         # the disks whose requests this start event mostly misses (said at start and in every dump)
@@ -340,7 +363,7 @@ class Probe:
                                        tuple(self.start_blind))
         possible = bpfobject.possible_cpus()
         self.ncpu = len(possible)       # values per key of a per-CPU map
-        cflags = compile_flags(opts, layout, bool(self.bio_devs), self.start_event, possible)
+        cflags = compile_flags(opts, layout, bio, self.start_event, possible)
         text = program_text(self.attach, self.start_event)
         check_sizes(opts, self.contract)
         self.bpf: BpfObject | None = BpfObject(text, [Variant(self.attach, cflags)], "the BPF programs")
@@ -372,10 +395,15 @@ class Probe:
         devs = self.bpf["devs"]
         for d in opts.devs:
             devs[devs.Key(d)] = ct.c_uint8(1)
-        if self.bio_devs:
+        if self.bio_devs or self.submitted:
             bio = self.bpf["bio_devs"]
-            for d in self.bio_devs:
-                bio[bio.Key(d)] = ct.c_uint8(1)
+            timed = {d: (d, 0) for d in self.bio_devs}
+            timed.update({d: (disk, self.contract.const("OP_BIO")) for d, disk in self.submitted.items()})
+            if len(timed) > bio.max_entries:
+                raise UserError(f"--bio: {len(timed)} disks and partitions, more than the {bio.max_entries} "
+                                f"iotrace can time per bio; name the disks with --dev")
+            for d, (disk, mark) in timed.items():
+                bio[bio.Key(d)] = bio.Leaf(disk, mark)
         if starts_at_bio(self.start_event) and self.attach == "tracepoint":
             parts = self.bpf["parts"]
             for part, disk in list(devices.partitions().items())[:parts.max_entries]:

@@ -28,7 +28,7 @@ from tracer.model.sections import TaskRow, Tasks, VerdictSection
 from tracer.text import safe
 from tracer.units import fmt_latency, fmt_ns, fmt_size, mib
 from tracer.views.verdict import Verdict, judge_dump
-from tracer.views.words import PLAIN, Words, words_for
+from tracer.views.words import PLAIN, Words, submitted_words, words_for
 
 BAR_WIDTH = 40
 
@@ -148,6 +148,7 @@ def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = N
         for s in sorted(d.series, key=lambda s: (-s.count, s.pid, s.device, s.op)):
             out.write(_row(series_row(s, seconds, words), words) + (f"  {safe(s.container or '-')}" if ctr else "")
                       + "\n")
+    _submitted_rows(d, out, seconds, words)
     _writeback_lines(d, out)
     _bio_line(d, out, words)
     _tasks_line(d, out)
@@ -159,6 +160,18 @@ def render_table(d: Dump, out: TextIO, hist: bool = False, title: str | None = N
     if hist:
         for s in d.series:
             render_bars(s, out)
+
+
+def _submitted_rows(d: Dump, out: TextIO, seconds: float, words: Words) -> None:
+    """--bio's rows: the same processes' I/Os as they submitted them (Dump.submitted), a table of their own."""
+    if not d.submitted:
+        return
+    summarize(d.submitted)
+    sw = submitted_words(words)
+    out.write(f"{sw.latency}\n")
+    out.write(_row([name for name, _ in columns(sw)], sw) + "\n")
+    for s in sorted(d.submitted, key=lambda s: (-s.count, s.pid, s.device, s.op)):
+        out.write(_row(series_row(s, seconds, sw), sw) + "\n")
 
 
 def render_bars(s: Series, out: TextIO, phase: str = "total") -> None:

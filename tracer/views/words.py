@@ -58,6 +58,21 @@ JARGON = Words(True, ("Q:p50", "Q:p99", "D:p50", "D:p99"),
                "total latency (p50..max), Q = queue (~Q2D), D = device (D2C)")
 
 
+# --bio's rows (Dump.submitted): a bio's latency, then its two parts: until the request that took it started
+# (a tag, a plug, the queue's entry) and from there to the bio's completion
+SUBMITTED_HEADS = {False: ("WAIT p50", "WAIT p99", "IN-RQ p50", "IN-RQ p99"),
+                   True: ("W:p50", "W:p99", "R:p50", "R:p99")}
+SUBMITTED_TITLE = {False: ("as submitted (--bio): each I/O from its submission to its completion, a split one "
+                           "whole, then its wait for a request and the time from that request's start"),
+                   True: ("as submitted (--bio): bio latency, block_bio_queue to block_bio_complete; W = until its "
+                          "request's start, R = from there")}
+
+
+def submitted_words(words: Words) -> Words:
+    """The words of the as-submitted rows' table, beside `words`' for the requests'."""
+    return Words(words.jargon, SUBMITTED_HEADS[words.jargon], SUBMITTED_TITLE[words.jargon])
+
+
 def words_for(hist: bool) -> Words:
     """The --hist view speaks the block layer's words; every other, plain ones."""
     return JARGON if hist else PLAIN
