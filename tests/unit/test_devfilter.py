@@ -72,3 +72,19 @@ def test_every_live_mode_declares_the_same_dev_option(module):
     (action,) = [a for a in p._actions if "--dev" in a.option_strings]
     assert (action.dest, action.help, action.metavar, action.default) == ("devs", DEV_HELP, "DEV", [])
     assert p.parse_args(["--dev", "loop0", "--dev", "7:3"]).devs == ["loop0", "7:3"]
+
+
+def test_the_alerts_and_the_live_run_take_the_filters_names(sysfs):
+    import argparse
+
+    from tracer.cli.common import alert_check
+    from tracer.runtime.session import LiveRun
+
+    f = device_filter(["7:3"])
+    ns = argparse.Namespace(alerts=["loop0:p99>1ms"])
+    with pytest.raises(UserError, match=r"loop0 is not traced \(--dev loop3\)"):
+        alert_check(ns, devices=f)
+    assert alert_check(argparse.Namespace(alerts=["loop3:p99>1ms"]), devices=f) is not None
+    assert alert_check(ns, devices=DeviceFilter()) is not None      # every disk traced: loop0 too
+    assert LiveRun("trace", argparse.Namespace(), devices=f).devices == ["loop3"]
+    assert LiveRun("trace", argparse.Namespace(), devices=DeviceFilter()).devices is None
