@@ -1,5 +1,6 @@
 """Block devices as users know them: names from sysfs, kernel dev_t numbers,
-and /proc/diskstats counters.  No root needed.
+and /proc/diskstats counters; and a run's --dev, resolved once into the
+DeviceFilter every part of the run is given.  No root needed.
 """
 
 from __future__ import annotations
