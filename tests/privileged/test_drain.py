@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tracer import contract
+from tracer.sources.devices import device_filter
 from tracer.sources.probe import Probe, ProbeOptions
 
 bpf = pytest.mark.bpf
@@ -16,9 +17,7 @@ PID = 424242        # no such process: only the planted cells carry it
 
 @pytest.fixture
 def probe(loop):
-    from reference import groundtruth as gt
-
-    p = Probe(ProbeOptions(devs=[gt.kdev_of_path(loop.path)]))
+    p = Probe(ProbeOptions(devs=device_filter([loop.path])))
     try:
         yield p
     finally:

@@ -7,7 +7,9 @@ struct, and says so by carrying none).
 - two loaders reading 4 shards each, cold then warm: bytes from disk per file are the file's size cold
   (less at most a readahead window) and warm the pages the kernel added back (~0), bytes read through the
   page cache the size both times;
-  `iotrace report --by file` lists them by name.
+  `iotrace report --by file` lists them by name;
+- with --dev, a reader of files on two disks: only the traced disk's file is in the dumps and the table
+  at the end, and only that disk in the coverage.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, evict, read_dumps, reaped, run_iotrace, traced_event
+from conftest import PYTHON, evict, make_ext4, read_dumps, reaped, run_iotrace, traced_event, umount
 from unit.test_core import finish, start_tracer
 
 from privileged.test_writeback import exact_bytes, nothing_lost, traced_unsynced_writer, wb_bytes
@@ -179,3 +181,45 @@ def test_direct_reads_and_writes_are_the_files_bytes_as_asked(ext4_mnt, tmp_path
     assert sum(row["written_bytes"] for row in rows) == 4 * MIB, rows
     assert sum(row["disk_read_bytes"] for row in rows) == 4 * MIB, rows      # the read at EOF asks 1 MiB more
     assert sum(row["direct_bytes"] for row in rows) == 8 * MIB, rows
+
+
+@bpf
+def test_dev_keeps_other_disks_files_out_of_the_dumps_the_table_and_the_coverage(make_loop, tmp_path):
+    """--dev A, one command reading a file on A and one on B (through the page cache, cold, and O_DIRECT,
+    whose bytes are counted before any request and so on any disk): B's file is in no dump, not in the
+    table at the end, and B is not in the coverage (the issue's "with --dev the end-of-run file table still
+    lists other disks' files")."""
+    mounts = []
+    try:
+        files = []
+        for n in ("a", "b"):
+            dev, mnt = make_loop(64), tmp_path / f"mnt_{n}"
+            make_ext4(dev.path, mnt, "noatime")
+            mounts.append((dev, mnt))
+            f = mnt / f"on_{n}.bin"
+            f.write_bytes(os.urandom(2 * MIB))
+            files.append(f)
+        evict(*files)
+        (a, _), (b, _) = mounts
+        out = tmp_path / "out.jsonl"
+        reads = " && ".join(f"cat {f} > /dev/null && dd if={f} of=/dev/null bs=1M iflag=direct status=none"
+                            for f in files)
+        r = run_iotrace(["--attach", "raw_tp", "--dev", a.name, "-o", str(out), "--", "sh", "-c", reads])
+        assert r.returncode == 0, r.stderr
+        dumps = read_dumps(out)
+        paths = {row["path"] for row in file_rows(dumps)}
+        assert str(files[0]) in paths and str(files[1]) not in paths, paths
+        assert {row["dev"] for row in file_rows(dumps)} == {devno_of(a.path)}
+        # the table at the end (on stdout; a long path keeps its tail there)
+        table = r.stdout.partition("\nfiles:")[2]
+        assert files[0].name in table and files[1].name not in table, r.stdout
+        assert all(set(d["coverage"]["devices"]) == {a.name} for d in dumps if d.get("coverage")), dumps
+    finally:
+        for _, mnt in reversed(mounts):
+            umount(mnt)
+
+
+def devno_of(path: str) -> str:
+    """'7:3' for a block device node, as file rows name their device."""
+    st = os.stat(path)
+    return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"

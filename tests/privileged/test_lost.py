@@ -17,7 +17,7 @@ import time
 import pytest
 from reference import groundtruth as gt
 
-from tracer.sources.devices import in_flight
+from tracer.sources.devices import device_filter, in_flight
 from tracer.sources.probe import LOST_MIN_AGE_NS, Probe, ProbeOptions
 
 bpf = pytest.mark.bpf
@@ -25,7 +25,7 @@ bpf = pytest.mark.bpf
 
 @pytest.fixture
 def probe(loop):
-    p = Probe(ProbeOptions(devs=[gt.kdev_of_path(loop.path)], attach="tracepoint"))
+    p = Probe(ProbeOptions(devs=device_filter([loop.path]), attach="tracepoint"))
     try:
         yield p
     finally:
@@ -75,7 +75,7 @@ def test_a_request_slow_to_complete_is_not_taken_for_lost(make_loop, tmp_path):
     try:
         inner = make_loop(16, backing_dir=mnt)
         dev = gt.kdev_of_path(inner.path)
-        probe = Probe(ProbeOptions(devs=[dev], attach="tracepoint"))
+        probe = Probe(ProbeOptions(devs=device_filter([inner.path]), attach="tracepoint"))
         subprocess.run(["fsfreeze", "-f", str(mnt)], check=True)
         writer = subprocess.Popen(["dd", "if=/dev/zero", f"of={inner.path}", "bs=4k", "count=1", "oflag=direct"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -103,7 +103,7 @@ def test_a_request_slow_to_complete_is_not_taken_for_lost(make_loop, tmp_path):
 def test_raw_path_counts_an_old_slot_at_the_end_only(loop):
     """Raw path: a slot whose completion never came is counted when its request object starts again (in
     the kernel), or, left at the end, by the last drain while no disk has anything in flight."""
-    p = Probe(ProbeOptions(devs=[gt.kdev_of_path(loop.path)], attach="raw_tp"))
+    p = Probe(ProbeOptions(devs=device_filter([loop.path]), attach="raw_tp"))
     try:
         plant(p, 5, 0, time.monotonic_ns() - 2 * LOST_MIN_AGE_NS)     # the raw path learns the disk at completion
         plant(p, 9, 0, time.monotonic_ns())                           # young: may still be on its way

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tracer.sources import probe as probemod
+from tracer.sources.devices import device_filter
 from tracer.sources.probe import Probe, ProbeOptions
 
 pytestmark = pytest.mark.bpf
@@ -16,9 +17,7 @@ pytestmark = pytest.mark.bpf
 
 @pytest.mark.parametrize("attach", probemod.ATTACH_MODES)
 def test_every_attached_program_is_in_the_table_and_its_skips_are_reported(attach, loop):
-    from reference import groundtruth as gt
-
-    p = Probe(ProbeOptions(devs=[gt.kdev_of_path(loop.path)], attach=attach, files=True))
+    p = Probe(ProbeOptions(devs=device_filter([loop.path]), attach=attach, files=True))
     try:
         attached = set(p.prog_stats())
         raw = p.drain(final=True)
@@ -40,10 +39,8 @@ def test_every_attached_program_is_in_the_table_and_its_skips_are_reported(attac
 def test_write_back_attribution_off_attaches_none_of_its_programs(attach, loop):
     """writeback=False (IOTRACE_NO_WRITEBACK, priced by scripts/bench_cost.py): the three write-back events
     have no program, everything else is attached as usual."""
-    from reference import groundtruth as gt
-
     wb = {e.name for e in probemod.EVENTS if e.category == "writeback"}
-    p = Probe(ProbeOptions(devs=[gt.kdev_of_path(loop.path)], attach=attach, writeback=False))
+    p = Probe(ProbeOptions(devs=device_filter([loop.path]), attach=attach, writeback=False))
     try:
         attached = set(p.prog_stats())
     finally:

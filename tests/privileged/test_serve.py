@@ -178,10 +178,9 @@ def test_a_reader_between_the_two_drains_of_a_cut_keeps_its_own_task_counters(ex
     so counters a window ahead went to comm="other" for good (the test above, flaky under load, read 0)."""
     import shutil
 
-    from reference.recorder import kdev_of_path
-
     from tracer.pipeline.windows import DumpWindows
     from tracer.sinks import taskmetrics
+    from tracer.sources.devices import device_filter
     from tracer.sources.probe import Probe, ProbeOptions
     from tracer.sources.tasks import TaskTracer
 
@@ -191,7 +190,7 @@ def test_a_reader_between_the_two_drains_of_a_cut_keeps_its_own_task_counters(ex
     os.sync()
     reader = tmp_path / "iotrace-gap"       # its comm
     shutil.copy("/usr/bin/dd", reader)
-    probe = Probe(ProbeOptions(devs=[kdev_of_path(loop.path)]))
+    probe = Probe(ProbeOptions(devs=device_filter([loop.path])))
     try:
         tasks = TaskTracer()
         try:

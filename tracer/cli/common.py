@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from tracer import sinks as sinkreg
 from tracer.errors import UserError
 from tracer.options import MAX_COUNT, Parser, at_least, interval_seconds, positive
+
+if TYPE_CHECKING:
+    from tracer.sources.devices import DeviceFilter
 
 # subcommand -> the module that runs it (trace mode, `iotrace [options]`, is tracer.cli.trace)
 COMMANDS = {
@@ -30,7 +34,7 @@ COMMANDS = {
 }
 
 __all__ = ["COMMANDS", "Parser", "at_least", "interval_seconds", "positive", "add_attach_option", "interval_count",
-           "take_interval", "duration", "offer_diskstats", "output_options", "device_names"]
+           "take_interval", "duration", "offer_diskstats", "output_options", "add_device_option"]
 
 
 def duration(text: str) -> float:
@@ -95,22 +99,25 @@ def output_options(p: argparse.ArgumentParser, mode: str) -> None:
     sinkreg.add_arguments(p.add_argument_group("outputs"), mode)
 
 
-def device_names(specs: list[str]) -> list[str] | None:
-    """--dev values as device names, or None for every disk."""
-    from tracer.sources.devices import name_of, resolve
-
-    return [name_of(resolve(d)) for d in specs] or None
+DEV_HELP = "trace only this disk (loop0, /dev/nvme0n1, 7:0); repeatable. Default: every device"
 
 
-def alert_check(ns, bpf: bool = True, devices: list[str] | None = None):
+def add_device_option(p: argparse.ArgumentParser) -> None:
+    """--dev, shared by every mode that traces live (trace, --diskstats, serve, top): the strings as given
+    in ns.devs; the run resolves them once (tracer.sources.devices.device_filter)."""
+    p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs", help=DEV_HELP)
+
+
+def alert_check(ns, bpf: bool = True, devices: DeviceFilter | None = None):
     """The pipeline's --alert stage for these options, or None; bad rules fail here, before tracing.
 
-    `devices`: the disks the run watches (--dev), None for every disk.  A rule scoped to a disk that is not
-    one of them (or not a disk at all) could never fire, so it is refused.
+    `devices`: the disks the run watches (--dev), None or empty for every disk.  A rule scoped to a disk
+    that is not one of them (or not a disk at all) could never fire, so it is refused.
     """
     from tracer.pipeline import alerts as alertmod
     from tracer.sources.devices import whole_disks
 
+    traced = devices.name_list if devices is not None else None
     alerts = getattr(ns, "alerts", [])
     if getattr(ns, "fail_on_alert", False) and not alerts:
         example = "'p99>50ms'" if bpf else "'util>90%'"
@@ -127,8 +134,8 @@ def alert_check(ns, bpf: bool = True, devices: list[str] | None = None):
         if r.device not in disks:
             raise UserError(f"--alert {r.text!r}: no disk {r.device!r}, so it could never fire; "
                             f"disks: {', '.join(disks) or 'none'}")
-        if devices is not None and r.device not in devices:
-            raise UserError(f"--alert {r.text!r}: {r.device} is not traced (--dev {' --dev '.join(devices)}), "
+        if traced is not None and r.device not in traced:
+            raise UserError(f"--alert {r.text!r}: {r.device} is not traced (--dev {' --dev '.join(traced)}), "
                             f"so it could never fire: add --dev {r.device}")
     return alertmod.AlertCheck(rules) if rules else None
 

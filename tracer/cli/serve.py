@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import TextIO
 
-from tracer.cli.common import add_attach_option, alert_check, device_names, output_options
+from tracer.cli.common import add_attach_option, add_device_option, alert_check, output_options
 from tracer.options import Parser, interval_seconds
 from tracer.runtime.loop import Schedule
 from tracer.runtime.session import LiveRun
@@ -61,8 +61,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-i", "--interval", type=interval_seconds, default=5.0, metavar="SECONDS",
                    help="drain the kernel's histograms into the metrics this often (default 5)")
     add_attach_option(p)
-    p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
-                   help="only this disk (loop0, /dev/nvme0n1, 7:0); repeatable. Default: every device")
+    add_device_option(p)
     p.add_argument("--cgroup", metavar="PATH",
                    help="only I/O submitted from this cgroup v2 or below it, e.g. /kubepods.slice for pods only")
     p.add_argument("--tasks", action="store_true", help="also export per-process I/O wait, file and disk read bytes, "
@@ -79,10 +78,9 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
 
     ns = parser().parse_args(argv)
     env_root()      # refused under sudo: before anything starts, not at the first dump
-    devs = [devices.resolve(d) for d in ns.devs]
+    devs = devices.device_filter(ns.devs)       # the probe's map, the sinks and the alerts all take this one
     cgroup_id, cgroup_level = resolve_cgroup(ns.cgroup) if ns.cgroup else (0, 0)
-    names = device_names(ns.devs)
-    run = LiveRun("serve", ns, out, names, alert_check(ns, devices=names))
+    run = LiveRun("serve", ns, out, devs, alert_check(ns, devices=devs))
     with run:
         # the HTTP server listens here, before loading BPF (seconds of compiling): a port in use fails at once
         run.open_sinks()

@@ -15,6 +15,7 @@ from typing import TextIO
 from tracer.cli.common import (
     PID_HELP,
     add_attach_option,
+    add_device_option,
     interval_count,
     offer_diskstats,
     output_options,
@@ -45,8 +46,7 @@ def parser() -> argparse.ArgumentParser:
     interval_count(p)
     p.add_argument("-i", "--interval", type=interval_seconds, metavar="SECONDS",
                    help="refresh every SECONDS (default 1)")
-    p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
-                   help="only this disk (loop0, /dev/nvme0n1, 7:0); repeatable")
+    add_device_option(p)
     p.add_argument("-p", "--pid", type=pid, action="append", default=[], metavar="PID", dest="pids", help=PID_HELP)
     p.add_argument("--no-children", action="store_true", help="with --pid: that process alone, no descendant")
     add_attach_option(p)
@@ -61,7 +61,7 @@ def run(argv: list[str], out: TextIO) -> int:
     interval = take_interval(ns) or 1.0
     if not (sys.stdin.isatty() and out.isatty()):
         raise UserError("top needs a terminal; for a log, run 'sudo iotrace -i 1' instead")
-    devs = [devices.resolve(d) for d in ns.devs]
+    devs = devices.device_filter(ns.devs)
     from tracer.runtime.child import check_pids
 
     for fd in check_pids(ns.pids):      # a gone pid: one line now, before the programs load
@@ -69,7 +69,7 @@ def run(argv: list[str], out: TextIO) -> int:
 
     from tracer.sources.probe import ProbeOptions
 
-    run = LiveRun("top", ns, out)
+    run = LiveRun("top", ns, out, devs)
     with run:
         print("iotrace top: loading the BPF programs ...", file=sys.stderr, flush=True)
         probe = run.open_probe(ProbeOptions(devs=devs, attach=ns.attach, pids=ns.pids,

@@ -20,8 +20,8 @@ from tracer import contract
 from tracer.cli.common import (
     PID_HELP,
     add_attach_option,
+    add_device_option,
     alert_check,
-    device_names,
     duration,
     interval_count,
     offer_diskstats,
@@ -143,8 +143,7 @@ def trace_parser() -> argparse.ArgumentParser:
                         "what fio's clat sees minus the system call. Raw tracepoints only; one more program "
                         "run per bio")
     p.add_argument("--threads", action="store_true", help="one row per thread instead of per process")
-    p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs",
-                   help="trace only this disk (loop0, /dev/nvme0n1, 7:0); repeatable. Default: every device")
+    add_device_option(p)
     p.add_argument("--cgroup", metavar="PATH",
                    help="trace only I/O submitted from this cgroup v2 or below it (a container, a systemd "
                         "unit): a path under the cgroup2 mount, or relative to it, e.g. /system.slice/x.scope")
@@ -214,12 +213,11 @@ def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     if args.diskstats:
         return run_diskstats(args, out)
     cgroups.env_root()      # refused under sudo: before anything starts, not at the first dump
-    devs = [devices.resolve(d) for d in args.devs]
+    devs = devices.device_filter(args.devs)     # the probe's map, the sinks and the alerts all take this one
     cgroup_id, cgroup_level = cgroups.resolve_cgroup(args.cgroup) if args.cgroup else (0, 0)
     pidfds = childmod.check_pids(args.pids)
-    names = device_names(args.devs)
-    alerts = alert_check(args, devices=names)
-    run = LiveRun("trace", args.options, out, names, alerts)
+    alerts = alert_check(args, devices=devs)
+    run = LiveRun("trace", args.options, out, devs, alerts)
     with run:
         run.open_sinks()
         # a traced COMMAND is told the socket's path before it runs (it is held until the probe is ready);
@@ -393,18 +391,20 @@ def run_diskstats(args: TraceArgs, out: TextIO = sys.stdout) -> int:
     """`iotrace --diskstats`: iostat's numbers per device and bytes per process, every -i, until -d or Ctrl-C."""
     from tracer.pipeline.windows import DiskWindows
     from tracer.runtime.child import check_pids
+    from tracer.sources.devices import device_filter
     from tracer.sources.diskstats import DiskSampler, ProcSampler
     from tracer.views.diskstats import NO_PERCENTILES
 
     _check_diskstats_args(args)
-    names = device_names(args.devs)
-    alerts = alert_check(args, bpf=False, devices=names)
+    devs = device_filter(args.devs)
+    names = devs.name_list
+    alerts = alert_check(args, bpf=False, devices=devs)
     pidfds = check_pids(args.pids)
     windows = DiskWindows(DiskSampler(names), ProcSampler(args.pids, children=not args.no_children),
                           every_device=names is not None, alerts=alerts)
     from tracer.sources import proctree
 
-    run = LiveRun("diskstats", args.options, out, names, alerts)
+    run = LiveRun("diskstats", args.options, out, devs, alerts)
     with run:
         run.open_sinks(whole=windows.whole)
         who = f", {proctree.describe(proctree.snapshot(args.pids, not args.no_children))}" if args.pids else ""

@@ -108,8 +108,8 @@ class Device:
 def device_at(path: str, **info) -> Device:
     from tracer.sources import devices
 
-    dev = devices.resolve(path)
-    name = devices.name_of(dev)
+    found = devices.device_filter([path])       # resolved as the traced run will resolve its --dev
+    dev, name = found.devs[0], found.names[0]
     return Device(f"/dev/{name}", name, devices.devno(dev), {"name": name, **info})
 
 

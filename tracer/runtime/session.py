@@ -31,23 +31,27 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tracer import sinks as sinkreg
 from tracer.errors import UserError
 from tracer.runtime.loop import Live, Schedule, Sinks
 from tracer.runtime.teardown import run_steps
 
+if TYPE_CHECKING:
+    from tracer.sources.devices import DeviceFilter
+
 
 class LiveRun:
     """What one live run opened (see the module docstring); `status` is its exit status once closed."""
 
-    def __init__(self, mode: str, ns: Any, out: TextIO = sys.stdout, devices: list[str] | None = None,
+    def __init__(self, mode: str, ns: Any, out: TextIO = sys.stdout, devices: DeviceFilter | None = None,
                  alerts: Any = None):
         if mode not in sinkreg.MODES:
             raise ValueError(f"no live mode {mode!r} (modes: {', '.join(sinkreg.MODES)})")
         self.mode, self.ns, self.out = mode, ns, out
-        self.devices = devices      # --dev as names, None for every disk
+        # --dev, resolved once by the mode (the probe got its dev_t's): the sinks and windows get its names
+        self.devices = devices.name_list if devices is not None else None
         self.alerts = alerts        # the pipeline's AlertCheck, or None
         self.outputs: Sinks | None = None
         self.probe = None

@@ -1,10 +1,12 @@
 """Block devices as users know them: names from sysfs, kernel dev_t numbers,
-and /proc/diskstats counters.  No root needed.
+and /proc/diskstats counters; and a run's --dev, resolved once into the
+DeviceFilter every part of the run is given.  No root needed.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from tracer.errors import UserError
@@ -131,6 +133,34 @@ def resolve(spec: str) -> int:
         raise UserError(f"--dev {spec}: a partition or not a whole disk; block requests are "
                         f"reported per disk, give the disk instead ({', '.join(disks)})")
     raise UserError(f"--dev {spec}: no such block device; known devices: {', '.join(disks) or 'none'}")
+
+
+@dataclass(frozen=True)
+class DeviceFilter:
+    """The disks a run traces (--dev), resolved once: what the BPF map, the sinks and the alerts are given.
+
+    Empty: every disk.  `given` keeps the arguments as typed (the start line
+    says them back); `names` are the disks' sysfs names, in the same order;
+    `devs` their kernel dev_t's.
+    """
+
+    given: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()
+    devs: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.devs)
+
+    @property
+    def name_list(self) -> list[str] | None:
+        """The names as the sinks and alerts take them: None for every disk."""
+        return list(self.names) or None
+
+
+def device_filter(specs: list[str] | tuple[str, ...]) -> DeviceFilter:
+    """--dev arguments -> the run's DeviceFilter; a bad one is resolve()'s one-line UserError."""
+    devs = tuple(resolve(s) for s in specs)
+    return DeviceFilter(tuple(specs), tuple(name_of(d) for d in devs), devs)
 
 
 def read_diskstats(path: str = "/proc/diskstats") -> dict[str, DiskStats]:

@@ -60,7 +60,7 @@ class ProbeOptions:
     pids: list[int] = field(default_factory=list)   # empty: every process
     follow_children: bool = True
     per_thread: bool = False
-    devs: list[int] = field(default_factory=list)   # kernel dev_t; empty: every device
+    devs: devices.DeviceFilter = field(default_factory=devices.DeviceFilter)   # --dev; empty: every device
     inflight_slots: int | None = None
     hist_entries: int | None = None
     hist_cells: int | None = None
@@ -340,8 +340,8 @@ class Probe:
     def __init__(self, opts: ProbeOptions):
         bpfobject.preflight()
         self.contract = contract.load()
-        self.bio_devs = bio_level_devices(opts.devs)
-        self.submitted = submitted_devices(opts.devs) if opts.submitted else {}
+        self.bio_devs = bio_level_devices(list(opts.devs.devs))
+        self.submitted = submitted_devices(list(opts.devs.devs)) if opts.submitted else {}
         bio = bool(self.bio_devs or self.submitted)
         # attach_note: why raw tracepoints were not used, when "auto" fell back
         self.attach, layout, self.attach_note = choose_attach(opts.attach, bio)
@@ -354,7 +354,7 @@ class Probe:
         # the event table's "present" events this kernel has, attached beside the others (raw path)
         self.present: tuple[str, ...] = tuple(getattr(layout, "present", ())) if opts.files else ()
         # the disks whose requests this start event mostly misses (said at start and in every dump)
-        self.start_blind = blind_disks(self.start_event, opts.devs)
+        self.start_blind = blind_disks(self.start_event, list(opts.devs.devs))
         group_dead = (layout.group_dead if layout is not None
                       else "group_dead" in (tracepoint_fields("sched_process_exit", "sched") or ()))
         # what this kernel or path lacks, said at start and in every dump
@@ -393,7 +393,7 @@ class Probe:
         for pid in opts.pids:
             self.add_pid(pid)
         devs = self.bpf["devs"]
-        for d in opts.devs:
+        for d in opts.devs.devs:
             devs[devs.Key(d)] = ct.c_uint8(1)
         if self.bio_devs or self.submitted:
             bio = self.bpf["bio_devs"]
@@ -436,7 +436,7 @@ class Probe:
             return sum(v.bytes for v in owed)
         if self._partitions is None:
             self._partitions = devices.partitions()
-        traced = set(self._opts.devs)
+        traced = set(self._opts.devs.devs)
         return sum(v.bytes for v in owed if not v.dev or self._partitions.get(v.dev, v.dev) in traced)
 
     def reason_totals(self) -> np.ndarray:
@@ -466,7 +466,7 @@ class Probe:
             series_keys=maps.series_keys, series_vals=maps.series_vals,
             hist_keys=maps.hist_keys, hist_counts=maps.hist_counts,
             reasons=reasons, diskstats_start=diskstats_start, diskstats_end=diskstats_end,
-            traced_devs=list(self._opts.devs) or None, filtered=bool(self._opts.pids or self._opts.cgroup_id),
+            traced_devs=list(self._opts.devs.devs) or None, filtered=bool(self._opts.pids or self._opts.cgroup_id),
             bio_devs=list(self.bio_devs), attach=self.attach,
             start_event=self.start_event, start_blind=list(self.start_blind),
             files=files, files_top=self._opts.files_top, files_cache=bool(self.files and self.files.cache),
