@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from tracer.marker import LOOP_KEYS, check_loop
+from tracer.model.fieldwise import AGREED, BY_FIELD, Fieldwise, joined, opt, union
 from tracer.model.files import Files
 from tracer.model.jsoncheck import array, number, obj, text, whole
 from tracer.model.sectionbase import Merger, Section
@@ -56,34 +57,13 @@ class _Agreed:
 # ---- the attach path and the start event ---------------------------------------
 
 @dataclass(frozen=True)
-class Attach(Section):
+class Attach(Fieldwise):
     """The attach path the BPF programs used ("raw_tp", "tracepoint"; "raw_tp+tracepoint" for merged runs)."""
 
     key: ClassVar[str] = "attach"
-    path: str
-
-    @classmethod
-    def from_json(cls, v) -> Attach:
-        return cls(text(v, "attach"))
-
-    def to_json(self) -> str:
-        return self.path
-
-    @classmethod
-    def merger(cls) -> Merger:
-        return _AttachMerger()
-
-
-class _AttachMerger:
-    def __init__(self) -> None:
-        self.paths: set[str] = set()
-
-    def add(self, d) -> None:
-        if d.attach is not None:
-            self.paths.add(d.attach.path)
-
-    def result(self) -> Attach | None:
-        return Attach("+".join(sorted(self.paths))) if self.paths else None   # one, unless runs of both kinds
+    json_bare: ClassVar[bool] = True
+    json_merge: ClassVar[str] = BY_FIELD
+    path: str = opt(merge=joined())     # one, unless runs of both kinds
 
 
 @dataclass(frozen=True)
@@ -193,34 +173,13 @@ class CoverageMerger:
 
 
 @dataclass(frozen=True)
-class BioDevices(Section):
+class BioDevices(Fieldwise):
     """Bio-based devices among the traced ones: their rows time bios (queue to completion), total phase only."""
 
     key: ClassVar[str] = "bio_devices"
-    names: tuple[str, ...]
-
-    @classmethod
-    def from_json(cls, v) -> BioDevices:
-        return cls(tuple(text(n, "bio_devices") for n in array(v, "bio_devices")))
-
-    def to_json(self) -> list[str]:
-        return list(self.names)
-
-    @classmethod
-    def merger(cls) -> Merger:
-        return _BioMerger()
-
-
-class _BioMerger:
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def add(self, d) -> None:
-        if d.bio_devices is not None:
-            self.names.update(d.bio_devices.names)
-
-    def result(self) -> BioDevices | None:
-        return BioDevices(tuple(sorted(self.names))) if self.names else None
+    json_bare: ClassVar[bool] = True
+    json_merge: ClassVar[str] = BY_FIELD
+    names: tuple[str, ...] = opt(merge=union(none_if_empty=True))
 
 
 # ---- per-process rows ("tasks"; their sources) -------------------------------------
@@ -374,22 +333,13 @@ class TaskMerger:
 # ---- markers: the enclosing window, the training loop's timing, the sender ------------
 
 @dataclass(frozen=True)
-class Enclosing(Section):
+class Enclosing(Fieldwise):
     """A marker dump's enclosing window: its label, or None at the top level (or from `iotrace mark`)."""
 
     key: ClassVar[str] = "enclosing"
+    json_bare: ClassVar[bool] = True
+    json_merge: ClassVar[str] = AGREED
     label: str | None
-
-    @classmethod
-    def from_json(cls, v) -> Enclosing:
-        return cls(None if v is None else text(v, "enclosing"))
-
-    def to_json(self) -> str | None:
-        return self.label
-
-    @classmethod
-    def merger(cls) -> Merger:
-        return _Agreed(cls.key)
 
 
 @dataclass(frozen=True)
@@ -478,22 +428,13 @@ def merge_loops(parts: list[Loop]) -> Loop | None:
 
 
 @dataclass(frozen=True)
-class SenderPid(Section):
+class SenderPid(Fieldwise):
     """The process that sent a marker dump's marker (the trainer; tracer.views.verdict tells its rows by it)."""
 
     key: ClassVar[str] = "sender_pid"
+    json_bare: ClassVar[bool] = True
+    json_merge: ClassVar[str] = AGREED
     pid: int
-
-    @classmethod
-    def from_json(cls, v) -> SenderPid:
-        return cls(whole(v, "sender_pid"))
-
-    def to_json(self) -> int:
-        return self.pid
-
-    @classmethod
-    def merger(cls) -> Merger:
-        return _Agreed(cls.key)
 
 
 @dataclass(frozen=True)
@@ -572,33 +513,21 @@ class _BeforeAttachMerger:
 # ---- what the final dump says about the tracer, and per-window findings (not merged) -------------
 
 @dataclass
-class BpfPrograms(Section):
+class BpfPrograms(Fieldwise):
     """The final dump's BPF program costs, per program name ("tasks:NAME" for the per-process tracer's)."""
 
     key: ClassVar[str] = "bpf_programs"
+    json_bare: ClassVar[bool] = True
     costs: dict[str, Any]
-
-    @classmethod
-    def from_json(cls, v) -> BpfPrograms:
-        return cls(obj(v, "bpf_programs"))
-
-    def to_json(self) -> dict:
-        return self.costs
 
 
 @dataclass(frozen=True)
-class TracedPids(Section):
+class TracedPids(Fieldwise):
     """The final dump's pid filter size (a pid filter was on): flat over a long run."""
 
     key: ClassVar[str] = "traced_pids"
+    json_bare: ClassVar[bool] = True
     count: int
-
-    @classmethod
-    def from_json(cls, v) -> TracedPids:
-        return cls(whole(v, "traced_pids"))
-
-    def to_json(self) -> int:
-        return self.count
 
 
 # why the wait for the traced processes' write-back ended (UnwrittenAtExit.ended)
@@ -631,19 +560,13 @@ class UnwrittenAtExit(Section):
 
 
 @dataclass(frozen=True)
-class WindowSeq(Section):
+class WindowSeq(Fieldwise):
     """The window's sequence number in its run (1 the first; the BPF side's wb_window): what a later window's
     write-back names it by (tracer.model.dump.Dirtied).  A merge of windows has none."""
 
     key: ClassVar[str] = "window_seq"
+    json_bare: ClassVar[bool] = True
     seq: int
-
-    @classmethod
-    def from_json(cls, v) -> WindowSeq:
-        return cls(whole(v, "window_seq"))
-
-    def to_json(self) -> int:
-        return self.seq
 
 
 @dataclass(frozen=True)
@@ -688,33 +611,21 @@ class WrittenBack(Section):
 
 
 @dataclass
-class Alerts(Section):
+class Alerts(Fieldwise):
     """The --alert rules a window crossed (tracer.pipeline.alerts.Alert.to_json each)."""
 
     key: ClassVar[str] = "alerts"
-    items: list[dict]
-
-    @classmethod
-    def from_json(cls, v) -> Alerts:
-        return cls([obj(a, "an alert") for a in array(v, "alerts")])
-
-    def to_json(self) -> list[dict]:
-        return self.items
+    json_bare: ClassVar[bool] = True
+    items: list[dict] = opt(item="an alert")
 
 
 @dataclass
-class VerdictSection(Section):
+class VerdictSection(Fieldwise):
     """A merged window's verdict as `report --json` writes it (tracer.views.verdict.Verdict.to_json)."""
 
     key: ClassVar[str] = "verdict"
+    json_bare: ClassVar[bool] = True
     value: dict
-
-    @classmethod
-    def from_json(cls, v) -> VerdictSection:
-        return cls(obj(v, "verdict"))
-
-    def to_json(self) -> dict:
-        return self.value
 
 
 # Every section, in the order a line holds them.
