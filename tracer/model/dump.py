@@ -31,7 +31,6 @@ from tracer.model.sections import (
     BioDevices,
     BpfPrograms,
     Coverage,
-    CoverageMerger,
     Credit,
     Enclosing,
     Loop,
@@ -552,9 +551,9 @@ class DiskstatsMerger:
 
 def merge_coverage(parts: Iterable[Coverage]) -> Coverage | None:
     """Coverage of disjoint windows added up, device by device."""
-    acc = CoverageMerger()
+    acc = Coverage.merger()
     for part in parts:
-        acc.add_coverage(part)
+        acc.add_section(part)
     return acc.result()
 
 

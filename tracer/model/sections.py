@@ -32,27 +32,23 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from tracer.marker import LOOP_KEYS, check_loop
-from tracer.model.fieldwise import AGREED, BY_FIELD, Fieldwise, joined, opt, union
+from tracer.model.fieldwise import (
+    AGREED,
+    BY_FIELD,
+    Agreed,
+    Fieldwise,
+    at_most,
+    either,
+    joined,
+    largest,
+    one_of,
+    opt,
+    summed_per_key,
+    union,
+)
 from tracer.model.files import Files
 from tracer.model.jsoncheck import array, number, obj, text, whole
 from tracer.model.sectionbase import Merger, Section
-
-
-class _Agreed:
-    """The merged section is the one every dump that has it agrees on (up to 2 distinct ones are kept)."""
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        self.seen: set = set()
-
-    def add(self, d) -> None:
-        s = getattr(d, self.key)
-        if s is not None and len(self.seen) < 2:
-            self.seen.add(s)
-
-    def result(self) -> Section | None:
-        return next(iter(self.seen)) if len(self.seen) == 1 else None
-
 
 # ---- the attach path and the start event ---------------------------------------
 
@@ -67,109 +63,38 @@ class Attach(Fieldwise):
 
 
 @dataclass(frozen=True)
-class StartEvent(Section):
+class StartEvent(Fieldwise):
     """The block event requests start on, and the disks it is blind to (scheduler none, before block_io_start)."""
 
     key: ClassVar[str] = "start_event"
-    event: str
-    blind: tuple[str, ...] = ()
-
-    @classmethod
-    def from_json(cls, v) -> StartEvent:
-        v = obj(v, "start_event")
-        return cls(text(v.get("event", ""), "start_event.event"),
-                   tuple(text(n, "start_event.blind") for n in array(v.get("blind", []), "start_event.blind")))
-
-    def to_json(self) -> dict:
-        return {"event": self.event, **({"blind": list(self.blind)} if self.blind else {})}
-
-    @classmethod
-    def merger(cls) -> Merger:
-        return _StartEventMerger()
-
-
-class _StartEventMerger:
-    def __init__(self) -> None:
-        self.events: set[str] = set()
-        self.blind: set[str] = set()
-
-    def add(self, d) -> None:
-        if d.start_event is not None:
-            self.events.add(d.start_event.event)
-            self.blind.update(d.start_event.blind)
-
-    def result(self) -> StartEvent | None:
-        return StartEvent("+".join(sorted(self.events)), tuple(sorted(self.blind))) if self.events else None
+    json_merge: ClassVar[str] = BY_FIELD
+    event: str = opt("", merge=joined())
+    blind: tuple[str, ...] = opt((), omit_empty=True, merge=union())
 
 
 # ---- coverage ------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class DeviceCoverage:
-    recorded: int       # requests iotrace recorded
-    diskstats: int      # requests /proc/diskstats completed, same window
-
-    def to_json(self) -> dict:
-        return {"recorded": self.recorded, "diskstats": self.diskstats}
+    recorded: int = 0       # requests iotrace recorded
+    diskstats: int = 0      # requests /proc/diskstats completed, same window
 
 
 @dataclass
-class Coverage(Section):
+class Coverage(Fieldwise):
     """Per device: requests recorded vs completed per /proc/diskstats; `filtered`: a pid or cgroup filter
-    was on (iotrace's share is partial by design)."""
+    was on (iotrace's share is partial by design).  Merged: added up, device by device."""
 
     key: ClassVar[str] = "coverage"
-    filtered: bool
-    devices: dict[str, DeviceCoverage] = field(default_factory=dict)
-
-    @classmethod
-    def from_json(cls, v) -> Coverage:
-        v = obj(v, "coverage")
-        devices = {}
-        for dev, c in obj(v.get("devices", {}), "coverage.devices").items():
-            c = obj(c, f"coverage.devices.{dev}")
-            devices[dev] = DeviceCoverage(*(whole(c.get(k, 0), f"coverage.devices.{dev}.{k}")
-                                            for k in ("recorded", "diskstats")))
-        return cls(bool(v.get("filtered")), devices)
-
-    def to_json(self) -> dict:
-        return {"filtered": self.filtered, "devices": {name: c.to_json() for name, c in self.devices.items()}}
-
-    @classmethod
-    def merger(cls) -> Merger:
-        return CoverageMerger()
+    json_merge: ClassVar[str] = BY_FIELD
+    filtered: bool = opt(merge=either())
+    devices: dict[str, DeviceCoverage] = opt(factory=dict, merge=summed_per_key())
 
     def unrecorded(self, device: str | None = None) -> dict[str, int]:
         """Requests /proc/diskstats completed that iotrace did not record, per device that is short of them
         (`device`: that one only)."""
         return {name: c.diskstats - c.recorded for name, c in self.devices.items()
                 if (device is None or name == device) and c.diskstats > c.recorded}
-
-
-class CoverageMerger:
-    """Coverage of disjoint windows added up, device by device."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.filtered = False
-        self.devs: dict[str, list[int]] = {}
-
-    def add(self, d) -> None:
-        if d.coverage is not None:
-            self.add_coverage(d.coverage)
-
-    def add_coverage(self, part: Coverage) -> None:
-        self.n += 1
-        self.filtered = self.filtered or part.filtered
-        for name, c in part.devices.items():
-            acc = self.devs.setdefault(name, [0, 0])
-            acc[0] += c.recorded
-            acc[1] += c.diskstats
-
-    def result(self) -> Coverage | None:
-        if not self.n:
-            return None
-        return Coverage(self.filtered, {k: DeviceCoverage(*v) for k, v in self.devs.items()})
 
 
 @dataclass(frozen=True)
@@ -283,7 +208,7 @@ class _TextMap(Section):
 
     @classmethod
     def merger(cls) -> Merger:
-        return _Agreed(cls.key)
+        return Agreed(cls.key)
 
 
 @dataclass(frozen=True)
@@ -438,76 +363,33 @@ class SenderPid(Fieldwise):
 
 
 @dataclass(frozen=True)
-class Owner(Section):
+class Owner(Fieldwise):
     """Whose window a marker dump is, when a run's windows are per sender (tracer.pipeline.senders): the training
     loop that sent its marker (`pid`) and the rank it said it is (`rank`, None: it did not say).  Its series,
     rows and files are that sender's processes' only (itself and its descendants)."""
 
     key: ClassVar[str] = "owner"
-    pid: int
-    rank: int | None = None
-
+    json_merge: ClassVar[str] = AGREED
     MAX_RANK: ClassVar[int] = 2**20
-
-    @classmethod
-    def from_json(cls, v) -> Owner:
-        o = obj(v, "owner")
-        rank = o.get("rank")
-        rank = None if rank is None else whole(rank, "owner.rank")
-        if rank is not None and rank > cls.MAX_RANK:
-            raise ValueError(f"owner.rank is {rank}, more than {cls.MAX_RANK}")
-        return cls(whole(o.get("pid"), "owner.pid"), rank)
-
-    def to_json(self) -> dict:
-        return {"pid": self.pid, "rank": self.rank}
+    pid: int
+    rank: int | None = opt(None, check=at_most(MAX_RANK))
 
     @property
     def name(self) -> str:
         """How its windows are named: "rank 1", or "pid 4242" for a sender that gave no rank."""
         return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
 
-    @classmethod
-    def merger(cls) -> Merger:
-        return _Agreed(cls.key)
 
 
 @dataclass(frozen=True)
-class BeforeAttach(Section):
+class BeforeAttach(Fieldwise):
     """A window that began before the tracer attached (`iotrace --pid` mid-epoch, a tracer started after the
     trainer): `by_s` seconds before (None: how long is not known: an older sender's marker does not say); the dump
     holds only what came after.  Merged: the longest of them."""
 
     key: ClassVar[str] = "before_attach"
-    by_s: float | None = None
-
-    @classmethod
-    def from_json(cls, v) -> BeforeAttach:
-        v = obj(v, "before_attach")
-        by = v.get("by_s")
-        return cls(None if by is None else number(by, "before_attach.by_s"))
-
-    def to_json(self) -> dict:
-        return {"by_s": self.by_s}
-
-    @classmethod
-    def merger(cls) -> Merger:
-        return _BeforeAttachMerger()
-
-
-class _BeforeAttachMerger:
-    def __init__(self) -> None:
-        self.seen = False
-        self.by: float | None = None
-
-    def add(self, d) -> None:
-        b = d.before_attach
-        if b is not None:
-            self.seen = True
-            if b.by_s is not None:
-                self.by = b.by_s if self.by is None else max(self.by, b.by_s)
-
-    def result(self) -> BeforeAttach | None:
-        return BeforeAttach(self.by) if self.seen else None
+    json_merge: ClassVar[str] = BY_FIELD
+    by_s: float | None = opt(None, merge=largest())
 
 
 # ---- what the final dump says about the tracer, and per-window findings (not merged) -------------
@@ -535,7 +417,7 @@ WRITEBACK_ENDS = ("written", "bound", "deadline", "signal", "not waited")
 
 
 @dataclass
-class UnwrittenAtExit(Section):
+class UnwrittenAtExit(Fieldwise):
     """The final dump of a run that ended when its traced processes did (a COMMAND, the --pid tree): the bytes
     they dirtied that the kernel had not written back when the trace stopped (0: all of it is in the run's
     figures), the seconds waited for that write-back, and why the wait ended (WRITEBACK_ENDS: "bound" is
@@ -543,20 +425,8 @@ class UnwrittenAtExit(Section):
 
     key: ClassVar[str] = "unwritten_at_exit"
     bytes: int
-    waited_s: float
-    ended: str
-
-    @classmethod
-    def from_json(cls, v) -> UnwrittenAtExit:
-        v = obj(v, "unwritten_at_exit")
-        ended = text(v.get("ended"), "unwritten_at_exit.ended")
-        if ended not in WRITEBACK_ENDS:
-            raise ValueError(f"unwritten_at_exit.ended is {ended!r}, not one of {', '.join(WRITEBACK_ENDS)}")
-        return cls(whole(v.get("bytes"), "unwritten_at_exit.bytes"),
-                   number(v.get("waited_s"), "unwritten_at_exit.waited_s"), ended)
-
-    def to_json(self) -> dict:
-        return {"bytes": self.bytes, "waited_s": round(self.waited_s, 3), "ended": self.ended}
+    waited_s: float = opt(digits=3)
+    ended: str = opt(check=one_of(WRITEBACK_ENDS))
 
 
 @dataclass(frozen=True)
@@ -584,30 +454,15 @@ class Credit:
 
 
 @dataclass(frozen=True)
-class WrittenBack(Section):
+class WrittenBack(Fieldwise):
     """A labelled window's write-back credit (`iotrace report --by label`'s merged windows): the bytes its
     processes dirtied, by the window that wrote them back (the same one, or a later one), from the write-back
     rows' Dirtied entries of every dump read.  Bytes only: the requests' latencies are those of the window
     they ran in.  A merge has none (it is made from all the dumps, not merged)."""
 
     key: ClassVar[str] = "written_back"
-    credits: tuple[Credit, ...] = ()
-
-    @classmethod
-    def from_json(cls, v) -> WrittenBack:
-        out = []
-        for i, c in enumerate(array(v, "written_back")):
-            c = obj(c, f"written_back[{i}]")
-            w = c.get("written_in")
-            out.append(Credit(text(c["comm"], "written_back.comm"),
-                              None if w is None else text(w, "written_back.written_in"),
-                              whole(c["count"], "written_back.count"), whole(c["bytes"], "written_back.bytes"),
-                              text(c["start"], "written_back.start"), text(c["end"], "written_back.end")))
-        return cls(tuple(out))
-
-    def to_json(self) -> list:
-        return [{"comm": c.comm, "written_in": c.written_in, "count": c.count, "bytes": c.bytes,
-                 "start": c.start, "end": c.end} for c in self.credits]
+    json_bare: ClassVar[bool] = True
+    credits: tuple[Credit, ...] = opt((), item="{name}[{i}]")
 
 
 @dataclass
