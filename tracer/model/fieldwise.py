@@ -30,13 +30,15 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, ClassVar
 
 from tracer.model.jsoncheck import array, number, obj, text, whole
 from tracer.model.sectionbase import Merger, Section
 
-Reader = Callable[[Any, str, str], Any]     # (value, its name, the name its parts are named from) -> checked value
+# (value, its name[, the name its parts are named from: a list's element's are named from the list]) -> the
+# checked value; the scalars' are jsoncheck's own checks, called with no wrapper (a row has many fields)
+Reader = Callable[..., Any]
 Writer = Callable[[Any], Any]
 
 
@@ -74,34 +76,38 @@ def _is_pairs(tp) -> bool:
             and typing.get_origin(args[0]) is tuple and typing.get_args(args[0])[0] is str)
 
 
+def _truth(v, name: str) -> bool:
+    return bool(v)
+
+
+def _unchecked(v, name: str):
+    return v
+
+
+_SCALARS = {str: text, int: whole, float: number, bool: _truth, Any: _unchecked, dict: obj}
+
+
 def _reader(tp, sep: str, item: str | None) -> Reader:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is str:
-        return lambda v, name, _: text(v, name)
-    if tp is bool:
-        return lambda v, name, _: bool(v)
-    if tp is int:
-        return lambda v, name, _: whole(v, name)
-    if tp is float:
-        return lambda v, name, _: number(v, name)
-    if tp is Any:
-        return lambda v, name, _: v
-    if tp is dict:
-        return lambda v, name, _: obj(v, name)
+    if tp in _SCALARS:
+        return _SCALARS[tp]
     if origin in (types.UnionType, typing.Union) and len(args) == 2 and type(None) in args:
         inner = _reader(next(a for a in args if a is not type(None)), sep, item)
-        return lambda v, name, parent: None if v is None else inner(v, name, parent)
+        if inner in _SCALARS.values():
+            return lambda v, name: None if v is None else inner(v, name)
+        return lambda v, name, parent=None: None if v is None else inner(v, name, parent)
     if _is_pairs(tp):
         value = _reader(typing.get_args(args[0])[1], sep, None)
-        return lambda v, name, _: tuple((k, value(x, f"{name}{sep}{k}", f"{name}{sep}{k}"))
-                                        for k, x in obj(v, name).items())
+        return lambda v, name, parent=None: tuple((k, value(x, f"{name}{sep}{k}")) for k, x in obj(v, name).items())
     if origin is dict:
         value = _reader(args[1], sep, None)
-        return lambda v, name, _: {k: value(x, f"{name}{sep}{k}", f"{name}{sep}{k}") for k, x in obj(v, name).items()}
+        return lambda v, name, parent=None: {k: value(x, f"{name}{sep}{k}") for k, x in obj(v, name).items()}
     if origin in (tuple, list) and (origin is list or args[1:] == (Ellipsis,)):
         elem, form = _reader(args[0], sep, None), item or "{name}"
-        return lambda v, name, _: origin(elem(x, form.format(name=name, i=i), name)
-                                         for i, x in enumerate(array(v, name)))
+        if elem in _SCALARS.values():
+            return lambda v, name: origin(elem(x, form.format(name=name, i=i)) for i, x in enumerate(array(v, name)))
+        return lambda v, name, parent=None: origin(elem(x, form.format(name=name, i=i), name)
+                                                   for i, x in enumerate(array(v, name)))
     if is_dataclass(tp):
         return _object_reader(tp)
     raise TypeError(f"no JSON reader for {tp!r}")
@@ -129,24 +135,28 @@ def _plan(cls) -> tuple[_Field, ...]:
                  for f in fields(cls))
 
 
+@lru_cache(maxsize=256)     # a list's rows share their names; device names are few (and the cache is bounded)
+def _parts(cls, parent: str) -> tuple[tuple, ...]:
+    sep = getattr(cls, "json_sep", ".")
+    return tuple((f.name, f"{parent}{sep}{f.name}", f.read, f.default, f.factory, f.check) for f in _plan(cls))
+
+
 def _object_reader(cls) -> Reader:
-    def read(v, name: str, parent: str):
+    def read(v, name: str, parent: str | None = None):
         v = obj(v, name)
-        sep = getattr(cls, "json_sep", ".")
         kw = {}
-        for f in _plan(cls):
-            part = f"{parent}{sep}{f.name}"
-            if f.name in v:
-                x = f.read(v[f.name], part, part)
-            elif f.default is not MISSING:
-                x = f.default
-            elif f.factory is not MISSING:
-                x = f.factory()
+        for key, part, check_read, default, factory, check in _parts(cls, parent or name):
+            if key in v:
+                x = check_read(v[key], part)
+            elif default is not MISSING:
+                x = default
+            elif factory is not MISSING:
+                x = factory()
             else:
-                x = f.read(None, part, part)    # required: refused as its null
-            if f.check is not None:
-                f.check(x, part)
-            kw[f.name] = x
+                x = check_read(None, part)      # required: refused as its null
+            if check is not None:
+                check(x, part)
+            kw[key] = x
         return cls(**kw)
     return read
 
@@ -167,7 +177,11 @@ def _writer(tp) -> Writer:
         return lambda x: [elem(e) for e in x]
     if is_dataclass(tp):
         return write_object
-    return lambda x: x      # str, int, float, bool; dict and Any: the value as read
+    return _as_is
+
+
+def _as_is(x):
+    return x        # str, int, float, bool; dict and Any: the value as read
 
 
 def write_object(x) -> dict:
@@ -177,13 +191,15 @@ def write_object(x) -> dict:
         v = getattr(x, f.name)
         if f.omit_empty and not v:
             continue
-        out[f.name] = f.write(v if f.digits is None else round(v, f.digits))
+        if f.digits is not None:
+            v = round(v, f.digits)
+        out[f.name] = v if f.write is _as_is else f.write(v)
     return out
 
 
 def read_object(cls, v, name: str):
     """A dataclass from its JSON object `v`, each field checked (ValueError names the bad one)."""
-    return _object_reader(cls)(v, name, name)
+    return _object_reader(cls)(v, name)
 
 
 # ---- the merge policies --------------------------------------------------------------------------------
@@ -295,6 +311,13 @@ class ByField:
 
 # ---- the base ------------------------------------------------------------------------------------------
 
+class Record:
+    """A dataclass held in a section (a row, a device's counts): it writes as its fields say too."""
+
+    def to_json(self) -> dict:
+        return write_object(self)
+
+
 class Fieldwise(Section):
     """A section read, written and merged as its dataclass fields say (see the module docstring)."""
 
@@ -307,7 +330,7 @@ class Fieldwise(Section):
         if not cls.json_bare:
             return read_object(cls, v, cls.key)
         (f,) = _plan(cls)
-        x = f.read(v, cls.key, cls.key)
+        x = f.read(v, cls.key)
         if f.check is not None:
             f.check(x, cls.key)
         return cls(x)

@@ -16,6 +16,11 @@ A class provides:
   merger() -> Merger | None     how the sections of disjoint windows merge
                                 (None: a merged dump has none, e.g. alerts)
 
+Most classes are Fieldwise (tracer.model.fieldwise): their dataclass fields'
+annotations and options say how they read, write and merge.  The others
+(Loop; Files, in tracer.model.files) and the mergers no policy expresses
+(TaskMerger, LoopMerger) are written by hand, each saying why.
+
 A Merger sees every merged dump in order (``add(dump)``, whether or not it
 has the section: the loop's merge needs every label) and gives the merged
 section or None (``result()``).
@@ -28,15 +33,15 @@ cannot know how to add them up, leaves them out.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 from tracer.marker import LOOP_KEYS, check_loop
 from tracer.model.fieldwise import (
     AGREED,
     BY_FIELD,
-    Agreed,
     Fieldwise,
+    Record,
     at_most,
     either,
     joined,
@@ -47,7 +52,6 @@ from tracer.model.fieldwise import (
     union,
 )
 from tracer.model.files import Files
-from tracer.model.jsoncheck import array, number, obj, text, whole
 from tracer.model.sectionbase import Merger, Section
 
 # ---- the attach path and the start event ---------------------------------------
@@ -75,7 +79,7 @@ class StartEvent(Fieldwise):
 # ---- coverage ------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class DeviceCoverage:
+class DeviceCoverage(Record):
     recorded: int = 0       # requests iotrace recorded
     diskstats: int = 0      # requests /proc/diskstats completed, same window
 
@@ -110,8 +114,10 @@ class BioDevices(Fieldwise):
 # ---- per-process rows ("tasks"; their sources) -------------------------------------
 
 @dataclass
-class TaskRow:
+class TaskRow(Record):
     """One traced process in a window (tracer.sources.tasks; docs/training.md, per process)."""
+
+    json_sep: ClassVar[str] = " "      # its errors say "tasks pid", as they always have
 
     pid: int
     ppid: int = 0
@@ -120,8 +126,10 @@ class TaskRow:
     io_waits: int = 0
     read_bytes: int = 0         # read from files, page cache included (tasks_sources says from which events)
     reads: int = 0
-    read_pages: int = 0         # pages of those reads (the page cache's events only; 0 with --tasks)
-    missed_pages: int = 0       # pages its reads added to the page cache: 1 - missed/read is its hit ratio
+    # the page counts are written only where there are some (rows of --tasks, and of files older than them,
+    # have none)
+    read_pages: int = opt(0, omit_empty=True)       # pages of those reads (the page cache's events only)
+    missed_pages: int = opt(0, omit_empty=True)     # pages they added to the cache (hit ratio: 1 - missed/read)
     disk_read_bytes: int = 0    # its read series' bytes
     fsync_s: float = 0.0        # in fsync, fdatasync (ext4_sync_file; with --tasks the syscalls, sync_file_range too)
     fsyncs: int = 0
@@ -129,22 +137,6 @@ class TaskRow:
     throttles: int = 0
     started: bool = False
     exited: bool = False
-
-    @classmethod
-    def from_json(cls, v) -> TaskRow:
-        v = obj(v, "a tasks row")
-        row = cls(whole(v.get("pid"), "tasks pid"), whole(v.get("ppid", 0), "tasks ppid"),
-                  text(v.get("comm", ""), "tasks comm"))
-        for k in TASK_SUMS:
-            if k in v:
-                setattr(row, k, (number if k.endswith("_s") else whole)(v[k], f"tasks {k}"))
-        row.started, row.exited = bool(v.get("started")), bool(v.get("exited"))
-        return row
-
-    def to_json(self) -> dict:
-        # the page counts only where there are some (rows of --tasks, and of files older than them, have none)
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in _PAGE_KEYS or getattr(self, f.name)}
 
     def add(self, r: TaskRow) -> None:
         """`r`, the same process's row of a later window, added in (name and parent from the latest)."""
@@ -157,29 +149,22 @@ class TaskRow:
         self.exited = self.exited or r.exited
 
 
-_PAGE_KEYS = ("read_pages", "missed_pages")
 # the counters a row adds up over windows
 TASK_SUMS = ("io_wait_s", "io_waits", "read_bytes", "reads", "read_pages", "missed_pages", "disk_read_bytes",
              "fsync_s", "fsyncs", "throttled_s", "throttles")
 
 
 @dataclass
-class Tasks(Section):
+class Tasks(Fieldwise):
     """A row per traced process of the window, exited ones included (an empty list: none ran)."""
 
     key: ClassVar[str] = "tasks"
-    rows: list[TaskRow] = field(default_factory=list)
-
-    @classmethod
-    def from_json(cls, v) -> Tasks:
-        return cls([TaskRow.from_json(r) for r in array(v, "tasks")])
-
-    def to_json(self) -> list[dict]:
-        return [r.to_json() for r in self.rows]
+    json_bare: ClassVar[bool] = True
+    rows: list[TaskRow] = opt(factory=list, item="a {name} row")
 
     @classmethod
     def merger(cls) -> Merger:
-        return TaskMerger()
+        return TaskMerger()     # by pid, each row's counters added (TaskRow.add): no field-wise policy says that
 
     def folded(self) -> Tasks:
         """Exited processes' rows summed per comm (pid 0: "these processes"), live ones kept: a long run's
@@ -190,25 +175,17 @@ class Tasks(Section):
 
 
 @dataclass(frozen=True)
-class _TextMap(Section):
+class _TextMap(Fieldwise):
     """A {name: text} section that every window of a run has alike: merged when the dumps agree."""
 
-    items: tuple[tuple[str, str], ...]
+    json_bare: ClassVar[bool] = True
+    json_sep: ClassVar[str] = " "      # "unavailable start is 3, ..."
+    json_merge: ClassVar[str] = AGREED
+    items: tuple[tuple[str, str], ...]     # pairs, not a dict: the agreed merge keeps them in a set
 
     @classmethod
     def of(cls, texts: dict[str, str]):
         return cls(tuple(texts.items()))
-
-    @classmethod
-    def from_json(cls, v):
-        return cls(tuple((k, text(x, f"{cls.key} {k}")) for k, x in obj(v, cls.key).items()))
-
-    def to_json(self) -> dict:
-        return dict(self.items)
-
-    @classmethod
-    def merger(cls) -> Merger:
-        return Agreed(cls.key)
 
 
 @dataclass(frozen=True)
@@ -269,7 +246,10 @@ class Enclosing(Fieldwise):
 
 @dataclass(frozen=True)
 class Loop(Section):
-    """The training loop's timing over a marker's window: seconds it waited for batches, batches, wall time."""
+    """The training loop's timing over a marker's window: seconds it waited for batches, batches, wall time.
+
+    Hand-written: it is checked by the marker wire's check_loop (its own messages, "loop.steps is not a whole
+    number", and a steps of 10.0 read as 10), and merged by LoopMerger (nested windows are not added twice)."""
 
     key: ClassVar[str] = "loop"
     null_is_absent: ClassVar[bool] = True
@@ -440,7 +420,7 @@ class WindowSeq(Fieldwise):
 
 
 @dataclass(frozen=True)
-class Credit:
+class Credit(Record):
     """Write-back of data a window dirtied, by one process (`comm`) and the window it was written back in
     (`written_in`, its label; None: unlabelled), from `start` to `end` (ISO 8601: the first and last such
     windows' edges)."""
