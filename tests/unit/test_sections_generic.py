@@ -1,6 +1,6 @@
 """Every section of SECTIONS pinned as its JSON reads, writes and merges, and as its bad values are refused: the
 exact text a line holds after a read and a write (key order included), the exact error naming the bad key, the
-exact merged section.  Written before the sections' readers were made generic (tracer.model.fields), so that
+exact merged section.  Written before the sections' readers were made generic (tracer.model.fieldwise), so that
 the generic code is held to what the hand-written readers did."""
 
 from __future__ import annotations
