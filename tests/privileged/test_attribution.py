@@ -32,7 +32,7 @@ from conftest import (
 )
 from unit.test_core import start_tracer
 
-from tracer.model.diskstats import DiskStats
+from tracer.model.diskstats import DiskCounters
 from tracer.sources.devices import read_diskstats
 from tracer.sources.probe import USER_DROPS
 
@@ -141,7 +141,7 @@ def write_cold(path: Path, mib: int) -> None:
         os.close(fd)
 
 
-def settled(name: str, timeout: float = 5) -> DiskStats:
+def settled(name: str, timeout: float = 5) -> DiskCounters:
     """The device's counters once nothing is in flight (readahead may outlive its reader)."""
     end = time.monotonic() + timeout
     while True:

@@ -77,8 +77,7 @@ def test_every_live_mode_declares_the_same_dev_option(module):
 def test_the_alerts_and_the_live_run_take_the_filters_names(sysfs):
     import argparse
 
-    from tracer.cli.common import alert_check
-    from tracer.runtime.session import LiveRun
+    from tracer.runtime.session import LiveRun, alert_check
 
     f = device_filter(["7:3"])
     ns = argparse.Namespace(alerts=["loop0:p99>1ms"])

@@ -18,7 +18,7 @@ from conftest import run_iotrace
 
 from tracer import marker
 from tracer.errors import UserError
-from tracer.model.diskstats import DiskStats
+from tracer.model.diskstats import DiskCounters
 from tracer.model.dump import Dump
 from tracer.pipeline.aggregate import coverage
 from tracer.runtime import child as childmod
@@ -276,7 +276,7 @@ def test_stale_sockets_are_removed_live_ones_and_others_are_not(tmp_path):
 
 
 def _stats(reads=0, writes=0):
-    return DiskStats(reads, 0, 0, writes, 0, 0, 0, 0, 0, 0, 0, 0)
+    return DiskCounters(reads, 0, 0, writes, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
 def _raw(start, end, devs=None):

@@ -17,7 +17,7 @@ import pytest
 from conftest import PYTHON, ROOT, run_iotrace
 
 from tracer.model import diskstats as dsmodel
-from tracer.model.diskstats import DiskStats
+from tracer.model.diskstats import DiskCounters
 from tracer.model.dump import Dump, PhaseStats, Series
 from tracer.model.histogram import Histogram
 from tracer.sinks import csv as csvsink
@@ -29,11 +29,11 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (loop devi
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 
 
-def stats(**kw) -> DiskStats:
+def stats(**kw) -> DiskCounters:
     base = dict.fromkeys(("reads", "read_sectors", "read_ms", "writes", "write_sectors", "write_ms", "in_flight",
                           "io_ms", "weighted_ms", "discards", "discard_sectors", "flushes"), 0)
     base.update(kw)
-    return DiskStats(**base)
+    return DiskCounters(**base)
 
 
 # ---- the iostat columns ---------------------------------------------------------

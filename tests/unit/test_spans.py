@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from tracer.model.diskstats import DiskStats
+from tracer.model.diskstats import DiskCounters
 from tracer.model.dump import duration_of
 from tracer.model.sections import TaskRow, Tasks
 from tracer.pipeline import aggregate
@@ -36,8 +36,8 @@ def loop_names(monkeypatch):
     monkeypatch.setattr(devices, "name_of", lambda dev: names.get(dev) or real(dev))
 
 
-def stats(reads: int = 0, writes: int = 0, io_ms: int = 0) -> DiskStats:
-    return DiskStats(reads, reads * 8, reads, writes, writes * 8, writes, 0, io_ms, io_ms, 0, 0, 0)
+def stats(reads: int = 0, writes: int = 0, io_ms: int = 0) -> DiskCounters:
+    return DiskCounters(reads, reads * 8, reads, writes, writes * 8, writes, 0, io_ms, io_ms, 0, 0, 0)
 
 
 # ---- 2. the --csv row: its dump's seconds, iostat's columns over the same window ------------------

@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
 
 from tracer import sinks as sinkreg
 from tracer.errors import UserError
 from tracer.options import MAX_COUNT, Parser, at_least, interval_seconds, positive
-
-if TYPE_CHECKING:
-    from tracer.sources.devices import DeviceFilter
 
 # subcommand -> the module that runs it (trace mode, `iotrace [options]`, is tracer.cli.trace)
 COMMANDS = {
@@ -34,7 +30,7 @@ COMMANDS = {
 }
 
 __all__ = ["COMMANDS", "Parser", "at_least", "interval_seconds", "positive", "add_attach_option", "interval_count",
-           "take_interval", "duration", "offer_diskstats", "output_options", "add_device_option"]
+           "take_interval", "duration", "output_options", "add_device_option"]
 
 
 def duration(text: str) -> float:
@@ -85,13 +81,6 @@ def add_attach_option(p: argparse.ArgumentParser) -> None:
                         "tools running make the kernel skip nothing), tracepoint (perf-event tracepoints, for "
                         "kernels without BTF), or auto: raw_tp where /sys/kernel/btf/vmlinux has all it needs. "
                         "Default: $IOTRACE_ATTACH, else auto. Every dump says which ran (\"attach\")")
-def offer_diskstats(exc: UserError) -> UserError:
-    """A Probe error, with the unprivileged mode offered when it says BPF cannot be used here."""
-    message = str(exc)
-    if message.startswith("--"):        # an option's value: the user fixes that, BPF may be fine
-        return exc
-    return UserError(f"{message}; without BPF, 'iotrace --diskstats' shows iostat's numbers per device and "
-                     f"bytes per process from /proc (no percentiles, no root needed)", exc.exit_code)
 
 
 def output_options(p: argparse.ArgumentParser, mode: str) -> None:
@@ -106,38 +95,6 @@ def add_device_option(p: argparse.ArgumentParser) -> None:
     """--dev, shared by every mode that traces live (trace, --diskstats, serve, top): the strings as given
     in ns.devs; the run resolves them once (tracer.sources.devices.device_filter)."""
     p.add_argument("--dev", action="append", default=[], metavar="DEV", dest="devs", help=DEV_HELP)
-
-
-def alert_check(ns, bpf: bool = True, devices: DeviceFilter | None = None):
-    """The pipeline's --alert stage for these options, or None; bad rules fail here, before tracing.
-
-    `devices`: the disks the run watches (--dev), None or empty for every disk.  A rule scoped to a disk
-    that is not one of them (or not a disk at all) could never fire, so it is refused.
-    """
-    from tracer.pipeline import alerts as alertmod
-    from tracer.sources.devices import whole_disks
-
-    traced = devices.name_list if devices is not None else None
-    alerts = getattr(ns, "alerts", [])
-    if getattr(ns, "fail_on_alert", False) and not alerts:
-        example = "'p99>50ms'" if bpf else "'util>90%'"
-        raise UserError(f"--fail-on-alert needs at least one --alert RULE, e.g. --alert {example}")
-    rules = alertmod.parse_rules(alerts)
-    if not bpf:
-        for r in rules:
-            if r.needs_bpf:
-                raise UserError(f"--alert {r.text!r}: latency percentiles need BPF; with --diskstats alerts can "
-                                f"use {', '.join(alertmod.DISK_METRICS)}")
-    scoped = [r for r in rules if r.device is not None]
-    disks = sorted(whole_disks()) if scoped else []
-    for r in scoped:
-        if r.device not in disks:
-            raise UserError(f"--alert {r.text!r}: no disk {r.device!r}, so it could never fire; "
-                            f"disks: {', '.join(disks) or 'none'}")
-        if traced is not None and r.device not in traced:
-            raise UserError(f"--alert {r.text!r}: {r.device} is not traced (--dev {' --dev '.join(traced)}), "
-                            f"so it could never fire: add --dev {r.device}")
-    return alertmod.AlertCheck(rules) if rules else None
 
 
 PID_HELP = ("trace this process, all its threads, every descendant it has now, and (unless --no-children) "

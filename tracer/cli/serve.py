@@ -9,10 +9,10 @@ import argparse
 import sys
 from typing import TextIO
 
-from tracer.cli.common import add_attach_option, add_device_option, alert_check, output_options
+from tracer.cli.common import add_attach_option, add_device_option, output_options
 from tracer.options import Parser, interval_seconds
 from tracer.runtime.loop import Schedule
-from tracer.runtime.session import LiveRun
+from tracer.runtime.session import LiveRun, alert_check
 from tracer.sinks.prometheus import (
     ATTACHED,
     BOUNDS_S,

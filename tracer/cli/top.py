@@ -17,14 +17,13 @@ from tracer.cli.common import (
     add_attach_option,
     add_device_option,
     interval_count,
-    offer_diskstats,
     output_options,
     take_interval,
 )
 from tracer.errors import UserError
 from tracer.options import Parser, interval_seconds, pid
 from tracer.runtime.loop import Schedule
-from tracer.runtime.session import LiveRun
+from tracer.runtime.session import LiveRun, offer_diskstats
 
 EPILOG = """\
 examples:

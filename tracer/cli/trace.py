@@ -1,19 +1,19 @@
-"""Trace mode, `sudo iotrace [options] [interval [count]] [-- COMMAND]`, and `iotrace --diskstats`.
+"""Trace mode's command line, `sudo iotrace [options] [interval [count]] [-- COMMAND]`, and `iotrace --diskstats`'s.
 
-Arguments become objects here: the sources (the BPF probe, the per-process
-tracer, or the /proc samplers), the pipeline that turns them into windows,
-the sinks the options ask for, and the live loop (tracer.runtime.loop) that
-runs them.  Every problem the user can fix is one line on stderr and a
-non-zero exit (tracer.errors.UserError); whatever was collected is still
-printed and written on Ctrl-C or SIGTERM.
+Argv becomes one object here: the parser (its --help and the man page),
+the checks of options that go together or not (--pid or a COMMAND, what
+--diskstats cannot take), and the typed options (TraceArgs) that the run
+takes.  The run itself, the probe, the held command, the control socket and
+the loop, is tracer.runtime.trace's.  Every problem the user can fix is one
+line on stderr and a non-zero exit (tracer.errors.UserError); whatever was
+collected is still printed and written on Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from typing import TextIO
 
 from tracer import contract
@@ -21,18 +21,20 @@ from tracer.cli.common import (
     PID_HELP,
     add_attach_option,
     add_device_option,
-    alert_check,
     duration,
     interval_count,
-    offer_diskstats,
     output_options,
     take_interval,
 )
 from tracer.errors import UserError
 from tracer.options import Parser, at_least, interval_seconds, pid, wait_seconds
-from tracer.runtime.loop import Schedule
-from tracer.runtime.session import LiveRun
-from tracer.text import safe
+from tracer.runtime import trace as runtime_trace
+from tracer.runtime.trace import TraceOptions, unavailable_line
+from tracer.runtime.trace import announce as _announce
+
+# the start lines went to tracer.runtime.trace with the run: still importable from here, where they were
+__all__ = ["EPILOG", "TraceArgs", "trace_parser", "parse_trace_args", "run", "run_trace", "unavailable_line",
+           "_announce"]
 
 EPILOG = """\
 examples:
@@ -82,37 +84,9 @@ The table shows total latency percentiles, and p50/p99 of its queue and device p
 """
 
 
-@dataclass
-class TraceArgs:
-    """Trace mode's options, typed: each field is the parsed option of its name (parse_trace_args fills
-    them from the namespace by name, so an option of the mode's own is one field here).  `options` is
-    the whole namespace: the sinks read their own options there, whatever module added them."""
-
-    pids: list[int] = field(default_factory=list)
-    no_children: bool = False
-    threads: bool = False
-    devs: list[str] = field(default_factory=list)
-    interval: float | None = None
-    duration: float | None = None
-    output: str | None = None
-    hist: bool = False
-    inflight_slots: int | None = None
-    hist_cells: int | None = None
-    cgroup: str | None = None
-    command: list[str] = field(default_factory=list)
-    csv: str | None = None                                  # tracer.sinks: --csv, --alert; --diskstats
-    alerts: list[str] = field(default_factory=list)
-    fail_on_alert: bool = False
-    diskstats: bool = False
-    attach: str = "auto"                                    # how the BPF programs attach (--attach)
-    tasks: bool = False                                     # --tasks: per-process rows' reads, fsyncs at the syscalls
-    no_tasks: bool = False                                  # --no-tasks: no per-process rows (tracer.sources.tasks)
-    files: int = 50                                         # --files: file rows kept per dump (the rest summed)
-    count: int | None = None                                # reports to make, the final one included
-    json: bool = False                                      # -j: dumps as JSON lines on stdout, no table
-    wb_wait: float = 30.0                                   # --wb-wait: seconds for the targets' write-back at exit
-    bio: bool = False                                       # --bio: each I/O also timed as submitted (a bio)
-    options: argparse.Namespace = field(default_factory=argparse.Namespace)   # every option, sinks' included
+# the typed options parse_trace_args fills from the namespace by name: an option of the mode's own is one
+# field of it (tracer.runtime.trace.TraceOptions), and `options` is the whole namespace, for the sinks
+TraceArgs = TraceOptions
 
 
 def trace_parser() -> argparse.ArgumentParser:
@@ -204,178 +178,12 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
 
 
 def run_trace(args: TraceArgs, out: TextIO = sys.stdout) -> int:
-    """Trace until the command or the --pid targets exit, -d or count is reached, or Ctrl-C."""
-    from tracer.marker import ENV_CONTROL
-    from tracer.runtime import child as childmod
-    from tracer.runtime.cmdtree import CommandTree
-    from tracer.sources import cgroups, devices
-
+    """Trace (tracer.runtime.trace) until the command or the --pid targets exit, -d or count is reached, or
+    Ctrl-C; with --diskstats, once its options are checked, sample /proc instead."""
     if args.diskstats:
-        return run_diskstats(args, out)
-    cgroups.env_root()      # refused under sudo: before anything starts, not at the first dump
-    devs = devices.device_filter(args.devs)     # the probe's map, the sinks and the alerts all take this one
-    cgroup_id, cgroup_level = cgroups.resolve_cgroup(args.cgroup) if args.cgroup else (0, 0)
-    pidfds = childmod.check_pids(args.pids)
-    alerts = alert_check(args, devices=devs)
-    run = LiveRun("trace", args.options, out, devs, alerts)
-    with run:
-        run.open_sinks()
-        # a traced COMMAND is told the socket's path before it runs (it is held until the probe is ready);
-        # otherwise the socket is bound once the probe is attached: a marker sent while the programs still
-        # compile would be taken only when the loop starts, seconds late, and close the wrong stretch
-        control, control_error = open_control(args.pids) if args.command else (None, None)
-        run.control = control
-        child = tree = None
-        held: list[int] = []        # the held child's release fd, until it is let go
-        if args.command:
-            env = {ENV_CONTROL: control.path} if control else None
-            child, release = childmod.spawn_held(args.command, env, args.json)
-            held.append(release)
+        _check_diskstats_args(args)
+    return runtime_trace.run(args, out)
 
-            def end_command() -> None:
-                if held:
-                    os.close(held.pop())    # unblocks the held child: it exits 125
-                try:
-                    if tree is not None:    # all it started: SIGTERM, SIGKILL after a grace; its cgroup removed
-                        tree.end(childmod.KILL_GRACE_S)
-                finally:
-                    childmod.end(child)     # a no-op once the loop reaped it; else SIGTERM, then SIGKILL
-
-            run.end_command = end_command
-            # held, it has forked nothing yet: all it will start is in its tree (a cgroup of its own)
-            tree = CommandTree.open(child)
-        # from here on, Ctrl-C and SIGTERM end the trace in order instead of raising
-        run.catch_signals()
-        from tracer.sources.probe import ProbeOptions
-
-        opts = ProbeOptions(pids=list(args.pids) + ([child] if child else []), follow_children=not args.no_children,
-                            per_thread=args.threads, devs=devs, inflight_slots=args.inflight_slots,
-                            hist_cells=args.hist_cells, cgroup_id=cgroup_id, cgroup_level=cgroup_level,
-                            attach=args.attach, files=True, files_top=max(args.files, 0), submitted=args.bio)
-        probe = run.open_probe(opts, on_error=offer_diskstats)
-        tasks, tasks_note = ((None, "") if args.no_tasks else
-                             run.open_tasks(opts.pids, opts.follow_children, syscall_hooks=args.tasks))
-        # after both filters are armed: what the --pid targets forked before the attach joins them
-        attached = run.attach_existing(args.pids, not args.no_children) if args.pids else None
-        if not args.command:
-            control, control_error = open_control(args.pids)
-            run.control = control
-        if control:     # whose markers it takes: with --pid or a COMMAND, its traced tree's (runtime.control)
-            from tracer.runtime.control import SenderGate
-
-            control.gate = SenderGate(probe.traced_pids if opts.pids else None)
-        if child:
-            pidfds.append(os.pidfd_open(child))
-            childmod.release(held.pop())
-        _announce(args, child, probe, control, control_error, attached)
-        if tree is not None and tree.note:
-            print(f"iotrace: warning: {safe(tree.note)}", file=sys.stderr)
-        _announce_tasks(args, tasks, tasks_note)
-        from tracer.pipeline.windows import unavailable
-
-        print_unavailable(unavailable(probe.unavailable, tasks.sources if tasks is not None else None))
-        # attached: the traced processes ran before the trace (--pid, or every process), unlike a COMMAND
-        windows = run.dump_windows(traced=bool(args.pids or args.command), iostat=bool(args.csv),
-                                   attached=not args.command,
-                                   cgroup=cgroups.cgroup_path(args.cgroup) if args.cgroup else None)
-        after_exit = _writeback_wait(args, probe) if args.pids or args.command else None
-        run.loop(windows, Schedule(args.interval, args.duration, args.count), child=child, tree=tree,
-                 pidfds=pidfds, control=control, after_exit=after_exit)
-        if after_exit is not None and after_exit.line:
-            print(after_exit.line, file=sys.stderr)
-    # leaving `with` closed everything in order (tracer.runtime.session): the outputs, the command, the
-    # programs, the per-process tracer, the control socket, and last the signal handlers
-    return run.status
-
-
-def _writeback_wait(args: TraceArgs, probe):
-    """The wait for the traced processes' write-back once they have exited (tracer.runtime.wbwait)."""
-    from tracer.runtime.wbwait import WritebackWait
-    from tracer.sources.meminfo import machine_unwritten_bytes
-
-    return WritebackWait(probe.owed_bytes, args.wb_wait, machine_unwritten_bytes,
-                         say=lambda line: print(line, file=sys.stderr))
-
-
-def _announce(args: TraceArgs, child: int | None, probe, control, control_error: str | None,
-              attached=None) -> None:
-    from tracer.sources.proctree import describe
-
-    what = (f"command {' '.join(args.command)!r} (pid {child})" if child else
-            describe(attached) if attached else "all processes" if not args.cgroup else "")
-    # --cgroup filters whoever runs: the processes of that cgroup (and below it), or those of the targets there
-    if args.cgroup:
-        what += f"{' in ' if what else 'the processes of '}cgroup {args.cgroup} (and below it)"
-    # the command, devices and paths as given: shown through safe(), as every name
-    print(safe(f"iotrace: tracing block I/O of {what}"
-               f"{' on ' + ', '.join(args.devs) if args.devs else ''}; Ctrl-C to end"), file=sys.stderr)
-    if probe.attach_note:
-        print(f"iotrace: attached to perf-event tracepoints, not raw ones: {safe(probe.attach_note)}",
-              file=sys.stderr)
-    if probe.start_note:
-        print(f"iotrace: {probe.start_note}", file=sys.stderr)
-    print(safe(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "
-               f"(control socket {control.path})" if control else
-               f"iotrace: warning: no control socket, markers are off ({control_error})"), file=sys.stderr)
-
-
-def unavailable_line(missing: dict[str, str]) -> str:
-    """The one start line of what the kernel or attach path lacks (the dumps' "unavailable"), or ""."""
-    if not missing:
-        return ""
-    from tracer.sources.tasks import PAGECACHE_SOURCES
-
-    hint = ("; --tasks counts reads and fsyncs at the syscalls instead"
-            if {f"tasks.{k}" for k in PAGECACHE_SOURCES} & missing.keys() else "")
-    return safe("iotrace: not on this kernel or path, so not counted (the dumps' \"unavailable\" names them): "
-                + "; ".join(f"{k}: {v}" for k, v in missing.items()) + hint)
-
-
-def print_unavailable(missing: dict[str, str]) -> None:
-    line = unavailable_line(missing)
-    if line:
-        print(line, file=sys.stderr)
-
-
-def _announce_tasks(args: TraceArgs, tasks, note: str) -> None:
-    """What the per-process rows are made of, when it is not what was asked for (a warning each; the sources
-    the kernel lacks are in the start line of what is unavailable)."""
-    if args.no_tasks:
-        return
-    if tasks is None:
-        print(f"iotrace: warning: no per-process rows (\"tasks\") in the dumps: {safe(note)}", file=sys.stderr)
-        return
-    if tasks.syscalls_note:
-        print(f"iotrace: per-process rows time reads and fsyncs on the syscalls' perf-event tracepoints, "
-              f"not raw ones (costlier for every syscall): {safe(tasks.syscalls_note)}", file=sys.stderr)
-
-
-def open_control(pids: list[int] | None = None):
-    """The control socket for markers, or (None, why not): tracing goes on without it.
-
-    It is writable by the user behind sudo; with --pid, by the user the
-    first target runs as, if not root: the trainer attached to must reach
-    the tracer with its next marker (root, sudo iotrace mark, always can).
-    """
-    import pwd
-
-    from tracer.osutil import invoking_user
-    from tracer.runtime.control import ControlSocket
-
-    owner = invoking_user()
-    if pids:
-        try:
-            uid = os.stat(f"/proc/{pids[0]}").st_uid
-            owner = pwd.getpwuid(uid) if uid else owner
-        except (OSError, KeyError):
-            pass
-    try:
-        return ControlSocket.open(owner=owner), None
-    except OSError as exc:
-        return None, exc.strerror or str(exc)
-
-
-# ---- iotrace --diskstats ---------------------------------------------------------
 
 def _check_diskstats_args(args: TraceArgs) -> None:
     if args.command:
@@ -385,34 +193,3 @@ def _check_diskstats_args(args: TraceArgs) -> None:
                         ("--hist-cells", args.hist_cells), ("--cgroup", args.cgroup), ("--tasks", args.tasks)):
         if given:
             raise UserError(f"{flag} needs BPF; --diskstats has per-device and per-process numbers only")
-
-
-def run_diskstats(args: TraceArgs, out: TextIO = sys.stdout) -> int:
-    """`iotrace --diskstats`: iostat's numbers per device and bytes per process, every -i, until -d or Ctrl-C."""
-    from tracer.pipeline.windows import DiskWindows
-    from tracer.runtime.child import check_pids
-    from tracer.sources.devices import device_filter
-    from tracer.sources.diskstats import DiskSampler, ProcSampler
-    from tracer.views.diskstats import NO_PERCENTILES
-
-    _check_diskstats_args(args)
-    devs = device_filter(args.devs)
-    names = devs.name_list
-    alerts = alert_check(args, bpf=False, devices=devs)
-    pidfds = check_pids(args.pids)
-    windows = DiskWindows(DiskSampler(names), ProcSampler(args.pids, children=not args.no_children),
-                          every_device=names is not None, alerts=alerts)
-    from tracer.sources import proctree
-
-    run = LiveRun("diskstats", args.options, out, devs, alerts)
-    with run:
-        run.open_sinks(whole=windows.whole)
-        who = f", {proctree.describe(proctree.snapshot(args.pids, not args.no_children))}" if args.pids else ""
-        print(safe(f"iotrace: --diskstats: {'devices ' + ', '.join(names) if names else 'every disk'}"
-                   f"{who}; {NO_PERCENTILES}; Ctrl-C to end"), file=sys.stderr)
-        if os.geteuid() != 0:
-            print("iotrace: not root: /proc/PID/io shows only your own processes", file=sys.stderr)
-        run.catch_signals()
-        run.loop(windows, Schedule(args.interval, args.duration, args.count), pidfds=pidfds)
-        run.status = 0      # the status is the outputs' (no command here)
-    return run.status

@@ -1,6 +1,6 @@
 """The diskstats mode's records: /proc/diskstats lines, iostat's column arithmetic, a window's rows.
 
-DiskStats is one /proc/diskstats line; IostatRow one device's deltas between
+DiskCounters is one /proc/diskstats line; IostatRow one device's deltas between
 two of them and the `iostat -x` columns made from them (per second of the
 window; awaits the mean milliseconds per completed request; aqu-sz the mean
 queue length; %util the share of the window the device had a request in
@@ -77,8 +77,8 @@ class Diskstats:
 
 
 @dataclass(frozen=True)
-class DiskStats:
-    """One /proc/diskstats line (the fields iotrace uses)."""
+class DiskCounters:
+    """One /proc/diskstats line's counters (the fields iotrace uses), cumulative since boot."""
 
     reads: int
     read_sectors: int
@@ -170,10 +170,10 @@ class IostatRow:
 _COUNTERS = [f.name for f in fields(IostatRow) if f.name not in ("device", "seconds")]
 
 
-_ZERO = DiskStats(*(0 for _ in fields(DiskStats)))
+_ZERO = DiskCounters(*(0 for _ in fields(DiskCounters)))
 
 
-def window(device: str, before: DiskStats | None, after: DiskStats, seconds: float) -> IostatRow:
+def window(device: str, before: DiskCounters | None, after: DiskCounters, seconds: float) -> IostatRow:
     """The row of `device` between two snapshots; None before = the device appeared meanwhile (counts from 0)."""
     before = before or _ZERO
     delta = {name: getattr(after, name) - getattr(before, name) for name in _COUNTERS}

@@ -483,24 +483,15 @@ def merge_tasks(parts: list[list[TaskRow]]) -> list[TaskRow]:
     return got.rows if got is not None else []
 
 
-def merge_diskstats(parts: list[tuple[Diskstats, float]]) -> Diskstats:
-    """Diskstats of disjoint windows, each with its length (s), as one window: counts and bytes added up,
-    rates and busy shares averaged over the whole time (a device absent from a window was idle in it), awaits
-    over the requests."""
-    acc = DiskstatsMerger()
-    for disks, seconds in parts:
-        acc.add(disks, seconds)
-    return acc.result()
-
-
 _DISK_SUMS = ("reads", "writes", "read_kb", "write_kb", "discards", "flushes")
 _DISK_TIMED = ("r_s", "w_s", "rkb_s", "wkb_s")
 _DISK_PER_REQUEST = (("r_await", "reads"), ("w_await", "writes"))
 
 
 class DiskstatsMerger:
-    """merge_diskstats one window at a time: per device the running sums (in window order, so the floats
-    are merge_diskstats' own), per pid the bytes."""
+    """Diskstats of disjoint windows, each with its length (s), merged one window at a time into one: per
+    device counts and bytes added up, rates and busy shares averaged over the whole time (a device absent
+    from a window was idle in it), awaits over the requests; per pid the bytes."""
 
     def __init__(self) -> None:
         self.n = 0

@@ -278,7 +278,7 @@ def disk_dump(kind: str, start: datetime, end: datetime, seconds: float, rows: l
 
 def edge_rows(start: dict, end: dict, seconds: float, names: list[str] | None) -> list:
     """iostat rows (tracer.model.diskstats.IostatRow) of `names` (None: every whole disk) between two
-    /proc/diskstats reads ({name: DiskStats}) `seconds` apart; a disk absent from `end` has none."""
+    /proc/diskstats reads ({name: DiskCounters}) `seconds` apart; a disk absent from `end` has none."""
     if names is None:
         from tracer.sources.devices import whole_disks
 

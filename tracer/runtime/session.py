@@ -25,6 +25,10 @@ Sinks may have, beside on_dump and close (tracer.sinks), these optional hooks:
     inputs() -> {fd: callback}   file descriptors the loop watches for them (top: the keys);
                        a callback returning True ends the run
     on_end(reason)     the loop ended normally ("deadline", "signal", "command", "key", ...)
+
+Also the checks the live modes share before they open anything: their --alert
+rules against the disks they watch (alert_check), and a probe error reworded
+to offer --diskstats where BPF cannot run (offer_diskstats).
 """
 
 from __future__ import annotations
@@ -191,3 +195,46 @@ class LiveRun:
 
     def _sinks(self) -> list:
         return list(self.outputs.sinks) if self.outputs is not None else []
+
+
+# ---- what the live modes check and say before they trace --------------------------------
+
+def alert_check(ns, bpf: bool = True, devices: DeviceFilter | None = None):
+    """The pipeline's --alert stage for these options, or None; bad rules fail here, before tracing.
+
+    `devices`: the disks the run watches (--dev), None or empty for every disk.  A rule scoped to a disk
+    that is not one of them (or not a disk at all) could never fire, so it is refused.
+    """
+    from tracer.pipeline import alerts as alertmod
+    from tracer.sources.devices import whole_disks
+
+    traced = devices.name_list if devices is not None else None
+    alerts = getattr(ns, "alerts", [])
+    if getattr(ns, "fail_on_alert", False) and not alerts:
+        example = "'p99>50ms'" if bpf else "'util>90%'"
+        raise UserError(f"--fail-on-alert needs at least one --alert RULE, e.g. --alert {example}")
+    rules = alertmod.parse_rules(alerts)
+    if not bpf:
+        for r in rules:
+            if r.needs_bpf:
+                raise UserError(f"--alert {r.text!r}: latency percentiles need BPF; with --diskstats alerts can "
+                                f"use {', '.join(alertmod.DISK_METRICS)}")
+    scoped = [r for r in rules if r.device is not None]
+    disks = sorted(whole_disks()) if scoped else []
+    for r in scoped:
+        if r.device not in disks:
+            raise UserError(f"--alert {r.text!r}: no disk {r.device!r}, so it could never fire; "
+                            f"disks: {', '.join(disks) or 'none'}")
+        if traced is not None and r.device not in traced:
+            raise UserError(f"--alert {r.text!r}: {r.device} is not traced (--dev {' --dev '.join(traced)}), "
+                            f"so it could never fire: add --dev {r.device}")
+    return alertmod.AlertCheck(rules) if rules else None
+
+
+def offer_diskstats(exc: UserError) -> UserError:
+    """A Probe error, with the unprivileged mode offered when it says BPF cannot be used here."""
+    message = str(exc)
+    if message.startswith("--"):        # an option's value: the user fixes that, BPF may be fine
+        return exc
+    return UserError(f"{message}; without BPF, 'iotrace --diskstats' shows iostat's numbers per device and "
+                     f"bytes per process from /proc (no percentiles, no root needed)", exc.exit_code)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracer.errors import UserError
-from tracer.model.diskstats import DiskStats
+from tracer.model.diskstats import DiskCounters
 
 SYS_BLOCK = Path("/sys/block")
 SYS_DEV_BLOCK = Path("/sys/dev/block")
@@ -163,13 +163,13 @@ def device_filter(specs: list[str] | tuple[str, ...]) -> DeviceFilter:
     return DeviceFilter(tuple(specs), tuple(name_of(d) for d in devs), devs)
 
 
-def read_diskstats(path: str = "/proc/diskstats") -> dict[str, DiskStats]:
+def read_diskstats(path: str = "/proc/diskstats") -> dict[str, DiskCounters]:
     out = {}
     with open(path) as f:
         for line in f:
             p = line.split()
             v = [int(x) for x in p[3:]] + [0] * 17
-            out[p[2]] = DiskStats(reads=v[0], read_sectors=v[2], read_ms=v[3], writes=v[4], write_sectors=v[6],
+            out[p[2]] = DiskCounters(reads=v[0], read_sectors=v[2], read_ms=v[3], writes=v[4], write_sectors=v[6],
                                   write_ms=v[7], in_flight=v[8], io_ms=v[9], weighted_ms=v[10],
                                   discards=v[11], discard_sectors=v[13], flushes=v[15])
     return out

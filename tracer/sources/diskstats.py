@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from tracer.model.diskstats import DiskStats, IostatRow, ProcBytes, window
+from tracer.model.diskstats import DiskCounters, IostatRow, ProcBytes, window
 from tracer.sources.devices import read_diskstats, whole_disks
 from tracer.sources.proctree import stat_of
 
@@ -29,7 +29,7 @@ class DiskSampler:
         self.path = path
         self.first = self.last = self._snapshot()
 
-    def _snapshot(self) -> tuple[float, dict[str, DiskStats]]:
+    def _snapshot(self) -> tuple[float, dict[str, DiskCounters]]:
         t = time.monotonic()
         stats = read_diskstats(self.path)
         names = self.devices if self.devices is not None else [n for n in whole_disks() if n in stats]
