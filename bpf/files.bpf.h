@@ -64,7 +64,8 @@ static __always_inline bool inode_key(u64 inode, u32 tgid, struct iotrace_file_k
 	*size = INODE_FIELD(&h, IOTRACE_K_INODE_SIZE);
 	if (!sb || kread(&k->dev, sizeof(k->dev), sb + IOTRACE_K_SB_DEV, IOTRACE_NOTE_FILE_UNREAD))
 		return false;
-	return !on_disk || (kread(&bdev, sizeof(bdev), sb + IOTRACE_K_SB_BDEV, IOTRACE_NOTE_FILE_UNREAD) == 0 && bdev);
+	return !on_disk ||
+	       (kread(&bdev, sizeof(bdev), sb + IOTRACE_K_SB_BDEV, IOTRACE_NOTE_FILE_UNREAD) == 0 && bdev);
 }
 
 /* The dentry names of `inode`, once per (dev, ino) while the LRU keeps it */
@@ -269,7 +270,8 @@ static __always_inline void file_cache_read(u64 mapping, u64 index, u64 last)
 		return;
 	}
 	r->nvcsw = nvcsw;
-	if (kread(&inode, sizeof(inode), mapping + IOTRACE_K_MAPPING_HOST, IOTRACE_NOTE_FILE_UNREAD) || !inode_key(inode, id >> 32, &k, &size, false))
+	if (kread(&inode, sizeof(inode), mapping + IOTRACE_K_MAPPING_HOST, IOTRACE_NOTE_FILE_UNREAD) ||
+	    !inode_key(inode, id >> 32, &k, &size, false))
 		return;
 	bytes = read_pos_bytes(first, last, size);
 	if (!bytes)

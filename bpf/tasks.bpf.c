@@ -313,7 +313,8 @@ static __always_inline bool fd_is_regular(u64 fd)
 
 	if (kread(&files, sizeof(files), task + IOTRACE_K_TASK_FILES, IOTRACE_TASKS_DROP_KERNEL_READ) || !files ||
 	    kread(&fdt, sizeof(fdt), files + IOTRACE_K_FILES_FDT, IOTRACE_TASKS_DROP_KERNEL_READ) || !fdt ||
-	    kread(&max_fds, sizeof(max_fds), fdt + IOTRACE_K_FDT_MAX_FDS, IOTRACE_TASKS_DROP_KERNEL_READ) || fd >= max_fds ||
+	    kread(&max_fds, sizeof(max_fds), fdt + IOTRACE_K_FDT_MAX_FDS, IOTRACE_TASKS_DROP_KERNEL_READ) ||
+	    fd >= max_fds ||
 	    kread(&fds, sizeof(fds), fdt + IOTRACE_K_FDT_FD, IOTRACE_TASKS_DROP_KERNEL_READ) || !fds ||
 	    kread(&file, sizeof(file), fds + fd * 8, IOTRACE_TASKS_DROP_KERNEL_READ) || !file ||
 	    kread(&inode, sizeof(inode), file + IOTRACE_K_FILE_INODE, IOTRACE_TASKS_DROP_KERNEL_READ) || !inode ||
@@ -378,7 +379,8 @@ static __always_inline bool compat_syscall(void)
 #ifdef IOTRACE_K_TASK_TI_STATUS
 	u32 status = 0;
 
-	if (kread(&status, sizeof(status), bpf_get_current_task() + IOTRACE_K_TASK_TI_STATUS, IOTRACE_TASKS_DROP_KERNEL_READ))
+	if (kread(&status, sizeof(status), bpf_get_current_task() + IOTRACE_K_TASK_TI_STATUS,
+		  IOTRACE_TASKS_DROP_KERNEL_READ))
 		return true;
 	return status & IOTRACE_TASKS_X86_TS_COMPAT;
 #else
