@@ -346,27 +346,28 @@ static __always_inline bool cell_add(u32 gen, u32 cpu, const struct iotrace_hist
 	return false;
 }
 
+/* lookup_or_init's view of the histogram pair hist0/hist1 */
+static __always_inline void *hist_lookup(u32 gen, const void *k)
+{
+	return gen ? hist1.lookup((struct iotrace_hist_key *)k) : hist0.lookup((struct iotrace_hist_key *)k);
+}
+static __always_inline int hist_insert(u32 gen, const void *k, const void *v)
+{
+	return gen ? hist1.insert((struct iotrace_hist_key *)k, (u64 *)v) :
+		     hist0.insert((struct iotrace_hist_key *)k, (u64 *)v);
+}
+
 static __always_inline void hist_add(u32 gen, u32 cpu, struct iotrace_hist_key *k)
 {
-	u64 one = 1, *n;
+	u64 zero = 0, *n;
 
 	if (cell_add(gen, cpu, k))
 		return;
 	count_reason(IOTRACE_NOTE_HIST_OVERFLOW);
-	n = gen ? hist1.lookup(k) : hist0.lookup(k);
-	if (n) {
-		/* per-CPU value, and programs do not nest on a CPU */
-		(*n)++;
-		return;
-	}
-	if ((gen ? hist1.insert(k, &one) : hist0.insert(k, &one)) == 0)
-		return;
-	/* lost the race to create it, or the map is full */
-	n = gen ? hist1.lookup(k) : hist0.lookup(k);
+	n = lookup_or_init(hist_lookup, hist_insert, gen, k, 0, &zero, IOTRACE_DROP_HIST_FULL);
+	/* per-CPU value, and programs do not nest on a CPU */
 	if (n)
 		(*n)++;
-	else
-		count_reason(IOTRACE_DROP_HIST_FULL);
 }
 
 /* The 12-byte series keys compared as a u64 and a u32: (pid, dev), then op. */
@@ -404,19 +405,23 @@ static __always_inline struct iotrace_series_val *series_cell(u32 gen, u32 cpu, 
 	return 0;
 }
 
-/* The value of series `k` in the overflow hash, made if new; 0 when the hash is full. */
+/* lookup_or_init's view of the series pair series0/series1 */
+static __always_inline void *series_lookup(u32 gen, const void *k)
+{
+	return gen ? series1.lookup((struct iotrace_series_key *)k) : series0.lookup((struct iotrace_series_key *)k);
+}
+static __always_inline int series_insert(u32 gen, const void *k, const void *v)
+{
+	return gen ? series1.insert((struct iotrace_series_key *)k, (struct iotrace_series_val *)v) :
+		     series0.insert((struct iotrace_series_key *)k, (struct iotrace_series_val *)v);
+}
+
+/* The value of series `k` in the overflow hash, made if new; 0 (counted) when the hash is full. */
 static __always_inline struct iotrace_series_val *series_hashed(u32 gen, struct iotrace_series_key *k)
 {
-	struct iotrace_series_val zero = {}, *v;
+	struct iotrace_series_val zero = {};
 
-	v = gen ? series1.lookup(k) : series0.lookup(k);
-	if (v)
-		return v;
-	if (gen)
-		series1.insert(k, &zero);
-	else
-		series0.insert(k, &zero);
-	return gen ? series1.lookup(k) : series0.lookup(k);
+	return lookup_or_init(series_lookup, series_insert, gen, k, 0, &zero, IOTRACE_DROP_SERIES_FULL);
 }
 
 static __always_inline struct iotrace_series_val *series_get(u32 gen, u32 cpu, struct iotrace_series_key *k)
@@ -467,10 +472,8 @@ static __always_inline void record(struct iotrace_slot *s, u64 now)
 	sk.dev = s->dev;
 	sk.op = s->op;
 	v = series_get(gen, cpu, &sk);
-	if (!v) {
-		count_reason(IOTRACE_DROP_SERIES_FULL);
-		return;
-	}
+	if (!v)
+		return;	/* counted */
 	/* the latest name wins: a process's first I/O may predate its exec */
 	__builtin_memcpy(v->comm, s->comm, sizeof(v->comm));
 	v->count++;

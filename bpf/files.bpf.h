@@ -33,15 +33,10 @@ BPF_TABLE("lru_hash", struct iotrace_file_key, struct iotrace_file_name, file_na
 BPF_PERCPU_ARRAY(file_zero, struct iotrace_file_val, 1);
 BPF_PERCPU_ARRAY(file_scratch, struct iotrace_file_name, 1);
 
-/* One kernel read; a failure loses a file row's bytes, not the request (kept in its series): a note */
-static __always_inline int fread_k(void *dst, u32 size, u64 addr)
-{
-	int err = bpf_probe_read_kernel(dst, size, (const void *)addr);
-
-	if (err)
-		count_reason(IOTRACE_NOTE_FILE_UNREAD);
-	return err;
-}
+/*
+ * A failed kernel read here counts IOTRACE_NOTE_FILE_UNREAD: it loses a file
+ * row's bytes, not the request (kept in its series), so it is a note.
+ */
 
 /* The start of a struct inode up to i_size: its superblock, number and size in one read */
 struct inode_head {
@@ -61,15 +56,16 @@ static __always_inline bool inode_key(u64 inode, u32 tgid, struct iotrace_file_k
 	struct inode_head h;
 	u64 sb, bdev = 0;
 
-	if (!inode || fread_k(&h, sizeof(h), inode))
+	if (!inode || kread(&h, sizeof(h), inode, IOTRACE_NOTE_FILE_UNREAD))
 		return false;
 	sb = INODE_FIELD(&h, IOTRACE_K_INODE_SB);
 	k->tgid = tgid;
 	k->ino = INODE_FIELD(&h, IOTRACE_K_INODE_INO);
 	*size = INODE_FIELD(&h, IOTRACE_K_INODE_SIZE);
-	if (!sb || fread_k(&k->dev, sizeof(k->dev), sb + IOTRACE_K_SB_DEV))
+	if (!sb || kread(&k->dev, sizeof(k->dev), sb + IOTRACE_K_SB_DEV, IOTRACE_NOTE_FILE_UNREAD))
 		return false;
-	return !on_disk || (fread_k(&bdev, sizeof(bdev), sb + IOTRACE_K_SB_BDEV) == 0 && bdev);
+	return !on_disk ||
+	       (kread(&bdev, sizeof(bdev), sb + IOTRACE_K_SB_BDEV, IOTRACE_NOTE_FILE_UNREAD) == 0 && bdev);
 }
 
 /* The dentry names of `inode`, once per (dev, ino) while the LRU keeps it */
@@ -83,7 +79,7 @@ static __always_inline void file_name(const struct iotrace_file_key *k, u64 inod
 	if (file_names.lookup(&nk))
 		return;
 	n = file_scratch.lookup(&zero);
-	if (!n || fread_k(&alias, sizeof(alias), inode + IOTRACE_K_INODE_DENTRY))
+	if (!n || kread(&alias, sizeof(alias), inode + IOTRACE_K_INODE_DENTRY, IOTRACE_NOTE_FILE_UNREAD))
 		return;
 	n->depth = 0;
 	n->rooted = 0;
@@ -92,13 +88,13 @@ static __always_inline void file_name(const struct iotrace_file_key *k, u64 inod
 	d = alias - IOTRACE_K_DENTRY_ALIAS;
 #pragma unroll
 	for (u32 i = 0; i < IOTRACE_NAME_DEPTH; i++) {
-		if (fread_k(&parent, sizeof(parent), d + IOTRACE_K_DENTRY_PARENT))
+		if (kread(&parent, sizeof(parent), d + IOTRACE_K_DENTRY_PARENT, IOTRACE_NOTE_FILE_UNREAD))
 			break;
 		if (parent == d) {	/* the root's name is "/": not a part */
 			n->rooted = 1;
 			break;
 		}
-		if (fread_k(&name, sizeof(name), d + IOTRACE_K_DENTRY_NAME) ||
+		if (kread(&name, sizeof(name), d + IOTRACE_K_DENTRY_NAME, IOTRACE_NOTE_FILE_UNREAD) ||
 		    bpf_probe_read_kernel_str(n->part + i * IOTRACE_NAME_LEN, IOTRACE_NAME_LEN, (const void *)name) < 0)
 			break;
 		n->depth = i + 1;
@@ -120,39 +116,57 @@ keep:
  * the start programs' per-CPU cache: a read would fill it with a name a
  * prctl is about to change, and the requests after it would show the old).
  */
-static __always_inline struct iotrace_file_val *file_row(struct iotrace_file_key *k, u64 inode, u64 cgroup,
-							  const char *comm)
+/* lookup_or_init's view of the file row pair files0/files1 */
+static __always_inline void *files_lookup(u32 gen, const void *k)
 {
-	struct iotrace_config *cfg = get_config();
-	struct iotrace_file_val *v, *zero;
-	u32 z = 0, gen;
+	return gen ? files1.lookup((struct iotrace_file_key *)k) : files0.lookup((struct iotrace_file_key *)k);
+}
+static __always_inline int files_insert(u32 gen, const void *k, const void *v)
+{
+	return gen ? files1.insert((struct iotrace_file_key *)k, (struct iotrace_file_val *)v) :
+		     files0.insert((struct iotrace_file_key *)k, (struct iotrace_file_val *)v);
+}
 
-	if (!cfg)
-		return 0;
-	gen = cfg->gen;
-	v = gen ? files1.lookup(k) : files0.lookup(k);
-	if (v)
-		return v;
+/* Who a new file row is for, and whether one was made (its name is read then) */
+struct file_who {
+	const char *comm;
+	u64 cgroup;
+	bool made;
+};
+
+/* A new file row: the per-CPU zeroed one (too big for the stack) with its owner filled in */
+static __always_inline void *file_init(void *arg)
+{
+	struct file_who *who = arg;
+	struct iotrace_file_val *zero;
+	u32 z = 0;
+
 	zero = file_zero.lookup(&z);
 	if (!zero)
 		return 0;
-	if (comm) {
-		zero->cgroup = cgroup;
-		__builtin_memcpy(zero->comm, comm, sizeof(zero->comm));
+	if (who->comm) {
+		zero->cgroup = who->cgroup;
+		__builtin_memcpy(zero->comm, who->comm, sizeof(zero->comm));
 	} else {
 		zero->cgroup = bpf_get_current_cgroup_id();
 		bpf_get_current_comm(zero->comm, sizeof(zero->comm));
 	}
-	if (gen)
-		files1.insert(k, zero);
-	else
-		files0.insert(k, zero);
-	v = gen ? files1.lookup(k) : files0.lookup(k);
-	if (!v) {
-		count_reason(IOTRACE_DROP_FILES_FULL);
+	who->made = true;
+	return zero;
+}
+
+static __always_inline struct iotrace_file_val *file_row(struct iotrace_file_key *k, u64 inode, u64 cgroup,
+							  const char *comm)
+{
+	struct iotrace_config *cfg = get_config();
+	struct file_who who = { .comm = comm, .cgroup = cgroup };
+	struct iotrace_file_val *v;
+
+	if (!cfg)
 		return 0;
-	}
-	file_name(k, inode);
+	v = lookup_or_init(files_lookup, files_insert, cfg->gen, k, file_init, &who, IOTRACE_DROP_FILES_FULL);
+	if (v && who.made)
+		file_name(k, inode);
 	return v;
 }
 
@@ -186,13 +200,13 @@ static __always_inline void file_request(u64 bio, const struct iotrace_slot *s, 
 
 	if ((op != IOTRACE_OP_READ && op != IOTRACE_OP_WRITE) || !s->done)
 		return;
-	if (!bio || fread_k(&vec, sizeof(vec), bio + IOTRACE_K_BIO_IO_VEC) || !vec ||
-	    fread_k(&page, sizeof(page), vec + IOTRACE_K_BVEC_PAGE) || !page ||
-	    fread_k(&mapping, sizeof(mapping), page + IOTRACE_K_PAGE_MAPPING))
+	if (!bio || kread(&vec, sizeof(vec), bio + IOTRACE_K_BIO_IO_VEC, IOTRACE_NOTE_FILE_UNREAD) || !vec ||
+	    kread(&page, sizeof(page), vec + IOTRACE_K_BVEC_PAGE, IOTRACE_NOTE_FILE_UNREAD) || !page ||
+	    kread(&mapping, sizeof(mapping), page + IOTRACE_K_PAGE_MAPPING, IOTRACE_NOTE_FILE_UNREAD))
 		return;
 	/* no mapping (a filesystem's own buffer), or anonymous memory (the low bits: O_DIRECT's user pages) */
 	if (!mapping || (mapping & 3) ||
-	    fread_k(&inode, sizeof(inode), mapping + IOTRACE_K_MAPPING_HOST) ||
+	    kread(&inode, sizeof(inode), mapping + IOTRACE_K_MAPPING_HOST, IOTRACE_NOTE_FILE_UNREAD) ||
 	    !inode_key(inode, s->tgid, &k, &size, true))
 		return;
 	v = file_row(&k, inode, s->cgroup, s->comm);
@@ -243,7 +257,7 @@ static __always_inline void file_cache_read(u64 mapping, u64 index, u64 last)
 
 	if (!task_wanted(id >> 32))
 		return;
-	fread_k(&nvcsw, sizeof(nvcsw), bpf_get_current_task() + IOTRACE_K_TASK_NVCSW);
+	kread(&nvcsw, sizeof(nvcsw), bpf_get_current_task() + IOTRACE_K_TASK_NVCSW, IOTRACE_NOTE_FILE_UNREAD);
 	r = file_readers.lookup(&tid);
 	if (!r) {
 		file_readers.update(&tid, &fresh);
@@ -256,7 +270,8 @@ static __always_inline void file_cache_read(u64 mapping, u64 index, u64 last)
 		return;
 	}
 	r->nvcsw = nvcsw;
-	if (fread_k(&inode, sizeof(inode), mapping + IOTRACE_K_MAPPING_HOST) || !inode_key(inode, id >> 32, &k, &size, false))
+	if (kread(&inode, sizeof(inode), mapping + IOTRACE_K_MAPPING_HOST, IOTRACE_NOTE_FILE_UNREAD) ||
+	    !inode_key(inode, id >> 32, &k, &size, false))
 		return;
 	bytes = read_pos_bytes(first, last, size);
 	if (!bytes)
@@ -284,11 +299,11 @@ static __always_inline void file_direct(u64 kiocb, u64 iter)
 
 	if (!task_wanted(id >> 32))
 		return;
-	if (fread_k(&filp, sizeof(filp), kiocb + IOTRACE_K_KIOCB_FILP) || !filp ||
-	    fread_k(&inode, sizeof(inode), filp + IOTRACE_K_FILP_INODE) ||
-	    fread_k(&count, sizeof(count), iter + IOTRACE_K_ITER_COUNT) ||
-	    fread_k(&write, sizeof(write), iter + IOTRACE_K_ITER_SOURCE) ||
-	    fread_k(&pos, sizeof(pos), kiocb + IOTRACE_K_KIOCB_POS) ||
+	if (kread(&filp, sizeof(filp), kiocb + IOTRACE_K_KIOCB_FILP, IOTRACE_NOTE_FILE_UNREAD) || !filp ||
+	    kread(&inode, sizeof(inode), filp + IOTRACE_K_FILP_INODE, IOTRACE_NOTE_FILE_UNREAD) ||
+	    kread(&count, sizeof(count), iter + IOTRACE_K_ITER_COUNT, IOTRACE_NOTE_FILE_UNREAD) ||
+	    kread(&write, sizeof(write), iter + IOTRACE_K_ITER_SOURCE, IOTRACE_NOTE_FILE_UNREAD) ||
+	    kread(&pos, sizeof(pos), kiocb + IOTRACE_K_KIOCB_POS, IOTRACE_NOTE_FILE_UNREAD) ||
 	    !count || !inode_key(inode, id >> 32, &k, &size, false))
 		return;
 	/* a read gets no more than the file holds */

@@ -33,9 +33,9 @@
 #define IOTRACE_HIST_BUCKETS ((IOTRACE_HIST_MAX_MSB - IOTRACE_HIST_SUB_BITS + 2) << IOTRACE_HIST_SUB_BITS)
 #define IOTRACE_HDR_SIGFIGS 2
 
-/* Map capacities; tracer/sources/probe.py may override the ones marked (tunable). */
+/* Map capacities; tracer/sources/probe.py may override the ones IOTRACE_OVERRIDE_TABLE lists as TUNABLE. */
 #ifndef IOTRACE_INFLIGHT_SLOTS
-#define IOTRACE_INFLIGHT_SLOTS 8192	/* (tunable) power of two; see the slot below */
+#define IOTRACE_INFLIGHT_SLOTS 8192	/* power of two; see the slot below */
 #endif
 #define IOTRACE_INFLIGHT_PROBES 8	/* slots per group: one cache line of tags */
 #define IOTRACE_INFLIGHT_GROUPS (IOTRACE_INFLIGHT_SLOTS / IOTRACE_INFLIGHT_PROBES)
@@ -52,18 +52,18 @@
 #define IOTRACE_QDEV_SLOTS 16		/* per CPU, by request queue: see struct iotrace_qdev */
 #define IOTRACE_QDEV_TTL_NS 1000000ULL	/* how long a queue's disk is trusted without a read */
 #ifndef IOTRACE_HIST_CELLS
-#define IOTRACE_HIST_CELLS 16384	/* (tunable) power of two: per-CPU fast histogram cells */
+#define IOTRACE_HIST_CELLS 16384	/* power of two: per-CPU fast histogram cells */
 #endif
 #define IOTRACE_HIST_CELL_PROBES 4	/* open-addressing window of the cells */
 #define IOTRACE_HIST_CELL_RUN 4	/* neighbouring buckets per run of cells: one cache line */
 #ifndef IOTRACE_CPUS
-#define IOTRACE_CPUS 1		/* (set by user space) possible CPUs: parts of the cell array */
+#define IOTRACE_CPUS 1		/* possible CPUs: parts of the cell array */
 #endif
 #ifndef IOTRACE_HIST_ENTRIES
-#define IOTRACE_HIST_ENTRIES 65536	/* (tunable) buckets that found no cell, per interval */
+#define IOTRACE_HIST_ENTRIES 65536	/* buckets that found no cell, per interval */
 #endif
 #ifndef IOTRACE_SERIES_ENTRIES
-#define IOTRACE_SERIES_ENTRIES 16384	/* (tunable) (pid, dev, op) per interval */
+#define IOTRACE_SERIES_ENTRIES 16384	/* (pid, dev, op) per interval */
 #endif
 #define IOTRACE_SERIES_CELLS 256	/* per CPU and generation: series in a plain array (struct iotrace_series_cell) */
 #define IOTRACE_SERIES_CELL_PROBES 2	/* open-addressing window of the series cells */
@@ -73,7 +73,7 @@
 #define IOTRACE_WB_THREADS 256		/* threads writing back a traced dirtier's inode at once */
 #define IOTRACE_COMM_LEN 16
 #ifndef IOTRACE_FILE_ENTRIES
-#define IOTRACE_FILE_ENTRIES 4096	/* (tunable) (dev, ino, tgid) file rows per interval: see struct iotrace_file_val */
+#define IOTRACE_FILE_ENTRIES 4096	/* (dev, ino, tgid) file rows per interval: see struct iotrace_file_val */
 #endif
 #define IOTRACE_FILE_NAMES 8192		/* files whose dentry names are kept (LRU): see struct iotrace_file_name */
 #define IOTRACE_FILE_READERS 1024	/* threads whose last page-cache read range is kept (LRU) */
@@ -82,9 +82,25 @@
 #define IOTRACE_NAME_LEN 32		/* bytes kept of one path component */
 #define IOTRACE_NAME_DEPTH 4		/* path components kept, the file's own name first */
 #ifndef IOTRACE_PAGE_SHIFT
-#define IOTRACE_PAGE_SHIFT 12		/* (set by user space) the page cache's page size */
+#define IOTRACE_PAGE_SHIFT 12		/* the page cache's page size */
 #endif
 #define IOTRACE_SECTOR_SIZE 512
+
+/*
+ * The constants above that user space may set (-DIOTRACE_<NAME>=<value>;
+ * each is defined under #ifndef): read by tracer/contract.py, never compiled.
+ *   TUNABLE(NAME)      a map size an option may change (tracer/sources/probe.py)
+ *   SET_BY_USER(NAME)  a fact of the running machine, always passed
+ */
+#ifdef IOTRACE_OVERRIDE_TABLE
+TUNABLE(INFLIGHT_SLOTS)
+TUNABLE(HIST_CELLS)
+TUNABLE(HIST_ENTRIES)
+TUNABLE(SERIES_ENTRIES)
+TUNABLE(FILE_ENTRIES)
+SET_BY_USER(CPUS)
+SET_BY_USER(PAGE_SHIFT)
+#endif
 
 /* What a request did, from the rwbs string at its start. */
 enum iotrace_op {
@@ -181,18 +197,23 @@ enum iotrace_reason {
  *                                                  there (NAME_MASK); resolved
  *                                                  only for the programs that ask
  *                                                  (tracer.sources.kernel.resolve_bits)
- * Entries marked "tasks.bpf.c" are read by the per-process programs
- * (tracer/sources/tasks.py) only; those marked "tasks.bpf.c syscalls" only
- * by their raw sys_enter/sys_exit variant, which falls back to the
- * syscalls' perf-event tracepoints when one is missing.  A syscalls entry
- * that names an architecture (the register names of struct pt_regs, as
- * platform.machine() spells it) is that architecture's alone; one without
- * entries for the running architecture takes the fallback too.  Those
- * marked "tasks.bpf.c <source>" (reads, cache, fsync, throttled) are read
- * by that source's programs only: a kernel that lacks one loses that source
- * (said "unavailable" in every dump), not the per-process rows.
+ *   KSCOPE(program[, part[, arch]])               which programs read the
+ *                                                  entries that follow, up to
+ *                                                  the next KSCOPE
+ * KSCOPE(block) (the start): the block-layer programs' (raw_tp.bpf.c).
+ * KSCOPE(tasks): read by the per-process programs (tracer/sources/tasks.py)
+ * only; KSCOPE(tasks, syscalls) only by their raw sys_enter/sys_exit
+ * variant, which falls back to the syscalls' perf-event tracepoints when
+ * one is missing.  KSCOPE(tasks, syscalls, <arch>) (the register names of
+ * struct pt_regs, arch as platform.machine() spells it) is that
+ * architecture's alone; one without entries for the running architecture
+ * takes the fallback too.  KSCOPE(tasks, <source>) (reads, cache, fsync,
+ * throttled) is read by that source's programs only: a kernel that lacks
+ * one loses that source (said "unavailable" in every dump), not the
+ * per-process rows.
  */
 #ifdef IOTRACE_KERNEL_TABLE
+KSCOPE(block)
 KMEMBER(RQ_Q, request, q, 8)
 KMEMBER(RQ_CMD_FLAGS, request, cmd_flags, 4)
 KMEMBER(RQ_DATA_LEN, request, __data_len, 4)
@@ -263,33 +284,40 @@ KMEMBER(ITER_COUNT, iov_iter, count, 8)	/* files: O_DIRECT's bytes */
 KMEMBER(ITER_SOURCE, iov_iter, data_source, 1)	/* files: O_DIRECT, true for a write */
 KRAWTP(iomap_dio_rw_begin, struct kiocb *, struct iov_iter *, unsigned int, size_t)	/* files: O_DIRECT (ext4, xfs, ...) */
 KRAWTP(sched_process_exec, struct task_struct *, pid_t, struct linux_binprm *)
-KMEMBER(TASK_TGID, task_struct, tgid, 4)	/* tasks.bpf.c */
-KMEMBER(TASK_FILES, task_struct, files, 8)	/* tasks.bpf.c */
-KMEMBER(FILES_FDT, files_struct, fdt, 8)	/* tasks.bpf.c */
-KMEMBER(FDT_MAX_FDS, fdtable, max_fds, 4)	/* tasks.bpf.c */
-KMEMBER(FDT_FD, fdtable, fd, 8)	/* tasks.bpf.c */
-KMEMBER(FILE_INODE, file, f_inode, 8)	/* tasks.bpf.c */
-KMEMBER(INODE_MODE, inode, i_mode, 2)	/* tasks.bpf.c */
-KBIT(TASK_IN_IOWAIT, task_struct, in_iowait)	/* tasks.bpf.c */
-KRAWTP(sched_switch, bool, struct task_struct *, struct task_struct *, unsigned int)	/* tasks.bpf.c */
-KRAWTP(sched_wakeup, struct task_struct *)	/* tasks.bpf.c */
-KRAWTP(balance_dirty_pages, struct bdi_writeback *, struct dirty_throttle_control *, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long int)	/* tasks.bpf.c throttled: (wb, dtc, ..., pause) */
-KRAWTP(balance_dirty_pages, struct bdi_writeback *, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long int)	/* tasks.bpf.c throttled: before the dtc argument (Debian 12's 6.1): (wb, thresh, ..., period, pause) */
-KRAWTP(sys_enter, struct pt_regs *, long int)	/* tasks.bpf.c syscalls */
-KRAWTP(sys_exit, struct pt_regs *, long int)	/* tasks.bpf.c syscalls */
-KMEMBER(REGS_ARG0, pt_regs, di, 8)	/* tasks.bpf.c syscalls x86_64: a syscall's first argument */
-KMEMBER(REGS_NR, pt_regs, orig_ax, 8)	/* tasks.bpf.c syscalls x86_64: the syscall's number */
-KMEMBER(TASK_TI_STATUS, task_struct, thread_info.status, 4)	/* tasks.bpf.c syscalls x86_64: TS_COMPAT */
-KRAWTP(mm_filemap_get_pages, struct address_space *, long unsigned int, long unsigned int)	/* tasks.bpf.c reads: a buffered read's batch */
-KMEMBER(INODE_SIZE, inode, i_size, 8)	/* tasks.bpf.c reads: a read's range clipped at EOF */
-KRAWTP(mm_filemap_add_to_page_cache, struct folio *)	/* tasks.bpf.c cache: a folio added (a miss, when a read follows) */
-KMEMBER(FOLIO_FLAGS, folio, flags, 8)	/* tasks.bpf.c cache: PG_head, a large folio */
-KMEMBER(FOLIO_FLAGS_1, folio, _flags_1, 8)	/* tasks.bpf.c cache: a large folio's order */
-KMEMBER(FOLIO_MAPPING, folio, mapping, 8)	/* tasks.bpf.c cache */
-KMEMBER(FOLIO_INDEX, folio, index, 8)	/* tasks.bpf.c cache: the first page a thread added, for a read's untraced first batch */
-KENUM(PG_HEAD, PG_head)	/* tasks.bpf.c cache */
-KRAWTP(ext4_sync_file_enter, struct file *, int)	/* tasks.bpf.c fsync */
-KRAWTP(ext4_sync_file_exit, struct inode *, int)	/* tasks.bpf.c fsync */
+KSCOPE(tasks)
+KMEMBER(TASK_TGID, task_struct, tgid, 4)
+KMEMBER(TASK_FILES, task_struct, files, 8)
+KMEMBER(FILES_FDT, files_struct, fdt, 8)
+KMEMBER(FDT_MAX_FDS, fdtable, max_fds, 4)
+KMEMBER(FDT_FD, fdtable, fd, 8)
+KMEMBER(FILE_INODE, file, f_inode, 8)
+KMEMBER(INODE_MODE, inode, i_mode, 2)
+KBIT(TASK_IN_IOWAIT, task_struct, in_iowait)
+KRAWTP(sched_switch, bool, struct task_struct *, struct task_struct *, unsigned int)
+KRAWTP(sched_wakeup, struct task_struct *)
+KSCOPE(tasks, throttled)
+KRAWTP(balance_dirty_pages, struct bdi_writeback *, struct dirty_throttle_control *, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long int)	/* (wb, dtc, ..., pause) */
+KRAWTP(balance_dirty_pages, struct bdi_writeback *, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long int)	/* before the dtc argument (Debian 12's 6.1): (wb, thresh, ..., period, pause) */
+KSCOPE(tasks, syscalls)
+KRAWTP(sys_enter, struct pt_regs *, long int)
+KRAWTP(sys_exit, struct pt_regs *, long int)
+KSCOPE(tasks, syscalls, x86_64)
+KMEMBER(REGS_ARG0, pt_regs, di, 8)	/* a syscall's first argument */
+KMEMBER(REGS_NR, pt_regs, orig_ax, 8)	/* the syscall's number */
+KMEMBER(TASK_TI_STATUS, task_struct, thread_info.status, 4)	/* TS_COMPAT */
+KSCOPE(tasks, reads)
+KRAWTP(mm_filemap_get_pages, struct address_space *, long unsigned int, long unsigned int)	/* a buffered read's batch */
+KMEMBER(INODE_SIZE, inode, i_size, 8)	/* a read's range clipped at EOF */
+KSCOPE(tasks, cache)
+KRAWTP(mm_filemap_add_to_page_cache, struct folio *)	/* a folio added (a miss, when a read follows) */
+KMEMBER(FOLIO_FLAGS, folio, flags, 8)	/* PG_head, a large folio */
+KMEMBER(FOLIO_FLAGS_1, folio, _flags_1, 8)	/* a large folio's order */
+KMEMBER(FOLIO_MAPPING, folio, mapping, 8)
+KMEMBER(FOLIO_INDEX, folio, index, 8)	/* the first page a thread added, for a read's untraced first batch */
+KENUM(PG_HEAD, PG_head)
+KSCOPE(tasks, fsync)
+KRAWTP(ext4_sync_file_enter, struct file *, int)
+KRAWTP(ext4_sync_file_exit, struct inode *, int)
 #endif
 
 /*

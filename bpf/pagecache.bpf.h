@@ -64,8 +64,8 @@ static __always_inline s64 pc_file_size(u64 mapping)
 	u64 host = 0;
 	s64 size = 0;
 
-	if (tread(&host, sizeof(host), mapping + IOTRACE_K_MAPPING_HOST) || !host ||
-	    tread(&size, sizeof(size), host + IOTRACE_K_INODE_SIZE))
+	if (kread(&host, sizeof(host), mapping + IOTRACE_K_MAPPING_HOST, IOTRACE_TASKS_DROP_KERNEL_READ) || !host ||
+	    kread(&size, sizeof(size), host + IOTRACE_K_INODE_SIZE, IOTRACE_TASKS_DROP_KERNEL_READ))
 		return 0;
 	return size;
 }
@@ -111,11 +111,11 @@ static __always_inline u64 pc_folio_pages(u64 folio)
 {
 	u64 flags = 0, flags_1 = 0;
 
-	if (tread(&flags, sizeof(flags), folio + IOTRACE_K_FOLIO_FLAGS))
+	if (kread(&flags, sizeof(flags), folio + IOTRACE_K_FOLIO_FLAGS, IOTRACE_TASKS_DROP_KERNEL_READ))
 		return 0;
 	if (!(flags & (1ULL << IOTRACE_K_PG_HEAD)))
 		return 1;
-	if (tread(&flags_1, sizeof(flags_1), folio + IOTRACE_K_FOLIO_FLAGS_1))
+	if (kread(&flags_1, sizeof(flags_1), folio + IOTRACE_K_FOLIO_FLAGS_1, IOTRACE_TASKS_DROP_KERNEL_READ))
 		return 0;
 	return 1ULL << (flags_1 & IOTRACE_TASKS_FOLIO_ORDER_MASK & 63);
 }
@@ -129,8 +129,8 @@ RAW_TRACEPOINT_PROBE(mm_filemap_add_to_page_cache)
 	id = bpf_get_current_pid_tgid();
 	if (!twanted(tcfg(), id >> 32))
 		return 0;
-	if (tread(&mapping, sizeof(mapping), folio + IOTRACE_K_FOLIO_MAPPING) ||
-	    tread(&index, sizeof(index), folio + IOTRACE_K_FOLIO_INDEX))
+	if (kread(&mapping, sizeof(mapping), folio + IOTRACE_K_FOLIO_MAPPING, IOTRACE_TASKS_DROP_KERNEL_READ) ||
+	    kread(&index, sizeof(index), folio + IOTRACE_K_FOLIO_INDEX, IOTRACE_TASKS_DROP_KERNEL_READ))
 		return 0;
 	pages = pc_folio_pages(folio);
 	if (!pages)

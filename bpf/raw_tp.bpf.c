@@ -10,6 +10,7 @@
  * tracepoint.bpf.c, never both, and substitutes IOTRACE_START_EVENT
  * (block_io_start, or block_rq_insert on kernels before 6.5).
  */
+#include "maps.bpf.h"
 #include "core.bpf.h"
 #include "writeback.bpf.h"
 #ifndef IOTRACE_NO_FILES	/* per-file rows: trace mode's (the loader's ProbeOptions.files) */
@@ -27,16 +28,6 @@
  * kernel's.  A raw tracepoint program has a recursion guard of its own,
  * so no other BPF program running on the CPU makes the kernel skip it.
  */
-
-/* Copy a kernel object's bytes; a failed read is counted and leaves zeroes. */
-static __always_inline int kread(void *dst, u32 size, u64 addr)
-{
-	int err = bpf_probe_read_kernel(dst, size, (const void *)addr);
-
-	if (err)
-		count_reason(IOTRACE_DROP_KERNEL_READ);
-	return err;
-}
 
 /* The start of a struct request up to the last member the completion reads: one read, not four. */
 struct rq_head {
@@ -56,13 +47,13 @@ static __always_inline u32 read_queue_dev(u64 q)
 	u64 disk = 0;
 	u32 mm[2] = {};		/* gendisk.major, gendisk.first_minor: side by side */
 
-	if (q && kread(&disk, sizeof(disk), q + IOTRACE_K_Q_DISK))
+	if (q && kread(&disk, sizeof(disk), q + IOTRACE_K_Q_DISK, IOTRACE_DROP_KERNEL_READ))
 		return 0;	/* counted */
 	if (!disk) {
 		count_reason(IOTRACE_DROP_KERNEL_READ);
 		return 0;
 	}
-	if (kread(mm, sizeof(mm), disk + IOTRACE_K_DISK_MAJOR))
+	if (kread(mm, sizeof(mm), disk + IOTRACE_K_DISK_MAJOR, IOTRACE_DROP_KERNEL_READ))
 		return 0;
 	return (mm[0] << 20) | mm[1];	/* the kernel's MKDEV */
 }
@@ -124,7 +115,7 @@ static __always_inline bool dev_filtered_out(u64 rq, u64 now)
 
 	if (!cfg || !cfg->filter_devs)
 		return false;
-	return kread(&h, sizeof(h), rq) ||
+	return kread(&h, sizeof(h), rq, IOTRACE_DROP_KERNEL_READ) ||
 	       !dev_wanted(queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now));
 }
 
@@ -360,7 +351,7 @@ static __always_inline bool bio_start_of(u64 rq, struct slot_ref *b)
 {
 	u64 bio = 0;
 
-	if (kread(&bio, sizeof(bio), rq + IOTRACE_K_RQ_BIO))
+	if (kread(&bio, sizeof(bio), rq + IOTRACE_K_RQ_BIO, IOTRACE_DROP_KERNEL_READ))
 		return false;
 #pragma unroll
 	for (u32 i = 0; i < IOTRACE_BIO_HOPS; i++) {
@@ -371,7 +362,7 @@ static __always_inline bool bio_start_of(u64 rq, struct slot_ref *b)
 				count_reason(IOTRACE_NOTE_FRONT_MERGE);
 			return true;
 		}
-		if (i + 1 < IOTRACE_BIO_HOPS && kread(&bio, sizeof(bio), bio + IOTRACE_K_BIO_NEXT))
+		if (i + 1 < IOTRACE_BIO_HOPS && kread(&bio, sizeof(bio), bio + IOTRACE_K_BIO_NEXT, IOTRACE_DROP_KERNEL_READ))
 			return false;
 	}
 	return false;
@@ -470,7 +461,7 @@ static __always_inline void rq_unmatched(u64 rq, u32 nr_bytes)
 {
 	u32 opf = 0;
 
-	kread(&opf, sizeof(opf), rq + IOTRACE_K_RQ_CMD_FLAGS);
+	kread(&opf, sizeof(opf), rq + IOTRACE_K_RQ_CMD_FLAGS, IOTRACE_DROP_KERNEL_READ);
 	if ((opf & ((1U << IOTRACE_K_REQ_OP_BITS) - 1)) == IOTRACE_K_REQ_OP_FLUSH)
 		count_reason(IOTRACE_NOTE_INTERNAL_FLUSH);
 	else
@@ -503,7 +494,7 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 		return 0;
 	}
 	s = r.s;
-	if (kread(&h, sizeof(h), rq)) {
+	if (kread(&h, sizeof(h), rq, IOTRACE_DROP_KERNEL_READ)) {
 		slot_release(&r);	/* counted: neither its disk nor whether it is done can be told */
 		return 0;
 	}
@@ -571,7 +562,7 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
 {
 	u32 child = 0;
 
-	if (kread(&child, sizeof(child), ctx->args[1] + IOTRACE_K_TASK_PID) == 0)
+	if (kread(&child, sizeof(child), ctx->args[1] + IOTRACE_K_TASK_PID, IOTRACE_DROP_KERNEL_READ) == 0)
 		on_fork(child);
 	return 0;
 }
@@ -600,10 +591,8 @@ RAW_TRACEPOINT_PROBE(writeback_dirty_folio)
 {
 	u64 inode = 0, flags = 0, flags_1 = 0, folio = ctx->args[0], order = 0;
 
-	if (bpf_probe_read_kernel(&inode, sizeof(inode), (const void *)(ctx->args[1] + IOTRACE_K_MAPPING_HOST))) {
-		count_reason(IOTRACE_NOTE_WB_UNKEPT);
+	if (kread(&inode, sizeof(inode), ctx->args[1] + IOTRACE_K_MAPPING_HOST, IOTRACE_NOTE_WB_UNKEPT))
 		return 0;
-	}
 	/* the folio's size, for wb_owed: folio_order(), order 0 unless PG_head is set */
 	if (!bpf_probe_read_kernel(&flags, sizeof(flags), (const void *)(folio + IOTRACE_K_WB_FOLIO_FLAGS)) &&
 	    (flags & (1ULL << IOTRACE_K_WB_PG_HEAD)) &&
@@ -687,10 +676,10 @@ RAW_TRACEPOINT_PROBE(block_bio_queue)
 	struct slot_ref r;
 	u32 dev = 0, bytes;
 
-	if (kread(&h, sizeof(h), bio))
+	if (kread(&h, sizeof(h), bio, IOTRACE_DROP_KERNEL_READ))
 		return 0;
 	bdev = HEAD_FIELD(&h, u64, IOTRACE_K_BIO_BDEV);
-	if (!bdev || kread(&dev, sizeof(dev), bdev + IOTRACE_K_BDEV_DEV))
+	if (!bdev || kread(&dev, sizeof(dev), bdev + IOTRACE_K_BDEV_DEV, IOTRACE_DROP_KERNEL_READ))
 		return 0;
 	id = bpf_get_current_pid_tgid();
 	/* a partition's bios are its disk's (bi_bdev is the partition) */

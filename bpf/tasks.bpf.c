@@ -57,6 +57,7 @@
  * vfs_read, but tracing programs are refused on the machines measured.
  * Counters are cumulative; user space takes differences at each drain.
  */
+#include "maps.bpf.h"
 #include "tasks.h"
 
 /* preadv2's flags field; the header tree bcc compiles against may not declare it (a repeat is legal C11) */
@@ -72,21 +73,13 @@ BPF_HASH(threads, u32, struct iotrace_thread, IOTRACE_TASKS_THREADS);
 /* enum iotrace_tasks_reason -> u64 events, per CPU, never reset */
 BPF_PERCPU_ARRAY(treasons, u64, IOTRACE_TASKS_REASON_COUNT);
 
-static __always_inline void tcount(u32 reason)
+/* maps.bpf.h's failure count: this program's counter is treasons */
+static __always_inline void count_reason(u32 reason)
 {
 	u64 *n = treasons.lookup(&reason);
 
 	if (n)
 		__sync_fetch_and_add(n, 1);
-}
-
-static __always_inline int tread(void *dst, u32 size, u64 addr)
-{
-	int err = bpf_probe_read_kernel(dst, size, (const void *)addr);
-
-	if (err)
-		tcount(IOTRACE_TASKS_DROP_KERNEL_READ);
-	return err;
 }
 
 static __always_inline struct iotrace_tasks_config *tcfg(void)
@@ -104,38 +97,41 @@ static __always_inline bool twanted(struct iotrace_tasks_config *cfg, u32 tgid)
 	return !cfg->filter_pids || tpids.lookup(&tgid);
 }
 
+/* lookup_or_init's view of tasks and threads (single maps: gen unused) */
+static __always_inline void *tasks_lookup(u32 gen, const void *k) { return tasks.lookup((u32 *)k); }
+static __always_inline int tasks_insert(u32 gen, const void *k, const void *v)
+{
+	return tasks.insert((u32 *)k, (struct iotrace_task *)v);
+}
+static __always_inline void *threads_lookup(u32 gen, const void *k) { return threads.lookup((u32 *)k); }
+static __always_inline int threads_insert(u32 gen, const void *k, const void *v)
+{
+	return threads.insert((u32 *)k, (struct iotrace_thread *)v);
+}
+
+/* A new process entry's name, read only when one is made */
+static __always_inline void *task_init(void *arg)
+{
+	struct iotrace_task *fresh = arg;
+
+	bpf_get_current_comm(fresh->comm, sizeof(fresh->comm));
+	return fresh;
+}
+
 /* The current process's entry, made if missing (the current task is that process). */
 static __always_inline struct iotrace_task *current_task(u32 tgid, u64 now)
 {
-	struct iotrace_task *t = tasks.lookup(&tgid);
-	struct iotrace_task fresh = {};
+	struct iotrace_task fresh = { .first_ns = now };
 
-	if (t)
-		return t;
-	fresh.first_ns = now;
-	bpf_get_current_comm(fresh.comm, sizeof(fresh.comm));
-	/* another CPU may make it at the same time: then that one is used */
-	tasks.insert(&tgid, &fresh);
-	t = tasks.lookup(&tgid);
-	if (!t)
-		tcount(IOTRACE_TASKS_DROP_TASKS_FULL);
-	return t;
+	return lookup_or_init(tasks_lookup, tasks_insert, 0, &tgid, task_init, &fresh, IOTRACE_TASKS_DROP_TASKS_FULL);
 }
 
 /* The current thread's entry, made if missing. */
 static __always_inline struct iotrace_thread *current_thread(u32 tid, u32 tgid)
 {
-	struct iotrace_thread *th = threads.lookup(&tid);
-	struct iotrace_thread fresh = {};
+	struct iotrace_thread fresh = { .tgid = tgid };
 
-	if (th)
-		return th;
-	fresh.tgid = tgid;
-	threads.insert(&tid, &fresh);
-	th = threads.lookup(&tid);
-	if (!th)
-		tcount(IOTRACE_TASKS_DROP_THREADS_FULL);
-	return th;
+	return lookup_or_init(threads_lookup, threads_insert, 0, &tid, 0, &fresh, IOTRACE_TASKS_DROP_THREADS_FULL);
 }
 
 /* Whether the task at `task` is in an I/O wait (task_struct.in_iowait, a one-bit field). */
@@ -143,7 +139,7 @@ static __always_inline bool in_iowait(u64 task)
 {
 	u8 b = 0;
 
-	if (tread(&b, sizeof(b), task + IOTRACE_K_TASK_IN_IOWAIT))
+	if (kread(&b, sizeof(b), task + IOTRACE_K_TASK_IN_IOWAIT, IOTRACE_TASKS_DROP_KERNEL_READ))
 		return false;
 	return b & IOTRACE_K_TASK_IN_IOWAIT_MASK;
 }
@@ -190,7 +186,7 @@ RAW_TRACEPOINT_PROBE(sched_wakeup)
 	/* in_iowait stays set until the task runs again (io_schedule_finish) */
 	if (!in_iowait(task))
 		return 0;
-	if (tread(&tid, sizeof(tid), task + IOTRACE_K_TASK_PID))
+	if (kread(&tid, sizeof(tid), task + IOTRACE_K_TASK_PID, IOTRACE_TASKS_DROP_KERNEL_READ))
 		return 0;
 	th = threads.lookup(&tid);
 	if (!th || !th->block_ns)
@@ -200,7 +196,7 @@ RAW_TRACEPOINT_PROBE(sched_wakeup)
 	d = bpf_ktime_get_ns() - start;
 	t = tasks.lookup(&th->tgid);
 	if (!t) {
-		tcount(IOTRACE_TASKS_DROP_TASKS_FULL);
+		count_reason(IOTRACE_TASKS_DROP_TASKS_FULL);
 		return 0;
 	}
 	__sync_fetch_and_add(&t->io_wait_ns, d);
@@ -315,13 +311,14 @@ static __always_inline bool fd_is_regular(u64 fd)
 	u16 mode = 0;
 	u64 task = bpf_get_current_task();
 
-	if (tread(&files, sizeof(files), task + IOTRACE_K_TASK_FILES) || !files ||
-	    tread(&fdt, sizeof(fdt), files + IOTRACE_K_FILES_FDT) || !fdt ||
-	    tread(&max_fds, sizeof(max_fds), fdt + IOTRACE_K_FDT_MAX_FDS) || fd >= max_fds ||
-	    tread(&fds, sizeof(fds), fdt + IOTRACE_K_FDT_FD) || !fds ||
-	    tread(&file, sizeof(file), fds + fd * 8) || !file ||
-	    tread(&inode, sizeof(inode), file + IOTRACE_K_FILE_INODE) || !inode ||
-	    tread(&mode, sizeof(mode), inode + IOTRACE_K_INODE_MODE))
+	if (kread(&files, sizeof(files), task + IOTRACE_K_TASK_FILES, IOTRACE_TASKS_DROP_KERNEL_READ) || !files ||
+	    kread(&fdt, sizeof(fdt), files + IOTRACE_K_FILES_FDT, IOTRACE_TASKS_DROP_KERNEL_READ) || !fdt ||
+	    kread(&max_fds, sizeof(max_fds), fdt + IOTRACE_K_FDT_MAX_FDS, IOTRACE_TASKS_DROP_KERNEL_READ) ||
+	    fd >= max_fds ||
+	    kread(&fds, sizeof(fds), fdt + IOTRACE_K_FDT_FD, IOTRACE_TASKS_DROP_KERNEL_READ) || !fds ||
+	    kread(&file, sizeof(file), fds + fd * 8, IOTRACE_TASKS_DROP_KERNEL_READ) || !file ||
+	    kread(&inode, sizeof(inode), file + IOTRACE_K_FILE_INODE, IOTRACE_TASKS_DROP_KERNEL_READ) || !inode ||
+	    kread(&mode, sizeof(mode), inode + IOTRACE_K_INODE_MODE, IOTRACE_TASKS_DROP_KERNEL_READ))
 		return false;
 	return (mode & IOTRACE_TASKS_S_IFMT) == IOTRACE_TASKS_S_IFREG;
 }
@@ -382,7 +379,8 @@ static __always_inline bool compat_syscall(void)
 #ifdef IOTRACE_K_TASK_TI_STATUS
 	u32 status = 0;
 
-	if (tread(&status, sizeof(status), bpf_get_current_task() + IOTRACE_K_TASK_TI_STATUS))
+	if (kread(&status, sizeof(status), bpf_get_current_task() + IOTRACE_K_TASK_TI_STATUS,
+		  IOTRACE_TASKS_DROP_KERNEL_READ))
 		return true;
 	return status & IOTRACE_TASKS_X86_TS_COMPAT;
 #else
@@ -407,7 +405,7 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 		return 0;
 	}
 	/* the kernel takes the fd as an unsigned int (readv's unsigned long too, in fdget) */
-	if (tread(&fd, sizeof(fd), ctx->args[0] + IOTRACE_K_REGS_ARG0))
+	if (kread(&fd, sizeof(fd), ctx->args[0] + IOTRACE_K_REGS_ARG0, IOTRACE_TASKS_DROP_KERNEL_READ))
 		return 0;
 	read_enter(id, (u32)fd);
 	return 0;
@@ -423,7 +421,7 @@ RAW_TRACEPOINT_PROBE(sys_exit)
 	/* no thread anywhere in a noted syscall: nothing to end (an array lookup, no helper call) */
 	if (!noted || *noted <= 0)
 		return 0;
-	if (tread(&nr, sizeof(nr), ctx->args[0] + IOTRACE_K_REGS_NR))
+	if (kread(&nr, sizeof(nr), ctx->args[0] + IOTRACE_K_REGS_NR, IOTRACE_TASKS_DROP_KERNEL_READ))
 		return 0;
 	if (READ_NR(nr))
 		read_exit(ctx->args[1]);
@@ -484,13 +482,13 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
 		return 0;
 	if (!tpids.lookup(&parent))
 		return 0;
-	if (tread(&pid, sizeof(pid), ctx->args[1] + IOTRACE_K_TASK_PID) ||
-	    tread(&tgid, sizeof(tgid), ctx->args[1] + IOTRACE_K_TASK_TGID))
+	if (kread(&pid, sizeof(pid), ctx->args[1] + IOTRACE_K_TASK_PID, IOTRACE_TASKS_DROP_KERNEL_READ) ||
+	    kread(&tgid, sizeof(tgid), ctx->args[1] + IOTRACE_K_TASK_TGID, IOTRACE_TASKS_DROP_KERNEL_READ))
 		return 0;
 	if (pid != tgid)
 		return 0;	/* a thread: its process is traced already */
 	if (tpids.update(&pid, &one)) {
-		tcount(IOTRACE_TASKS_DROP_PIDS_FULL);
+		count_reason(IOTRACE_TASKS_DROP_PIDS_FULL);
 		return 0;
 	}
 	/* a row from its start, so that a child that exits without I/O still shows */
@@ -498,7 +496,7 @@ RAW_TRACEPOINT_PROBE(sched_process_fork)
 	fresh.ppid = parent;
 	bpf_get_current_comm(fresh.comm, sizeof(fresh.comm));
 	if (tasks.update(&pid, &fresh))
-		tcount(IOTRACE_TASKS_DROP_TASKS_FULL);
+		count_reason(IOTRACE_TASKS_DROP_TASKS_FULL);
 	return 0;
 }
 

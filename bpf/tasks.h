@@ -8,9 +8,9 @@
  * too: constants are "#define IOTRACE_NAME <integer>", enums list
  * "NAME = <integer>," one per line and end with a *_COUNT.  The kernel
  * members and raw tracepoints these programs read are in iotrace.h's
- * IOTRACE_KERNEL_TABLE (marked "tasks.bpf.c"; the page-cache sources'
- * own entries "tasks.bpf.c reads" and "tasks.bpf.c fsync", each group
- * resolved apart: a kernel without one loses that counter only).
+ * IOTRACE_KERNEL_TABLE (under KSCOPE(tasks); each event source's own
+ * entries under KSCOPE(tasks, <source>), each group resolved apart: a
+ * kernel without one loses that counter only).
  */
 #ifndef IOTRACE_TASKS_H
 #define IOTRACE_TASKS_H

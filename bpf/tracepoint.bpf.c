@@ -15,6 +15,7 @@
  * The shared core is core.bpf.h; the loader compiles this file or
  * raw_tp.bpf.c, and substitutes IOTRACE_START_CATEGORY / IOTRACE_START_EVENT.
  */
+#include "maps.bpf.h"
 #include "core.bpf.h"
 #include "writeback.bpf.h"
 

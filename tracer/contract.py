@@ -16,18 +16,19 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-_DEFINE = re.compile(r"^\s*#define\s+(IOTRACE_\w+)\s+(.+?)\s*(?:/\*.*)?$", re.M)
+# within one line: a bare #define (the include guard) must not take the next line as its value
+_DEFINE = re.compile(r"^[ \t]*#define[ \t]+(IOTRACE_\w+)[ \t]+(.+?)[ \t]*(?:/\*.*)?$", re.M)
 _ENUM = re.compile(r"enum\s+(iotrace_\w+)\s*\{(.*?)\};", re.S)
 _MEMBER = re.compile(r"^\s*(IOTRACE_\w+)\s*=\s*(\d+)\s*,", re.M)
 _EVENT_TABLE = re.compile(r"^#ifdef IOTRACE_EVENT_TABLE\b(.*?)^#endif", re.M | re.S)
 _EVENT_ENTRY = re.compile(r"^EVENT\(([^)]*)\)\s*(?:/\*.*\*/)?\s*$")
 EVENT_WHEN = ("always", "start", "bio", "present")
 _KERNEL_TABLE = re.compile(r"^#ifdef IOTRACE_KERNEL_TABLE\b(.*?)^#endif", re.M | re.S)
-_KERNEL_ENTRY = re.compile(r"^(KMEMBER|KENUM|KHEAD|KRAWTP|KBIT)\((.*?)\)\s*(?:/\*.*\*/)?\s*$")
-# "/* tasks.bpf.c syscalls */" or "/* tasks.bpf.c syscalls x86_64: what it is */": group 1 the architecture
-_SYSCALLS_MARK = re.compile(r"/\*\s*tasks\.bpf\.c\s+syscalls\b(?:\s+(\w+))?")
-# "/* tasks.bpf.c reads */", "... cache", "... fsync", "... throttled": one event source of the per-process programs
-_SOURCE_MARK = re.compile(r"/\*\s*tasks\.bpf\.c\s+(reads|cache|fsync|throttled)\b")
+_KERNEL_ENTRY = re.compile(r"^(KMEMBER|KENUM|KHEAD|KRAWTP|KBIT|KSCOPE)\((.*?)\)\s*(?:/\*.*\*/)?\s*$")
+# KSCOPE(tasks, <source>): one event source of the per-process programs, resolved apart
+TASK_SOURCES = ("reads", "cache", "fsync", "throttled")
+_OVERRIDE_TABLE = re.compile(r"^#ifdef IOTRACE_OVERRIDE_TABLE\b(.*?)^#endif", re.M | re.S)
+_OVERRIDE_ENTRY = re.compile(r"^(TUNABLE|SET_BY_USER)\((\w+)\)\s*(?:/\*.*\*/)?\s*$")
 
 
 ENV_BPF_DIR = "IOTRACE_BPF_DIR"
@@ -94,17 +95,25 @@ class Contract:
     defines: dict[str, int]
     enums: dict[str, dict[str, int]]
     kernel: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
-    # the entries marked "tasks.bpf.c": read by the per-process programs only, so a kernel that
+    # the entries under KSCOPE(tasks): read by the per-process programs only, so a kernel that
     # lacks one costs the block-layer programs nothing
     kernel_tasks: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
-    # the entries marked "tasks.bpf.c syscalls": the per-process programs' raw sys_enter/sys_exit
+    # the entries under KSCOPE(tasks, syscalls[, arch]): the per-process programs' raw sys_enter/sys_exit
     # variant only, by architecture ("" for every one; else platform.machine(), e.g. "x86_64")
     kernel_syscalls: dict[str, KernelReads] = field(default_factory=dict)
-    # the entries marked "tasks.bpf.c reads|cache|fsync|throttled": one source each of the per-process programs
+    # the entries under KSCOPE(tasks, reads|cache|fsync|throttled): one source each of the per-process programs
     # (page-cache, ext4 and write-back events), resolved apart: a kernel without one loses that counter only
     kernel_sources: dict[str, KernelReads] = field(default_factory=dict)
     # IOTRACE_EVENT_TABLE: the block-layer programs' events, in the table's order
     events: tuple[Event, ...] = ()
+    # IOTRACE_OVERRIDE_TABLE: the constants user space may set, NAME (without IOTRACE_) -> "tunable" (a map
+    # size an option may change) or "set_by_user" (a fact of the running machine)
+    overrides: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tunables(self) -> list[str]:
+        """The map sizes an option may change, e.g. 'INFLIGHT_SLOTS'."""
+        return [n for n, kind in self.overrides.items() if kind == "tunable"]
 
     def const(self, name: str) -> int:
         return self.defines["IOTRACE_" + name]
@@ -161,12 +170,13 @@ class Contract:
 
 
 def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, KernelReads], dict[str, KernelReads]]:
-    """(the block-layer programs' reads, the per-process programs' reads: lines marked tasks.bpf.c,
-    their raw-syscall variant's by architecture: lines marked "tasks.bpf.c syscalls [arch]", their
-    event sources' by source: lines marked "tasks.bpf.c reads|cache|fsync|throttled")."""
+    """(the block-layer programs' reads: KSCOPE(block), the table's start; the per-process programs':
+    KSCOPE(tasks); their raw-syscall variant's by architecture: KSCOPE(tasks, syscalls[, arch]), "" for
+    every one; their event sources' by source: KSCOPE(tasks, reads|cache|fsync|throttled))."""
     block, tasks = KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {})
     syscalls: dict[str, KernelReads] = {}
     sources: dict[str, KernelReads] = {}
+    reads = block
     table = _KERNEL_TABLE.search(text)
     for line in (table.group(1).splitlines() if table else ()):
         if not line.strip():
@@ -174,15 +184,10 @@ def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, Kernel
         m = _KERNEL_ENTRY.match(line.strip())
         if not m:
             raise ValueError(f"iotrace.h: bad line in IOTRACE_KERNEL_TABLE: {line.strip()!r}")
-        mark, source = _SYSCALLS_MARK.search(line), _SOURCE_MARK.search(line)
-        if mark:
-            reads = syscalls.setdefault(mark.group(1) or "", KernelReads({}, {}, {}, {}))
-        elif source:
-            reads = sources.setdefault(source.group(1), KernelReads({}, {}, {}, {}))
-        else:
-            reads = tasks if "tasks.bpf.c" in line else block
         kind, args = m.group(1), [a.strip() for a in m.group(2).split(",")]
-        if kind == "KMEMBER":
+        if kind == "KSCOPE":
+            reads = _scope(args, line, block, tasks, syscalls, sources)
+        elif kind == "KMEMBER":
             reads.members[args[0]] = (args[1], args[2], int(args[3]))
         elif kind == "KENUM":
             reads.enums[args[0]] = args[1]
@@ -193,6 +198,34 @@ def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, Kernel
         else:
             reads.raw_tps.setdefault(args[0], []).append(args[1:])
     return block, tasks, syscalls, sources
+
+
+def _scope(args: list[str], line: str, block: KernelReads, tasks: KernelReads,
+           syscalls: dict[str, KernelReads], sources: dict[str, KernelReads]) -> KernelReads:
+    """The reads a KSCOPE(program[, part[, arch]]) line puts the entries after it in."""
+    if args == ["block"]:
+        return block
+    if args == ["tasks"]:
+        return tasks
+    if args[:2] == ["tasks", "syscalls"] and len(args) <= 3 and all(re.fullmatch(r"\w+", a) for a in args):
+        return syscalls.setdefault(args[2] if len(args) == 3 else "", KernelReads({}, {}, {}, {}))
+    if len(args) == 2 and args[0] == "tasks" and args[1] in TASK_SOURCES:
+        return sources.setdefault(args[1], KernelReads({}, {}, {}, {}))
+    raise ValueError(f"iotrace.h: bad KSCOPE in IOTRACE_KERNEL_TABLE: {line.strip()!r}")
+
+
+def _parse_overrides(text: str, defines: dict[str, int]) -> dict[str, str]:
+    """IOTRACE_OVERRIDE_TABLE: NAME -> "tunable" or "set_by_user"; each must name a #define of the header."""
+    table = _OVERRIDE_TABLE.search(text)
+    out: dict[str, str] = {}
+    for line in (table.group(1).splitlines() if table else ()):
+        if not line.strip():
+            continue
+        m = _OVERRIDE_ENTRY.match(line.strip())
+        if not m or "IOTRACE_" + m.group(2) not in defines or m.group(2) in out:
+            raise ValueError(f"iotrace.h: bad line in IOTRACE_OVERRIDE_TABLE: {line.strip()!r}")
+        out[m.group(2)] = m.group(1).lower()
+    return out
 
 
 @dataclass(frozen=True)
@@ -235,7 +268,7 @@ def parse(text: str) -> Contract:
         count = [v for m, v in members.items() if m.endswith("_COUNT")]
         if not count or sorted(v for m, v in members.items() if not m.endswith("_COUNT")) != list(range(count[0])):
             raise ValueError(f"enum {name} in iotrace.h must number its members 0..N-1 and end with *_COUNT = N")
-    return Contract(defines, enums, *_parse_kernel(text), _parse_events(text))
+    return Contract(defines, enums, *_parse_kernel(text), _parse_events(text), _parse_overrides(text, defines))
 
 
 @lru_cache(maxsize=1)

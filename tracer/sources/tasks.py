@@ -68,8 +68,8 @@ SYNC_SYSCALLS = ("fsync", "fdatasync", "sync_file_range")
 SYSCALL_EVENTS = ("sys_enter", "sys_exit")
 SYSCALL_MODES = ("raw_tp", "tracepoint")
 # The event sources, each taken where the running kernel has its events (choose_sources): source -> (its
-# tracepoints as category:name, compile flag); their kernel reads are iotrace.h's entries marked
-# "tasks.bpf.c <source>".  The default mode's (bpf/pagecache.bpf.h), which --tasks' syscall hooks replace:
+# tracepoints as category:name, compile flag); their kernel reads are iotrace.h's entries under
+# KSCOPE(tasks, <source>).  The default mode's (bpf/pagecache.bpf.h), which --tasks' syscall hooks replace:
 PAGECACHE_SOURCES = {
     "reads": (("filemap:mm_filemap_get_pages",), "-DIOTRACE_TASKS_PC_READS"),
     "cache": (("filemap:mm_filemap_add_to_page_cache",), "-DIOTRACE_TASKS_PC_CACHE"),
@@ -82,7 +82,7 @@ FIXED_SOURCES = {"io_wait": "sched:sched_switch+sched_wakeup"}
 UNAVAILABLE = "unavailable"
 # Per architecture (platform.machine()): the uapi header that numbers its syscalls, and where it is,
 # relative to the kernel header tree bcc compiles against, then to /usr/include (linux-libc-dev).
-# The pt_regs members are iotrace.h's, marked "tasks.bpf.c syscalls <arch>".
+# The pt_regs members are iotrace.h's, under KSCOPE(tasks, syscalls, <arch>).
 UNISTD = {"x86_64": ("arch/x86/include/generated/uapi/asm/unistd_64.h",
                      "x86_64-linux-gnu/asm/unistd_64.h", "asm/unistd_64.h")}
 _NR = re.compile(r"^#define\s+__NR_(\w+)\s+(\d+)\s*$", re.M)
