@@ -275,7 +275,7 @@ static __always_inline void bios_complete(u64 bio, u32 nr_bytes, u64 now)
 	u64 whose;
 
 	for (u32 i = 0; i < IOTRACE_BIO_WALK; i++) {
-		if (!bio || kread(&h, sizeof(h), bio))
+		if (!bio || kread(&h, sizeof(h), bio, IOTRACE_DROP_KERNEL_READ))
 			return;
 		size = HEAD_FIELD(&h, u32, IOTRACE_K_BIO_SIZE);
 		if (size > nr_bytes)
@@ -287,7 +287,8 @@ static __always_inline void bios_complete(u64 bio, u32 nr_bytes, u64 now)
 			if (left <= 1)
 				bio_done(&b, now);
 		} else if (whose && addr_find(BIO_SLOT(whose), &b)) {
-			if (!kread(&left, sizeof(left), whose + IOTRACE_K_BIO_REMAINING) && left <= 1)
+			if (!kread(&left, sizeof(left), whose + IOTRACE_K_BIO_REMAINING, IOTRACE_DROP_KERNEL_READ) &&
+			    left <= 1)
 				bio_done(&b, now);
 		}
 		bio = HEAD_FIELD(&h, u64, IOTRACE_K_BIO_NEXT);
@@ -303,7 +304,7 @@ static __always_inline void bios_of(u64 rq, u32 nr_bytes, u64 now)
 	struct rq_head h;
 	u32 dev;
 
-	if (kread(&h, sizeof(h), rq))
+	if (kread(&h, sizeof(h), rq, IOTRACE_DROP_KERNEL_READ))
 		return;
 	dev = queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now);
 	bd = dev ? bio_devs.lookup(&dev) : 0;
@@ -409,7 +410,7 @@ RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 	{
 		u64 bio = 0;
 
-		if (!kread(&bio, sizeof(bio), rq + IOTRACE_K_RQ_BIO))
+		if (!kread(&bio, sizeof(bio), rq + IOTRACE_K_RQ_BIO, IOTRACE_DROP_KERNEL_READ))
 			bio_request_started(bio, now);
 	}
 #endif
