@@ -9,7 +9,8 @@ starts by dropping the page cache (so that it reads the files from the
 device; needs root; with --cold none no epoch does, and the caller evicts
 the data set before the run, so only the first epoch reads it from the
 device) and ends with save_checkpoint(), the nested window
-"epoch N / checkpoint".  Prints "torch_train: pid PID", then a summary.
+"epoch N / checkpoint" (fsynced there unless --no-fsync).  Prints "torch_train: pid PID", then a
+summary.
 Not collected by pytest (no test_ prefix).
 """
 
@@ -57,6 +58,9 @@ def main() -> int:
                    "this is (the test's slowed disk: torch's own files are read at full speed before)")
     p.add_argument("--cold", choices=("every", "none"), default="every",
                    help="drop the page cache before every epoch, or never (the caller evicted the data set)")
+    p.add_argument("--no-fsync", action="store_true",
+                   help="torch.save without fsync: the kernel writes the checkpoint back when it will")
+    p.add_argument("--ckpt-mib", type=int, default=0, help="MiB of padding in each checkpoint (a bigger model)")
     a = p.parse_args()
     print(f"torch_train: pid {os.getpid()}", flush=True)
     if a.join_cgroup:
@@ -77,8 +81,10 @@ def main() -> int:
             opt.step()
             total += loss.item()
         losses.append(total / len(loader))
-        save_checkpoint({"model": model.state_dict(), "opt": opt.state_dict()},
-                        os.path.join(a.ckpt, f"ckpt-{epoch + 1}.pt"))
+        state = {"model": model.state_dict(), "opt": opt.state_dict()}
+        if a.ckpt_mib:
+            state["padding"] = torch.full((a.ckpt_mib << 20,), epoch + 1, dtype=torch.uint8)
+        save_checkpoint(state, os.path.join(a.ckpt, f"ckpt-{epoch + 1}.pt"), fsync=not a.no_fsync)
     print(f"torch_train: {a.epochs} epochs of {len(loader)} batches, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
     return 0
 

@@ -231,7 +231,7 @@ def _render_credited(a: Side, b: Side, out: TextIO) -> None:
     if not ca and not cb:
         return
     out.write("\nwrite-back of the data each side dirtied, in MiB (credited to the window that wrote it, written "
-              "back then or later;\nits latencies are in the (wb) rows of the window it ran in)\n")
+              "back then or later;\nits latencies are in the write-back rows of the window it ran in)\n")
     out.write(_line("PROCESS", ["A", "B", "change"]) + "\n")
     for comm in sorted(set(ca) | set(cb), key=lambda c: (-(ca.get(c, 0) + cb.get(c, 0)), c)):
         ma, mb = mib(ca.get(comm, 0)), mib(cb.get(comm, 0))

@@ -388,7 +388,7 @@ def render_credits(windows: list[Window], out: TextIO) -> None:
     if not lines:
         return
     out.write("\nwrite-back credited to the window that dirtied the data (bytes only: its latencies are in the rows "
-              "of the window it ran in, marked (wb)):\n")
+              "of the window it ran in, its write-back rows):\n")
     out.writelines(lines)
 
 
