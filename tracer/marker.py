@@ -42,8 +42,9 @@ command it runs), else every tracer listening in the run directory
 ($IOTRACE_RUN_DIR, default /run/iotrace), e.g. one started with --pid: each
 marker goes to each of them, and each tracer takes it or refuses it by who
 sent it (tracer/runtime/control.py: a --pid or COMMAND tracer only from its
-traced tree; one training loop's markers at a time), so the markers reach
-the tracers that trace the sender and no other.
+traced tree; a system-wide one from every sender, each sender's windows kept
+apart: tracer/pipeline/senders.py), so the markers reach the tracers that
+trace the sender and no other.
 
 Wire format (one UNIX datagram, UTF-8 JSON, at most MAX_DATAGRAM bytes):
     {"v": 1, "label": "epoch 3"}
