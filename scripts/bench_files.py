@@ -27,7 +27,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def sh(*args: str, **kw) -> str:
@@ -83,8 +82,7 @@ for name, a in after.items():
         out[name] = [round((a["run_time_ns"] - before[name]["run_time_ns"]) / runs, 1), runs]
 print(json.dumps(out))
 """
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return json.loads(sh(sys.executable, "-c", code, env=env).splitlines()[-1])
+    return json.loads(sh(sys.executable, "-c", code).splitlines()[-1])
 
 
 def main() -> int:

@@ -48,10 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tracer.sources.bpfobject import prog_stats  # noqa: E402
-from tracer.sources.tasks import TaskTracer  # noqa: E402
+from tracer.sources.bpfobject import prog_stats
+from tracer.sources.tasks import TaskTracer
 
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 MODES = ("untraced", "default", "tracepoint", "raw_tp")

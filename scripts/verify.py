@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))   # the reference lives with the tests, outside the product
 
 from reference import groundtruth as gt  # noqa: E402
