@@ -49,9 +49,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overhead.programs import BPFStats, bpf_programs, held_program_ids
+from overhead.programs import bpf_programs, held_program_ids
 from overhead.run import environment
 from overhead.tracers import EmptyRaw, Lean, Reference, Tracer
+
+from tracer.testing import BPFStats
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python")

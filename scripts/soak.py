@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 
 from tracer.marker import ENV_RUN_DIR, SOCKET_SUFFIX, send
-from tracer.sources.probe import USER_DROPS
+from tracer.testing import USER_DROPS
 
 ROOT = Path(__file__).resolve().parent.parent
 
