@@ -49,13 +49,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from overhead.programs import bpf_programs, held_program_ids
+from overhead.run import environment
+from overhead.tracers import EmptyRaw, Lean, Reference, Tracer
+
+from tracer.testing import BPFStats
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from overhead.programs import BPFStats, bpf_programs, held_program_ids  # noqa: E402
-from overhead.run import environment  # noqa: E402
-from overhead.tracers import EmptyRaw, Lean, Reference, Tracer  # noqa: E402
-
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
 # Targets of the cost issue, as ratios from this run
 TARGET_FLOOR_RATIO = 2.0        # iotrace's request path <= 2.0x the three empty raw programs

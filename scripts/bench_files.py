@@ -17,34 +17,20 @@ median over the rounds.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from tracer.testing import BPFStats
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def sh(*args: str, **kw) -> str:
     return subprocess.run(args, check=True, capture_output=True, text=True, **kw).stdout.strip()
-
-
-def enable_stats() -> int:
-    """Run-time statistics on while the returned fd is open (BPF_ENABLE_STATS): counted, unlike the sysctl,
-    so other sessions' setting of kernel.bpf_stats_enabled is neither needed nor undone."""
-    from tracer.sources.bpfobject import SYS_BPF
-
-    attr = ctypes.c_uint32(0)       # BPF_STATS_RUN_TIME
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.syscall(SYS_BPF, 32, ctypes.byref(attr), ctypes.sizeof(attr))     # BPF_ENABLE_STATS
-    if fd < 0:
-        raise OSError(ctypes.get_errno(), "BPF_ENABLE_STATS")
-    return fd
 
 
 def one(bpf_dir: str, path: Path, seconds: float, direct: bool, files: bool = True) -> dict[str, float]:
@@ -83,8 +69,7 @@ for name, a in after.items():
         out[name] = [round((a["run_time_ns"] - before[name]["run_time_ns"]) / runs, 1), runs]
 print(json.dumps(out))
 """
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return json.loads(sh(sys.executable, "-c", code, env=env).splitlines()[-1])
+    return json.loads(sh(sys.executable, "-c", code).splitlines()[-1])
 
 
 def main() -> int:
@@ -94,7 +79,12 @@ def main() -> int:
     ap.add_argument("--before", help="a bpf/ directory without files.bpf.h (default: this tree's, without file rows)")
     ap.add_argument("--json", metavar="FILE", help="also write the rounds and the medians to FILE")
     ns = ap.parse_args()
-    stats_fd = enable_stats()
+    with BPFStats():        # counted, unlike the sysctl: other sessions' setting is neither needed nor undone
+        return measure(ns)
+
+
+def measure(ns: argparse.Namespace) -> int:
+    """The rounds, on a scratch ext4 file system over a loop device made here and removed after."""
     tmp = Path(tempfile.mkdtemp(prefix="iotrace-bench-files-"))
     backing, mnt = tmp / "backing", tmp / "mnt"
     loop = None
@@ -134,7 +124,6 @@ def main() -> int:
                 d.rmdir()
             except OSError:
                 pass
-        os.close(stats_fd)
     return 0
 
 

@@ -28,14 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tracer import contract  # noqa: E402
-from tracer.pipeline.aggregate import Clock, build_dump  # noqa: E402
-from tracer.sinks.jsonl import JsonlSink  # noqa: E402
-from tracer.sinks.table import TableSink  # noqa: E402
-from tracer.sources.cgroups import resolve_containers  # noqa: E402
-from tracer.sources.probe import Probe, ProbeOptions, RawInterval  # noqa: E402
+from tracer import contract
+from tracer.pipeline.aggregate import Clock, build_dump
+from tracer.sinks.jsonl import JsonlSink
+from tracer.sinks.table import TableSink
+from tracer.sources.cgroups import resolve_containers
+from tracer.sources.probe import Probe, ProbeOptions, RawInterval
 
 DUMP_TARGET_MS = 200
 

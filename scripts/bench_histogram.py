@@ -12,16 +12,12 @@ is timed too, for information.  Prints milliseconds, best of --repeat.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tracer.codec import hdr as hdrcodec  # noqa: E402
-from tracer.model.histogram import BUCKETS, Histogram  # noqa: E402
+from tracer.codec import hdr as hdrcodec
+from tracer.model.histogram import BUCKETS, Histogram
 
 QS = (50, 90, 99, 99.9)
 

@@ -46,11 +46,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))     # tracer, from this checkout
-
-from overhead.report import print_table, summarize, summarize_costs, verdict  # noqa: E402
-from overhead.run import WORKLOADS, bench, install_signal_handlers  # noqa: E402
-from overhead.tracers import TRACERS  # noqa: E402
+from overhead.report import print_table, summarize, summarize_costs, verdict
+from overhead.run import WORKLOADS, bench, install_signal_handlers
+from overhead.tracers import TRACERS
 
 
 def main() -> int:

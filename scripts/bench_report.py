@@ -28,13 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from tracer.codec import jsonl
+from tracer.model.dump import Dump, PhaseStats, Series
+from tracer.model.histogram import Histogram
+from tracer.model.sections import Attach
 
-from tracer.codec import jsonl  # noqa: E402
-from tracer.model.dump import Dump, PhaseStats, Series  # noqa: E402
-from tracer.model.histogram import Histogram  # noqa: E402
-from tracer.model.sections import Attach  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 TARGET_RSS_MB = 300     # for 200 MB of dumps
 TEMPLATES = 48

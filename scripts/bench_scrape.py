@@ -50,7 +50,6 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 TARGET_P99_MS = 50.0
 NBUCKETS = 20       # iotrace's: len(exposition.BOUNDS_S) + 1
 # ebpf_exporter's examples/biolatency.yaml: exp2 buckets 0..27 of microseconds

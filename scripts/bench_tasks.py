@@ -48,10 +48,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tracer.sources.bpfobject import prog_stats  # noqa: E402
-from tracer.sources.tasks import TaskTracer  # noqa: E402
+from tracer.sources.tasks import TaskTracer
+from tracer.testing import prog_stats
 
 STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 MODES = ("untraced", "default", "tracepoint", "raw_tp")
@@ -209,7 +207,7 @@ def _completed(dev: str) -> int:
 
 
 def skips(ns: argparse.Namespace, workdir: Path) -> dict[str, dict[str, int]]:
-    from tracer.sources.bpfobject import import_bcc
+    from tracer.testing import import_bcc
 
     bcc = import_bcc()
     img, mnt = workdir / "loop.img", workdir / "mnt"

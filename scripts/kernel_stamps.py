@@ -27,10 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from tracer.sources import kernel
 
-from tracer.sources import kernel  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PROG = r"""
 struct st { u64 start; u64 issue; };

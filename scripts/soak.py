@@ -46,11 +46,10 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from tracer.marker import ENV_RUN_DIR, SOCKET_SUFFIX, send
+from tracer.testing import USER_DROPS
 
-from tracer.marker import ENV_RUN_DIR, SOCKET_SUFFIX, send  # noqa: E402
-from tracer.sources.probe import USER_DROPS  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
 RSS_LIMIT_MB = 150

@@ -5,7 +5,7 @@
 
 For each workload it makes sparse files in a temp dir, attaches them as loop
 devices (formatting and mounting ext4 where the workload needs a file
-system), starts the reference recorder (tests/reference/groundtruth.py: every block
+system), starts the reference recorder (scripts/reference/groundtruth.py: every block
 event from a private tracefs instance, matched offline into exact
 per-request latencies, timed by BPF stamps that bracket iotrace's own),
 runs the workload under iotrace in the same run, and prints iotrace against
@@ -37,13 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reference import groundtruth as gt  # scripts/reference/: beside this script, outside the product
+
+from tracer.sources.devices import devno
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))   # the reference lives with the tests, outside the product
-
-from reference import groundtruth as gt  # noqa: E402
-
-from tracer.sources.devices import devno  # noqa: E402
 
 PY = sys.executable
 

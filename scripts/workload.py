@@ -268,11 +268,7 @@ MARK_WAIT_S = 0.5
 
 
 def _marker():
-    try:
-        from tracer import marker
-    except ImportError:     # run from a checkout without the package installed
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from tracer import marker
+    from tracer import marker
     return marker
 
 

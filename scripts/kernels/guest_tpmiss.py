@@ -94,7 +94,7 @@ def load():
 
 def prog_misses(fd: int) -> int:
     sys.path.insert(0, sys.argv[1])
-    from tracer.sources.bpfobject import prog_stats
+    from tracer.testing import prog_stats
     return prog_stats(fd).recursion_misses
 
 

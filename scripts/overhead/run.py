@@ -14,9 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from overhead.programs import STATS_SYSCTL, BPFStats, bpf_programs, foreign_program_ids
+from overhead.programs import bpf_programs, foreign_program_ids
 from overhead.tracers import BlkTrace, IOTrace, Reference, Tracer, make_tracers
-from tracer.runtime.bench import scratch_loop
+from tracer.testing import STATS_SYSCTL, BPFStats, scratch_loop
 
 BACKING_MB = 256
 SHM = "/dev/shm"

@@ -48,8 +48,6 @@ _START: list[str] = []
 
 def _probe():
     """This tree's tracer.sources.probe: its start events and their chooser."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     from tracer.sources import probe  # noqa: PLC0415 - only the peers' start event needs it
 
     return probe

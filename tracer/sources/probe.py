@@ -24,7 +24,7 @@ from tracer.errors import UserError
 from tracer.sources import bpfobject, devices, kernel
 from tracer.sources.bpfobject import BpfObject, ProgStats, Variant
 from tracer.sources.drain import MapDrain
-from tracer.sources.drain import read_array as read_array  # noqa: F401 - tests/reference reads through it
+from tracer.sources.drain import read_array as read_array  # noqa: F401 - scripts/reference reads through it
 from tracer.sources.files import FileDrain
 from tracer.sources.ledger import LOST_MIN_AGE_NS as LOST_MIN_AGE_NS  # noqa: F401 - the tests plant by it
 from tracer.sources.ledger import PROGRAMS as PROGRAMS

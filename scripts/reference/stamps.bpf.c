@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * stamps.bpf.c - the ground-truth harness's clock (tests/reference/recorder.py,
- * class Stamper), not part of iotrace: it lives with the tests, not in bpf/.
+ * stamps.bpf.c - the ground-truth harness's clock (scripts/reference/recorder.py,
+ * class Stamper), not part of iotrace: it lives with the reference, not in bpf/.
  *
  * ftrace tells the harness what happened to every request, but it stamps
  * each event some 0.1-2 us before a BPF program at the same tracepoint
