@@ -42,8 +42,13 @@
 #define IOTRACE_PARTITIONS 1024	/* block_getrq starts, perf-event path: partitions mapped to their disk */
 /* block_getrq starts: bios before rq->bio searched for the start (a front merge puts one there) */
 #define IOTRACE_BIO_HOPS 2
-/* --bio: bios a request's completion looks at, its first ones (a request of merged bios may hold more) */
+/*
+ * --bio: bios a request's completion looks at, its first ones (a request of merged bios may hold more).
+ * The loader tries BIO_WALKS in turn: an older verifier (6.1's) gives up on the longest walk's paths.
+ */
+#ifndef IOTRACE_BIO_WALK
 #define IOTRACE_BIO_WALK 32
+#endif
 /* a slot this old whose completion never came (the kernel skipped it) may be reused */
 #define IOTRACE_STALE_NS 60000000000ULL
 /* a thread's comm and cgroup, read on this CPU less than this ago, are taken as still right */
@@ -100,6 +105,7 @@ TUNABLE(SERIES_ENTRIES)
 TUNABLE(FILE_ENTRIES)
 SET_BY_USER(CPUS)
 SET_BY_USER(PAGE_SHIFT)
+SET_BY_USER(BIO_WALK)
 #endif
 
 /* What a request did, from the rwbs string at its start. */

@@ -283,14 +283,13 @@ static __always_inline void bios_complete(u64 bio, u32 nr_bytes, u64 now)
 		nr_bytes -= size;
 		left = HEAD_FIELD(&h, u32, IOTRACE_K_BIO_REMAINING);
 		whose = HEAD_FIELD(&h, u64, IOTRACE_K_BIO_PRIVATE);
-		if (addr_find(BIO_SLOT(bio), &b)) {
-			if (left <= 1)
-				bio_done(&b, now);
-		} else if (whose && addr_find(BIO_SLOT(whose), &b)) {
-			if (!kread(&left, sizeof(left), whose + IOTRACE_K_BIO_REMAINING, IOTRACE_DROP_KERNEL_READ) &&
-			    left <= 1)
-				bio_done(&b, now);
-		}
+		if (!addr_find(BIO_SLOT(bio), &b) &&
+		    (!whose || !addr_find(BIO_SLOT(whose), &b) ||
+		     kread(&left, sizeof(left), whose + IOTRACE_K_BIO_REMAINING, IOTRACE_DROP_KERNEL_READ)))
+			left = 2;	/* no timed bio here (or its count unread): nothing ends */
+		/* one call site a bio: the verifier walks record() once per step, not per branch */
+		if (left <= 1)
+			bio_done(&b, now);
 		bio = HEAD_FIELD(&h, u64, IOTRACE_K_BIO_NEXT);
 	}
 	if (bio)

@@ -70,6 +70,14 @@ sys.path.insert(0, root)
 os.environ.pop("IOTRACE_BPF_DIR", None)
 from tracer.sources.probe import Probe, ProbeOptions
 tasks = opts.pop("tasks", False)
+if opts.get("devs"):
+    # a tree from before the one device option takes dev_t's as a list; newer ones a DeviceFilter
+    try:
+        from tracer.sources.devices import DeviceFilter
+    except ImportError:
+        pass
+    else:
+        opts["devs"] = DeviceFilter(devs=tuple(opts["devs"]))
 probe = Probe(ProbeOptions(**opts))
 tracer = None
 if tasks:

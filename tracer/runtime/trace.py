@@ -201,6 +201,8 @@ def announce(opts: TraceOptions, child: int | None, probe, control, control_erro
               file=sys.stderr)
     if probe.start_note:
         print(f"iotrace: {probe.start_note}", file=sys.stderr)
+    if probe.bio_note:
+        print(f"iotrace: {probe.bio_note}", file=sys.stderr)
     print(safe(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "
                f"(control socket {control.path})" if control else
                f"iotrace: warning: no control socket, markers are off ({control_error})"), file=sys.stderr)

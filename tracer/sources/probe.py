@@ -264,6 +264,10 @@ def bio_level_devices(devs: list[int]) -> list[int]:
     return [dev for name, dev in disks.items() if devices.bio_based(name) and devices.size_sectors(name) > 0]
 
 
+# --bio: bios a request's completion walks, longest first: 6.18's verifier takes 32, 6.1's gives up on them
+BIO_WALKS = (32, 8, 2)
+
+
 def submitted_devices(devs: list[int]) -> dict[int, int]:
     """--bio: the request-based disks whose bios are timed as submitted, with their partitions (a bio names
     the partition it was sent to): dev_t -> the whole disk's.  Those among `devs`, or every one in use when
@@ -366,7 +370,11 @@ class Probe:
         cflags = compile_flags(opts, layout, bio, self.start_event, possible)
         text = program_text(self.attach, self.start_event)
         check_sizes(opts, self.contract)
-        self.bpf: BpfObject | None = BpfObject(text, [Variant(self.attach, cflags)], "the BPF programs")
+        # --bio: the longest walk of a request's bios this kernel's verifier takes (BIO_WALKS, iotrace.h)
+        variants = ([Variant(self.attach, cflags + (f"-DIOTRACE_BIO_WALK={n}",)) for n in BIO_WALKS]
+                    if opts.submitted else [Variant(self.attach, cflags)])
+        self.bpf: BpfObject | None = BpfObject(text, variants, "the BPF programs")
+        self.bio_walk = int(self.bpf.variant.cflags[-1].rsplit("=", 1)[1]) if opts.submitted else 0
         self.maps = MapDrain(self.bpf, self.ncpu)
         self.ledger = Ledger(self.bpf, self.attach, self.contract.reasons, self.contract.const("STALE_NS"))
         # per-file rows: the raw path's (files.bpf.h reads kernel structs)
@@ -377,6 +385,15 @@ class Probe:
         self._write_config(opts)
         self._interval_start = time.monotonic_ns()
         self.ledger.open_window()
+
+    @property
+    def bio_note(self) -> str:
+        """One line when --bio's walk is shorter than the longest (an older verifier refused it), or ""."""
+        if not self.bio_walk or self.bio_walk == BIO_WALKS[0]:
+            return ""
+        return (f"--bio: this kernel's verifier takes a walk of {self.bio_walk} bios a request, not "
+                f"{BIO_WALKS[0]}: a request of more merged bios loses the rest's as-submitted rows (counted "
+                f"as dropped bio_walk)")
 
     @property
     def start_note(self) -> str:
