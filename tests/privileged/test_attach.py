@@ -52,7 +52,8 @@ def group_reaped(p: subprocess.Popen) -> Iterator[None]:
 def running_fio(*args: str) -> Iterator[tuple[int, int]]:
     """fio started with `args` in a session of its own: (its pid, its job's) once the job runs; at the end both
     are killed (the job calls setsid: a kill of fio's group misses it, and it would hold the disk until its
-    runtime ran out)."""
+    runtime ran out).  Callers give it a runtime far past the test's: under TCG the tracer compiles for a
+    minute, and a job done by then leaves nothing to attach to."""
     fio = subprocess.Popen(["fio", "--name=job", *args, "--output=/dev/null"], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, start_new_session=True)
     job = None
@@ -162,7 +163,7 @@ def test_attached_to_a_tight_fork_loop_counts_every_child_forked_after_the_attac
 
 def test_p_on_a_running_fio_shows_its_job(loop, tmp_path):
     with running_fio(f"--filename={loop.path}", "--rw=randread", "--bs=4k", "--direct=1", "--ioengine=psync",
-                     "--time_based", "--runtime=30", "--rate_iops=2000") as (fio, job):
+                     "--time_based", "--runtime=600", "--rate_iops=2000") as (fio, job):
         time.sleep(0.3)
         r = subprocess.run([PYTHON, "-m", "tracer.cli", "-p", str(fio), "-j", "-d", "2", "--dev", loop.name],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -313,7 +314,7 @@ def test_the_first_window_after_attaching_to_a_busy_tree_is_whole(loop, tmp_path
 
 def test_the_first_window_after_attaching_to_a_running_fio_is_whole(loop, tmp_path):
     with running_fio(f"--filename={loop.path}", "--rw=randread", "--bs=4k", "--direct=1", "--ioengine=psync",
-                     "--time_based", "--runtime=30") as (fio, _job):
+                     "--time_based", "--runtime=600") as (fio, _job):
         time.sleep(0.3)     # its job is reading
         r = subprocess.run([PYTHON, "-m", "tracer.cli", "-p", str(fio), "-j", "-i", "1", "-d", "2",
                             "--dev", loop.name], cwd=ROOT, capture_output=True, text=True, timeout=60)

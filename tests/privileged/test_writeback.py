@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, read_dumps, reaped, run_iotrace, series_of, skipped_by_kernel
+from conftest import PYTHON, ROOT, read_dumps, reaped, run_iotrace, series_of, skipped_by_kernel
 from unit.test_core import start_tracer
 
 from tracer.sources.cgroups import cgroup2_mount
@@ -228,8 +228,10 @@ def test_a_checkpoint_written_back_an_epoch_later_is_credited_to_the_epoch_that_
     expiry is 30 s) and the requests the kernel skipped showing (exact_bytes)."""
     loop, mnt = ext4_mnt
     target, out, pidfile = mnt / "ckpt", tmp_path / "out.jsonl", tmp_path / "pid"
+    # PYTHONPATH: the writer imports this checkout's tracer.marker (a guest's venv has no iotrace installed)
     r = run_iotrace(["--attach", attach, "--dev", loop.name, "-o", str(out), "--",
-                     PYTHON, WBEPOCHS, str(target), "32", str(pidfile)], timeout=120)
+                     PYTHON, WBEPOCHS, str(target), "32", str(pidfile)], timeout=120,
+                    env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, r.stderr
     pid = int(pidfile.read_text())
     dumps = read_dumps(out)
