@@ -296,19 +296,25 @@ static __always_inline void bios_complete(u64 bio, u32 nr_bytes, u64 now)
 		count_reason(IOTRACE_DROP_BIO_WALK);
 }
 
-/* A completing request's bios, when its disk's are timed as submitted (the walk costs no other disk). */
+/*
+ * A completing request's bios, when its disk's are timed as submitted (the
+ * walk costs no other disk).  Three small reads, not the request's head: the
+ * completion reads that too, and two copies overflow the BPF stack (6.12's
+ * clang).
+ */
 static __always_inline void bios_of(u64 rq, u32 nr_bytes, u64 now)
 {
 	struct iotrace_bio_dev *bd;
-	struct rq_head h;
+	u64 q = 0, part = 0, bio = 0;
 	u32 dev;
 
-	if (kread(&h, sizeof(h), rq, IOTRACE_DROP_KERNEL_READ))
+	if (kread(&q, sizeof(q), rq + IOTRACE_K_RQ_Q, IOTRACE_DROP_KERNEL_READ) ||
+	    kread(&part, sizeof(part), rq + IOTRACE_K_RQ_PART, IOTRACE_DROP_KERNEL_READ))
 		return;
-	dev = queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now);
+	dev = queue_dev(q, part, now);
 	bd = dev ? bio_devs.lookup(&dev) : 0;
-	if (bd && bd->mark)
-		bios_complete(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_BIO), nr_bytes, now);
+	if (bd && bd->mark && !kread(&bio, sizeof(bio), rq + IOTRACE_K_RQ_BIO, IOTRACE_DROP_KERNEL_READ))
+		bios_complete(bio, nr_bytes, now);
 }
 #else
 #define bio_request_started(bio, now) do {} while (0)

@@ -84,7 +84,8 @@ def test_wb_wait_0_stops_at_once_and_says_how_much_was_left_unwritten(ext4_mnt, 
     try:
         for d in dumps:
             nothing_lost(d)
-        assert left["ended"] == "not waited" and left["waited_s"] < 0.5, left
+        # at once: well under a second here, 0.6 s in a TCG guest; a wait would run to the 30 s bound
+        assert left["ended"] == "not waited" and left["waited_s"] < 2.0, left
         # all of it, less what another process's sync may have written; not the pages the writer dirtied
         # off the traced disk (its `written` file: --dev leaves them out)
         assert 16 * MIB <= left["bytes"] <= 32 * MIB, left

@@ -443,7 +443,7 @@ class Probe:
 
     def owed_bytes(self) -> int:
         """Bytes traced processes dirtied that no write-back has written yet (wb_owed, bpf/writeback.bpf.h:
-        an entry per inode, a page at least while its write-back has not been seen to finish); with --dev,
+        an entry per inode until its write-back has written all it owed or left it clean); with --dev,
         of files on those disks (a partition's are its disk's) and of files whose device is not known (the
         perf-event path does not read it); 0 when the programs leave write-back out."""
         if not self._opts.writeback:
