@@ -26,7 +26,7 @@
  *
  * The loader defines IOTRACE_BIO_LEVEL when a bio-based disk is to be
  * traced, IOTRACE_HAVE_GROUP_DEAD where sched_process_exit says whether
- * a thread group died, and IOTRACE_NO_WRITEBACK to leave write-back
+ * a thread group died (compat.bpf.h), and IOTRACE_NO_WRITEBACK to leave write-back
  * attribution out (its programs and the request path's look-up).
  */
 #ifndef IOTRACE_CORE_BPF_H

@@ -8,9 +8,10 @@
  * recursion guard.  The shared core (slots, histograms, accounting, filters)
  * is core.bpf.h; the loader (tracer/sources/probe.py) compiles this file or
  * tracepoint.bpf.c, never both, and substitutes IOTRACE_START_EVENT
- * (block_io_start, or block_rq_insert on kernels before 6.5).
+ * (block_io_start, or on kernels before it block_getrq: compat.bpf.h).
  */
 #include "maps.bpf.h"
+#include "compat.bpf.h"
 #include "core.bpf.h"
 #include "writeback.bpf.h"
 #ifndef IOTRACE_NO_FILES	/* per-file rows: trace mode's (the loader's ProbeOptions.files) */
@@ -490,12 +491,8 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 	/* first: a bio of a request no filter wanted (merged into another's) may be timed */
 	bios_of(rq, nr_bytes, now);
 #endif
-	if (!addr_find(rq, &r)
-#ifdef IOTRACE_START_BIO
-	    /* never issued (an empty flush the flush machinery finished): its start is still its bio's */
-	    && !bio_start_of(rq, &r)
-#endif
-	    ) {
+	/* never issued (an empty flush the flush machinery finished): its start may still be its bio's */
+	if (!addr_find(rq, &r) && !start_held_by_bio(rq, &r)) {
 		rq_unmatched(rq, nr_bytes);
 		return 0;
 	}
@@ -535,16 +532,9 @@ RAW_TRACEPOINT_PROBE(block_rq_merge)
 {
 	struct slot_ref r;
 
-	/* this request was folded into another and will never complete */
-	if (!addr_find(ctx->args[0], &r)) {
-#ifdef IOTRACE_START_BIO
-		/* unissued: its start is still its bio's */
-		if (!bio_start_of(ctx->args[0], &r))
-			return 0;
-#else
+	/* this request was folded into another and will never complete (unissued: its start may be its bio's) */
+	if (!addr_find(ctx->args[0], &r) && !start_held_by_bio(ctx->args[0], &r))
 		return 0;
-#endif
-	}
 	count_reason(IOTRACE_NOTE_MERGED);
 	slot_release(&r);
 	return 0;
@@ -583,11 +573,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exec)
 /* sched_process_exit(task[, group_dead]) */
 RAW_TRACEPOINT_PROBE(sched_process_exit)
 {
-#ifdef IOTRACE_HAVE_GROUP_DEAD
-	on_exit(ctx->args[1] & 1);
-#else
-	on_exit(false);
-#endif
+	on_exit(raw_group_dead(ctx));
 	return 0;
 }
 

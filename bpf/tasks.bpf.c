@@ -58,6 +58,7 @@
  * Counters are cumulative; user space takes differences at each drain.
  */
 #include "maps.bpf.h"
+#include "compat.bpf.h"
 #include "tasks.h"
 
 /* preadv2's flags field; the header tree bcc compiles against may not declare it (a repeat is legal C11) */
@@ -214,7 +215,8 @@ RAW_TRACEPOINT_PROBE(sched_wakeup)
  * balance_dirty_pages(wb, dtc, dirty_ratelimit, task_ratelimit, dirtied,
  * period, pause, start_time); before the dtc argument (Debian 12's 6.1) the
  * limits came one by one and pause was the 11th.  iotrace.h lists both
- * prototypes up to pause: IOTRACE_K_BALANCE_DIRTY_PAGES_LAST is its index.
+ * prototypes up to pause: IOTRACE_K_BALANCE_DIRTY_PAGES_LAST is its index
+ * (compat.bpf.h bdp_pause).
  */
 RAW_TRACEPOINT_PROBE(balance_dirty_pages)
 {
@@ -222,7 +224,7 @@ RAW_TRACEPOINT_PROBE(balance_dirty_pages)
 	u64 id;
 
 	/* pause > 0: io_schedule_timeout(pause) follows */
-	if ((long)ctx->args[IOTRACE_K_BALANCE_DIRTY_PAGES_LAST] <= 0)
+	if (bdp_pause(ctx) <= 0)
 		return 0;
 	id = bpf_get_current_pid_tgid();
 	if (!twanted(tcfg(), id >> 32))
@@ -507,13 +509,8 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tid = id, tgid = id >> 32;
 	threads.delete(&tid);
-#ifdef IOTRACE_HAVE_GROUP_DEAD
-	if (!(ctx->args[1] & 1))
-		return 0;
-#else
-	if (tid != tgid)
-		return 0;	/* without group_dead: the leader's exit stands for the process's */
-#endif
+	if (!raw_process_exit(ctx, tid, tgid))
+		return 0;	/* a thread's, not its process's (compat.bpf.h) */
 	t = tasks.lookup(&tgid);
 	if (t) {
 		/* its name at the end (after any exec); user space deletes the entry once read */

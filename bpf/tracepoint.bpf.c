@@ -16,6 +16,7 @@
  * raw_tp.bpf.c, and substitutes IOTRACE_START_CATEGORY / IOTRACE_START_EVENT.
  */
 #include "maps.bpf.h"
+#include "compat.bpf.h"
 #include "core.bpf.h"
 #include "writeback.bpf.h"
 
@@ -301,11 +302,7 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
 
 TRACEPOINT_PROBE(sched, sched_process_exit)
 {
-#ifdef IOTRACE_HAVE_GROUP_DEAD
-	on_exit(args->group_dead);
-#else
-	on_exit(false);
-#endif
+	on_exit(tp_group_dead(args));
 	return 0;
 }
 

@@ -1,0 +1,117 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * compat.bpf.h - every kernel difference the BPF programs know of, one
+ * block each: the kernel that made it (where it could be confirmed, the
+ * upstream commit), what the loader decides from it, and the macros the
+ * programs use for it.  Pasted into raw_tp.bpf.c, tracepoint.bpf.c and
+ * tasks.bpf.c (tracer/sources/bpfobject.py source()).
+ *
+ * Nothing here is measured at run time: the loader (tracer/sources/kernel.py
+ * from the running kernel's BTF, tracer/sources/probe.py and tasks.py from
+ * it and the tracepoints' format files) defines the IOTRACE_HAVE_* /
+ * IOTRACE_START_* / IOTRACE_K_*_LAST macros, and these blocks turn them into
+ * code.  Only macros: they expand inside the programs, so ctx and args stay
+ * the program's own (bcc rewrites nothing behind a helper's argument), and
+ * where a difference guards whole programs the #ifdef stays at the program,
+ * with a pointer here, since bcc and tests/unit/test_events.py want every
+ * program in its source file's own text.
+ */
+#ifndef IOTRACE_COMPAT_BPF_H
+#define IOTRACE_COMPAT_BPF_H
+
+/*
+ * The request start.  block_io_start(rq), fired in blk_mq_bio_to_request()
+ * in the submitter's context, came with upstream 5a80bd075f3b ("block:
+ * introduce block_io_start/block_io_done tracepoints"), Linux 6.5 (a 6.4.8
+ * kernel lacks it).  Before it the start is block_getrq(bio), right before
+ * the bio becomes the request's first: the loader defines IOTRACE_START_BIO,
+ * the start is kept under the bio's address (raw) or its partition's
+ * (dev, sector) (perf-event) until the request shows.  block_rq_insert (only
+ * requests that pass a scheduler) is kept to compare with.  The loader
+ * substitutes IOTRACE_START_EVENT / IOTRACE_START_CATEGORY.
+ * Stays at the programs: raw_tp.bpf.c's start program, bio_start_of(),
+ * start_from_bio() and block_rq_issue / block_rq_requeue; tracepoint.bpf.c's
+ * start program and its parts map.
+ *
+ * start_held_by_bio(rq, r): with block_getrq starts, a request never issued
+ * (merged away, or an empty flush the flush machinery finished) still has
+ * its start under one of its bios; without, there is nothing to look for.
+ */
+#ifdef IOTRACE_START_BIO
+#define start_held_by_bio(rq, r) bio_start_of(rq, r)
+#else
+#define start_held_by_bio(rq, r) false
+#endif
+
+/*
+ * sched_process_exit's group_dead: the tracepoint took (task) only, until
+ * the patch "exit: move and extend sched_process_exit() tracepoint"
+ * (posted April 2025; the first release with it: version not confirmed)
+ * added (task, bool group_dead), and the field of the same name.  The loader
+ * defines IOTRACE_HAVE_GROUP_DEAD from the BTF prototype (raw paths,
+ * tracer/sources/kernel.py resolve()) or the format file (perf-event path).
+ *
+ * raw_group_dead(ctx), tp_group_dead(args): whether a thread group died,
+ * false where the kernel does not say (core.bpf.h on_exit() then deletes
+ * only the exiting thread's own pid-filter entry).
+ * raw_process_exit(ctx, tid, tgid): the per-process rows want an exit either
+ * way, so without group_dead the leader's exit stands for the process's.
+ */
+#ifdef IOTRACE_HAVE_GROUP_DEAD
+#define raw_group_dead(ctx) ((ctx)->args[1] & 1)
+#define tp_group_dead(args) ((args)->group_dead)
+#define raw_process_exit(ctx, tid, tgid) raw_group_dead(ctx)
+#else
+#define raw_group_dead(ctx) false
+#define tp_group_dead(args) false
+#define raw_process_exit(ctx, tid, tgid) ((tid) == (tgid))
+#endif
+
+/*
+ * balance_dirty_pages' prototype: upstream f1ab2831e2a4 ("writeback: let
+ * trace_balance_dirty_pages() take struct dtc as parameter") replaced the
+ * five limits (thresh, bg_thresh, dirty, bdi_thresh, bdi_dirty) with one
+ * struct dirty_throttle_control *; it was taken into 6.14-stable in April
+ * 2025 (the mainline release: version not confirmed).  Debian 12's 6.1 has
+ * the old one.  iotrace.h lists both prototypes up to pause and
+ * tracer/sources/kernel.py passes IOTRACE_K_BALANCE_DIRTY_PAGES_LAST, the
+ * index of pause in the one this kernel has.
+ */
+#define bdp_pause(ctx) ((long)(ctx)->args[IOTRACE_K_BALANCE_DIRTY_PAGES_LAST])
+
+/*
+ * Raw tracepoints only some kernels have, each program under
+ * IOTRACE_HAVE_<EVENT> (iotrace.h's EVENT table, "present"; per-process
+ * rows: tracer/sources/tasks.py choose_sources): the #ifdefs stay at the
+ * programs (raw_tp.bpf.c, files.bpf.h, pagecache.bpf.h).
+ *   mm_filemap_get_pages(mapping, index, last_index): from the patch
+ *     "filemap: add trace events for get_pages, map_pages, and fault"
+ *     (posted June 2024); Linux 6.11 by the loader's notes, version not
+ *     confirmed here.  Without it: no page-cache bytes (files, tasks).
+ *   iomap_dio_rw_begin(iocb, iter, dio_flags, done_before): from the patch
+ *     "iomap: Add trace points for DIO path" (posted April 2023; version
+ *     not confirmed).  Without it: no O_DIRECT bytes in the file rows.
+ *   ext4_sync_file_exit(inode, ret): ext4's, present wherever ext4 is built.
+ */
+
+/*
+ * Large folios' order.  folio_order() reads the low byte of the first tail
+ * page's flags, folio._flags_1, when PG_head is set; older kernels kept it
+ * in a field of its own (_folio_order): version not confirmed.  Both are
+ * read at BTF offsets (IOTRACE_K_WB_FOLIO_FLAGS_1, IOTRACE_K_FOLIO_FLAGS_1),
+ * so a kernel without _flags_1 fails the layout check by name.  The reads
+ * stay where they are (raw_tp.bpf.c writeback_dirty_folio, pagecache.bpf.h
+ * pc_folio_pages): each bounds the order for its own shift.
+ */
+
+/*
+ * Not handled: iotrace.h's KERNEL_TABLE lists one prototype, so on the raw
+ * paths tracer/sources/kernel.py refuses such a kernel at load, naming it:
+ *   - block_rq_* taking (q, rq): older kernels passed the request queue
+ *     first; version not confirmed.  block_bio_complete still takes (q, bio).
+ *   - writeback_dirty_page: renamed writeback_dirty_folio by upstream
+ *     b9b0ff61eef5 ("mm/writeback: Convert tracing writeback_page_template
+ *     to folios"); 5.15 or 5.16 by the sources found, version not confirmed.
+ */
+
+#endif /* IOTRACE_COMPAT_BPF_H */
