@@ -44,6 +44,12 @@ class Stamp:
     bio's address, and the raw issue then gives, besides the request, its
     first bio and the one after it (`bio`, `bio_next`: a front merge puts
     another bio first), by which the matcher finds that request's start.
+
+    Raw tracepoints guard each program on its own: the kernel may skip the
+    before-copy (its run on this CPU was preempted) yet run iotrace's.  Such
+    an event has no `ts` but, where the after-copy ran, a `window`: iotrace's
+    stamp, if it took one, lies between the ftrace event's time and the
+    after-copy's entry.
     """
 
     ts: int | None
@@ -51,6 +57,15 @@ class Stamp:
     rq: int = 0
     bio: int = 0
     bio_next: int = 0
+    window: tuple[int, int] | None = None
+
+    def bounds(self) -> tuple[int, int, int] | None:
+        """(value, low, high) of iotrace's stamp of the event; None where nothing bounds it."""
+        if self.ts is not None:
+            return self.ts, self.ts, self.ts + self.slack
+        if self.window is not None:
+            return self.window[0], *self.window
+        return None
 
 
 #: The request's start: iotrace's start events, newest first (bpf/iotrace.h's event table).  The

@@ -100,21 +100,28 @@ class Request:
         """Whether BPF programs ran for its start and its completion (always, if not stamped)."""
         return self.stamps is None or (self.stamps[0].ts is not None and self.stamps[2].ts is not None)
 
+    @property
+    def bpf_maybe(self) -> bool:
+        """Not bpf_seen, but iotrace may have seen it: its start and completion have a stamp or a window."""
+        return not self.bpf_seen and all(s is not None and s.bounds() is not None
+                                         for s in (self.stamps[0], self.stamps[2]))
+
     def phase_bounds(self, phase: str) -> tuple[int, int, int] | None:
         """(value, low, high) of a phase as iotrace could have measured it; None if it has no such phase.
 
         With stamps, the value is taken between the before-stamps, and where
-        a bracket was disturbed iotrace's stamp may lie anywhere in it.
+        a bracket was disturbed iotrace's stamp may lie anywhere in it (as in
+        the window of an event the before-copy missed).
         """
         if self.stamps is None:
             v = self.phase_ns(phase)
             return None if v is None else (v, v, v)
         start, issue, complete = self.stamps
         a, b = {"queue": (start, issue), "device": (issue, complete), "total": (start, complete)}[phase]
-        if a is None or b is None or a.ts is None or b.ts is None:
+        a, b = (None if s is None else s.bounds() for s in (a, b))
+        if a is None or b is None:
             return None
-        v = b.ts - a.ts
-        return v, v - a.slack, v + b.slack
+        return b[0] - a[0], b[1] - a[2], b[2] - a[1]
 
 
 class _Live:
@@ -236,7 +243,7 @@ class Truth:
                 if r.issued:
                     notes["issue_of_issued"] += 1
                 r.issue_ns = ev.ts
-                if ev.stamp is not None and ev.stamp.ts is not None:
+                if ev.stamp is not None and ev.stamp.bounds() is not None:
                     r.issue_stamp = ev.stamp
                 if not r.rq and ev.stamp is not None:
                     # a start that named no request (block_getrq gives the bio): from its issue on, the

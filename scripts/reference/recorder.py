@@ -329,7 +329,8 @@ def attach_stamps(events: Sequence[Event], before: np.ndarray, after: np.ndarray
     Both observers record the same tracepoint call on the same CPU, so a
     stamp belongs to the ftrace event with its event, device, sector and
     CPU that it follows (or leads by at most STAMP_LEAD_NS).  An ftrace
-    event with no before-stamp is one the kernel ran no BPF program for.
+    event with no before-stamp is one the kernel skipped the before-copy
+    for: its Stamp has no `ts`, and a `window` where the after-copy ran.
     `start_event` is the event the stamper's start program ran on.
     """
     notes: Counter = Counter()
@@ -378,7 +379,9 @@ def attach_stamps(events: Sequence[Event], before: np.ndarray, after: np.ndarray
             continue
         if i not in found[0]:
             notes[f"bpf_unseen_{ev.name}"] += 1
-            out[i] = replace(ev, stamp=Stamp(None))
+            a = found[1].get(i)
+            out[i] = replace(ev, stamp=Stamp(None) if a is None else
+                             Stamp(None, 0, a[2], a[3], a[4], window=(ev.ts, a[0])))
             continue
         slack = 0
         if i in width and width[i] > usual[ev.name] + DISTURBED_NS:

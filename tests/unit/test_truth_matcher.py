@@ -213,6 +213,47 @@ def test_a_missing_stamp_marks_the_event_unseen_and_its_request_out_of_reach():
     assert seen == {8: False, 16: True}
 
 
+def test_a_start_only_the_after_copy_stamped_is_bounded_by_its_window():
+    # raw tracepoints guard each program alone: the before-copy skipped (its run preempted) while
+    # iotrace's and the after-copy ran; iotrace's stamp lies between ftrace's event and the after-copy
+    events = [start(1000, 8, 4096, "R"), issue(2000, 8, 4096, "R"), complete(5000, 8, 8, "R")]
+    before = stamps(("block_rq_issue", 8, 2100, 2200), ("block_rq_complete", 8, 5100, 5200))
+    after = stamps(("block_io_start", 8, 1900, 0), ("block_rq_issue", 8, 2300, 0),
+                   ("block_rq_complete", 8, 5300, 0))
+    joined, notes = gt.attach_stamps(events, before, after)
+    assert notes["bpf_unseen_block_io_start"] == 1 and joined[0].stamp.window == (1000, 1900)
+    (r,) = gt.Truth.from_events(joined).requests
+    assert not r.bpf_seen and r.bpf_maybe
+    assert r.phase_bounds("total") == (5200 - 1000, 5200 - 1900, 5200 - 1000)
+    assert r.phase_bounds("device") == (3000,) * 3
+    # without the after-copy nothing bounds it: out of reach
+    (r,) = gt.Truth.from_events(gt.attach_stamps(events, before, None)[0]).requests
+    assert not r.bpf_seen and not r.bpf_maybe
+
+
+def _req(sector: int, seen: bool) -> gt.Request:
+    st = gt.Stamp(100 + sector) if seen else gt.Stamp(None, window=(sector, 100 + sector))
+    return gt.Request(1, 1, "fio", 7 << 20, "read", "R", sector, 4096, sector, sector + 10, sector + 50,
+                      (st, gt.Stamp(sector + 110), gt.Stamp(sector + 150)))
+
+
+@pytest.mark.parametrize("iotrace_count, compared, missed, short", [
+    (3, 3, 2, None),          # iotrace has none of the two: they are left out, explained
+    (5, 5, 0, None),          # it has both: compared, each within its window
+    (4, 5, 1, (1, 8192)),     # one of them: compared with the series allowed one short
+])
+def test_requests_the_reference_missed_go_where_iotraces_count_puts_them(iotrace_count, compared, missed, short):
+    kept = [_req(8 * n, seen=n < 3) for n in range(5)]
+    key = (1, "7:0", "read", False)
+    excluded = Counter()
+    out, shorts = comparison._resolve_unseen(kept, {key: type("S", (), {"count": iotrace_count})()}, excluded)
+    assert len(out) == compared and excluded[comparison.UNSEEN_MISSED] == missed
+    assert shorts.get(key) == short
+    t = comparison.aggregate(out)[key]
+    assert comparison._counted("count", t.count, iotrace_count, (short or (0, 0))[0]).ok
+    assert not comparison._counted("count", t.count, iotrace_count - 1, (short or (0, 0))[0]).ok
+
+
 def test_a_wide_bracket_widens_only_its_own_request():
     events, before, after = [], [], []
     for n in range(20):
