@@ -30,7 +30,7 @@ bpf = pytest.mark.bpf
 
 EPOCH_SCRIPT = """\
 import sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {root!r}]   # ioload, and this checkout's tracer (a guest's venv has none installed)
 from ioload import read_blocks
 from tracer import marker
 
@@ -56,7 +56,7 @@ def _control_path(stderr: str) -> str:
 def test_command_markers_make_one_dump_per_epoch(loop, tmp_path):
     blocks, tail = [30, 50, 70], 20
     script = tmp_path / "epochs.py"
-    script.write_text(EPOCH_SCRIPT.format(tests=str(TESTS), blocks=blocks, tail=tail))
+    script.write_text(EPOCH_SCRIPT.format(tests=str(TESTS), root=str(ROOT), blocks=blocks, tail=tail))
     out = tmp_path / "out.jsonl"
     r = run_iotrace(["-o", str(out), "--dev", loop.name, "--", PYTHON, str(script), loop.path],
                     env=_env(tmp_path / "run"))
