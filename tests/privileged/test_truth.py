@@ -44,9 +44,14 @@ def dev_args(*loops) -> list[str]:
     return [a for lp in loops for a in ("--dev", lp.name)]
 
 
+def traced_run(workdir, loops, command: list[str]) -> gt.Run:
+    """Run `iotrace --dev ... -- command` with the reference recording: the whole run (its truth's notes too)."""
+    return gt.run_command(dev_args(*loops), command, kdevs(*loops), PYTHON, ROOT, workdir)
+
+
 def traced_command(tmp_path, loops, command: list[str]) -> tuple[gt.Comparison, list[dict]]:
-    """Run `iotrace --dev ... -- command` with the reference recording; compare."""
-    run = gt.run_command(dev_args(*loops), command, kdevs(*loops), PYTHON, ROOT, tmp_path)
+    """traced_run's comparison and iotrace's dumps."""
+    run = traced_run(tmp_path, loops, command)
     return run.comparison, run.dumps
 
 
@@ -127,8 +132,7 @@ def test_several_processes_on_two_devices(make_loop, tmp_path):
     # such overlaps when both jobs read one range, and two readers' p99s swapped a request (+3.8%, -3.4%)
     reads = fio_cmd(a.path, "mr", size="8M", offset_increment="8M", ioengine="libaio", iodepth=4, numjobs=2)
     writes = fio_cmd(b.path, "mw", rw="randwrite", size="8M", offset_increment="8M", numjobs=2)
-    run = gt.run_command(dev_args(a, b), ["sh", "-c", f"{' '.join(reads)} & {' '.join(writes)} & wait"],
-                         kdevs(a, b), PYTHON, ROOT, tmp_path)
+    run = traced_run(tmp_path, [a, b], ["sh", "-c", f"{' '.join(reads)} & {' '.join(writes)} & wait"])
     cmp, dumps = run.comparison, run.dumps
     assert not run.truth.notes["same_sector_overlap"], run.truth.notes
     assert_matches(cmp, dumps, [("fio", a.name, "read"), ("fio", b.name, "write")])
@@ -151,7 +155,7 @@ def test_two_processes_reading_the_same_blocks(loop, tmp_path, attach):
     for attempt in range(3):
         workdir = tmp_path / f"run{attempt}"
         workdir.mkdir()
-        run = gt.run_command(dev_args(loop), twins, kdevs(loop), PYTHON, ROOT, workdir)
+        run = traced_run(workdir, [loop], twins)
         assert_matches(run.comparison, run.dumps, [("fio", loop.name, "read")])
         both = [s for s in run.comparison.find(comm="fio", device=loop.name, op="read") if s.status == "compared"]
         assert len(both) == 2, gt.render(run.comparison)
