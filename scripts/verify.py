@@ -106,11 +106,13 @@ WORKLOADS = [
     Workload("discard", "discards of 64 KiB (fio rw=trim, O_DIRECT)",
              lambda c: fio("trim", c.disks[0].path, rw="trim", bs="64k", size="32M", direct=1),
              required=[("fio", 0, "discard")]),
+    # each job on its own 8 MiB: two requests at one sector in flight together are paired only by order
     Workload("multi", "two fio processes with 2 jobs each at once, one per disk (reads / writes)",
              lambda c: ["sh", "-c", " ".join(fio("mr", c.disks[0].path, rw="randread", size="8M", direct=1,
-                                                ioengine="libaio", iodepth=4, numjobs=2)) + " & " +
+                                                ioengine="libaio", iodepth=4, numjobs=2,
+                                                offset_increment="8M")) + " & " +
                         " ".join(fio("mw", c.disks[1].path, rw="randwrite", size="8M", direct=1,
-                                     numjobs=2)) + " & wait"],
+                                     numjobs=2, offset_increment="8M")) + " & wait"],
              disks=2, required=[("fio", 0, "read"), ("fio", 1, "write")]),
 ]
 BY_NAME = {w.name: w for w in WORKLOADS}

@@ -138,9 +138,16 @@ class Comparison:
     scope: Scope
 
     @property
+    def twins(self) -> int:
+        """Times two requests at one (dev, sector) were in flight together and the reference paired their
+        events only by order (no request address in its stamps): their latencies may be swapped, here and in
+        a tracer that also knows requests by (dev, sector), so no comparison of such a run is exact."""
+        return self.truth_notes.get("same_sector_overlap", 0)
+
+    @property
     def ok(self) -> bool:
         return (all(s.ok for s in self.series) and not any(self.iotrace_dropped.values())
-                and not self.ambiguous)
+                and not self.ambiguous and not self.twins)
 
     def problems(self) -> list[str]:
         out = []
@@ -154,6 +161,9 @@ class Comparison:
                 out.append(f"iotrace dropped {v} event(s): {k}")
         if self.ambiguous:
             out.append(f"{len(self.ambiguous)} request(s) at the edge of iotrace's window (device not quiet)")
+        if self.twins:
+            out.append(f"{self.twins} time(s) two requests at one sector were in flight together, paired by order "
+                       f"only: the workload's jobs need ranges of their own")
         return out
 
     def accounting_problems(self) -> list[str]:

@@ -337,3 +337,24 @@ def test_a_counted_skip_is_explained_only_when_every_traced_request_is_counted(s
     else:
         assert dropped == {"skipped_complete": 1, "lost_completion": 2, "no_start": 1}
         assert not excluded
+
+
+def test_twins_paired_only_by_order_fail_the_comparison_and_say_why():
+    # the same twins as above: told apart by the stamps' request addresses, the comparison may pass; paired by
+    # order (no addresses: a stamper on the perf-event path), their latencies may be swapped on either side
+    events = [start(1000, 8, 4096, "R", pid=1), start(1700, 8, 4096, "R", pid=2),
+              issue(3000, 8, 4096, "R"), issue(3700, 8, 4096, "R"),
+              complete(9000, 8, 8, "R"), complete(20000, 8, 8, "R")]
+    before = stamps(("block_io_start", 8, 1500, 1600, 0xa), ("block_io_start", 8, 2200, 2300, 0xb),
+                    ("block_rq_issue", 8, 3500, 3600, 0xb), ("block_rq_issue", 8, 4200, 4300, 0xa),
+                    ("block_rq_complete", 8, 9500, 9600, 0xb), ("block_rq_complete", 8, 20500, 20600, 0xa))
+
+    def compared(stamped) -> comparison.Comparison:
+        t = gt.Truth.from_events(gt.attach_stamps(events, stamped, None)[0])
+        return comparison.Comparison([], Counter(), [], {}, {}, t.notes, comparison.Scope(0, 1 << 62))
+
+    by_request = compared(before)
+    assert by_request.ok and not by_request.twins and not by_request.problems()
+    by_order = compared(before[["ts", "end", "sector", "dev", "cpu", "event", "side"]])
+    assert not by_order.ok and by_order.twins
+    assert [p for p in by_order.accounting_problems() if "ranges of their own" in p]
