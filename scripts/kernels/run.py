@@ -288,6 +288,7 @@ def fio_problems(fio: dict) -> list[str]:
 def load_results(res: dict, keep: Path, args) -> dict:
     """The guest's results as saved in `keep` (a run just now, or --from-logs)."""
     res["logs"] = str(keep)
+    res["tests_asked"] = bool(args.tests.strip())   # --tests "": a measurement only, no test is missing
     genv = {}
     if (keep / "guest.env").exists():
         genv = dict(ln.split("=", 1) for ln in (keep / "guest.env").read_text().splitlines() if "=" in ln)
@@ -377,7 +378,8 @@ def report(results: list[dict]) -> bool:
         for r in res["tests"].values():
             counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
         print(f"{name}: " + ", ".join(f"{n} {LABEL[o]}" for o, n in sorted(counts.items())))
-        if any(o not in ("passed", "skipped") for o in counts) or not res["tests"] or res["problems"]:
+        if (any(o not in ("passed", "skipped") for o in counts) or (not res["tests"] and res.get("tests_asked", True))
+                or res["problems"]):
             ok = False
 
     for res, name in zip(results, names, strict=True):
@@ -420,6 +422,11 @@ def report(results: list[dict]) -> bool:
         print(table(["programs", "IOPS", "of untraced", "BPF ns/request"],
                     [[n, f"{nb['iops'][n]:.0f}", f"{nb['ratio'].get(n, 0):.3f}", f"{nb['bpf_ns_per_request'][n]:.0f}"]
                      for n in nb["iops"]]))
+        for n, progs in (nb.get("by_program") or {}).items():
+            if progs:
+                print(f"  {n}: " + ", ".join(f"{p} {v:.0f}" for p, v in progs.items() if v) + " ns/request")
+        if nb.get("clocksource"):
+            print(f"  guest clocksource: {nb['clocksource']}")
 
     print("\n== timings ==")
     for res, name in zip(results, names, strict=True):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "kernels"))
-from run import HERE, fio_problems, kernel_entry, read_list  # noqa: E402
+from run import HERE, fio_problems, kernel_entry, read_list, report  # noqa: E402
 
 
 def run(fio=4096, recorded=4096, reads=4096, merges=0, **extra):
@@ -68,3 +68,16 @@ def test_the_matrix_lists_what_ci_gates():
     commented = [ln.split("'--kernel \"", 1)[1].split('"')[0].split() for ln in (HERE / "kernels.list").read_text()
                  .splitlines() if "--kernel \"" in ln]
     assert [c[0] for c in commented] == ["linux-image-5.10.0-46-cloud-amd64"]
+
+
+@pytest.mark.parametrize("asked, tests, problems, ok", [
+    (False, {}, [], True),          # --tests "": a measurement only (--nullblk), nothing missing
+    (True, {}, [], False),          # tests asked for, none reported: a guest that never ran them
+    (False, {}, ["no nullblk.json: the null_blk measurement did not finish"], False),
+    (True, {"t": {"nodeid": "t", "outcome": "passed", "seconds": 1.0, "detail": ""}}, [], True),
+    (True, {"t": {"nodeid": "t", "outcome": "failed", "seconds": 1.0, "detail": "x"}}, [], False),
+])
+def test_the_report_fails_a_kernel_only_for_what_was_asked(asked, tests, problems, ok, capsys):
+    res = {"kernel": "linux-image-6.1.0-50-cloud-amd64", "tests": tests, "fio": None, "timings": {},
+           "problems": problems, "tests_asked": asked, "logs": "/nowhere"}
+    assert report([res]) is ok
