@@ -135,16 +135,23 @@ def test_stamps_join_in_order_even_for_close_twins_at_one_sector():
     assert by_pid[2].phase_bounds("total") == (10500 - 2300,) * 3
 
 
-def test_request_addresses_tell_twins_at_one_sector_apart():
-    # two processes read one block at once; the one started second is issued and completed first.
-    # ftrace's fields alone match first in, first out (and swap them); the raw stamps' request
-    # addresses (0xa, 0xb) give each completion its own request
+def twins():
+    """Two processes read one block at once; the one started second is issued and completed first: the
+    events, and the raw stamps with each request's address (0xa, 0xb)."""
     events = [start(1000, 8, 4096, "R", pid=1), start(1700, 8, 4096, "R", pid=2),
               issue(3000, 8, 4096, "R"), issue(3700, 8, 4096, "R"),
               complete(9000, 8, 8, "R"), complete(20000, 8, 8, "R")]
     before = stamps(("block_io_start", 8, 1500, 1600, 0xa), ("block_io_start", 8, 2200, 2300, 0xb),
                     ("block_rq_issue", 8, 3500, 3600, 0xb), ("block_rq_issue", 8, 4200, 4300, 0xa),
                     ("block_rq_complete", 8, 9500, 9600, 0xb), ("block_rq_complete", 8, 20500, 20600, 0xa))
+    return events, before
+
+
+def test_request_addresses_tell_twins_at_one_sector_apart():
+    # two processes read one block at once; the one started second is issued and completed first.
+    # ftrace's fields alone match first in, first out (and swap them); the raw stamps' request
+    # addresses (0xa, 0xb) give each completion its own request
+    events, before = twins()
     joined, notes = gt.attach_stamps(events, before, None)
     t = gt.Truth.from_events(joined)
     by_pid = {r.tgid: r for r in t.requests}
@@ -342,12 +349,7 @@ def test_a_counted_skip_is_explained_only_when_every_traced_request_is_counted(s
 def test_twins_paired_only_by_order_fail_the_comparison_and_say_why():
     # the same twins as above: told apart by the stamps' request addresses, the comparison may pass; paired by
     # order (no addresses: a stamper on the perf-event path), their latencies may be swapped on either side
-    events = [start(1000, 8, 4096, "R", pid=1), start(1700, 8, 4096, "R", pid=2),
-              issue(3000, 8, 4096, "R"), issue(3700, 8, 4096, "R"),
-              complete(9000, 8, 8, "R"), complete(20000, 8, 8, "R")]
-    before = stamps(("block_io_start", 8, 1500, 1600, 0xa), ("block_io_start", 8, 2200, 2300, 0xb),
-                    ("block_rq_issue", 8, 3500, 3600, 0xb), ("block_rq_issue", 8, 4200, 4300, 0xa),
-                    ("block_rq_complete", 8, 9500, 9600, 0xb), ("block_rq_complete", 8, 20500, 20600, 0xa))
+    events, before = twins()
 
     def compared(stamped) -> comparison.Comparison:
         t = gt.Truth.from_events(gt.attach_stamps(events, stamped, None)[0])
