@@ -170,7 +170,8 @@ enum iotrace_reason {
 	IOTRACE_DROP_FILES_FULL = 20,	/* a file row not kept (map full): its bytes are in no file row (its request is in its series) */
 	IOTRACE_NOTE_FILE_UNREAD = 21,	/* a file's inode or name could not be read: its request stays in its series, in no file row */
 	IOTRACE_DROP_BIO_WALK = 22,	/* --bio: a request ended more bios than its completion reads (IOTRACE_BIO_WALK): theirs lost */
-	IOTRACE_REASON_COUNT = 23,
+	IOTRACE_NOTE_OWN_START = 23,	/* --stamps kernel: a request the kernel gave no start stamp (iostats turned off since), timed from its start event */
+	IOTRACE_REASON_COUNT = 24,
 };
 
 #define IOTRACE_HASH_MUL 0x9E3779B97F4A7C15ULL	/* Fibonacci hashing */
@@ -206,7 +207,9 @@ enum iotrace_reason {
  *   KSCOPE(program[, part[, arch]])               which programs read the
  *                                                  entries that follow, up to
  *                                                  the next KSCOPE
- * KSCOPE(block) (the start): the block-layer programs' (raw_tp.bpf.c).
+ * KSCOPE(block) (the start): the block-layer programs' (raw_tp.bpf.c);
+ * KSCOPE(block, stamps) theirs too, only with --stamps kernel (IOTRACE_KERNEL_STAMPS):
+ * a kernel without one keeps iotrace's own stamps, said at start.
  * KSCOPE(tasks): read by the per-process programs (tracer/sources/tasks.py)
  * only; KSCOPE(tasks, syscalls) only by their raw sys_enter/sys_exit
  * variant, which falls back to the syscalls' perf-event tracepoints when
@@ -290,6 +293,12 @@ KMEMBER(ITER_COUNT, iov_iter, count, 8)	/* files: O_DIRECT's bytes */
 KMEMBER(ITER_SOURCE, iov_iter, data_source, 1)	/* files: O_DIRECT, true for a write */
 KRAWTP(iomap_dio_rw_begin, struct kiocb *, struct iov_iter *, unsigned int, size_t)	/* files: O_DIRECT (ext4, xfs, ...) */
 KRAWTP(sched_process_exec, struct task_struct *, pid_t, struct linux_binprm *)
+KSCOPE(block, stamps)
+KMEMBER(RQ_FLAGS, request, rq_flags, 4)	/* RQF_STATS: io_start_time_ns was stamped */
+KMEMBER(RQ_START_NS, request, start_time_ns, 8)	/* set at allocation with iostats on (or a scheduler) */
+KMEMBER(RQ_IO_START_NS, request, io_start_time_ns, 8)	/* set at each issue with RQF_STATS */
+KENUM(RQF_STATS, __RQF_STATS)	/* an enumerator on newer kernels; a #define on older ones (6.1): kernel stamps unavailable there */
+KHEAD(RQ_STAMPED_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN, RQ_PART, RQ_BIO, RQ_FLAGS, RQ_START_NS, RQ_IO_START_NS)	/* at completion */
 KSCOPE(tasks)
 KMEMBER(TASK_TGID, task_struct, tgid, 4)
 KMEMBER(TASK_FILES, task_struct, files, 8)

@@ -30,9 +30,27 @@
  * so no other BPF program running on the CPU makes the kernel skip it.
  */
 
+/*
+ * --stamps kernel (IOTRACE_KERNEL_STAMPS): a request's times are the
+ * kernel's own stamps, read at its completion with the rest of its head:
+ * its start is rq->start_time_ns (stamped by blk_account_io_start right
+ * after block_io_start fires, on a disk that keeps I/O statistics: iostat's
+ * await is computed from it) and its issue rq->io_start_time_ns (stamped at
+ * each issue while RQF_STATS is set).  No program runs on block_rq_issue.
+ * The start program still reads the clock: its slot's time tells a stale
+ * slot and a lost request (user space's ledger), in CLOCK_MONOTONIC; a
+ * request the kernel gave no start stamp (iostats off, no scheduler) is
+ * timed from it, and counted.
+ */
+#ifdef IOTRACE_KERNEL_STAMPS
+#define RQ_HEAD_BYTES IOTRACE_K_RQ_STAMPED_HEAD_LEN
+#else
+#define RQ_HEAD_BYTES IOTRACE_K_RQ_HEAD_LEN
+#endif
+
 /* The start of a struct request up to the last member the completion reads: one read, not four. */
 struct rq_head {
-	u64 w[(IOTRACE_K_RQ_HEAD_LEN + 7) / 8];
+	u64 w[(RQ_HEAD_BYTES + 7) / 8];
 };
 #define HEAD_FIELD(h, type, off) (*(type *)((u8 *)(h)->w + (off)))
 
@@ -429,6 +447,7 @@ RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 }
 #endif /* IOTRACE_START_BIO */
 
+#ifndef IOTRACE_KERNEL_STAMPS
 RAW_TRACEPOINT_PROBE(block_rq_issue)
 {
 	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0];
@@ -457,6 +476,31 @@ RAW_TRACEPOINT_PROBE(block_rq_issue)
 #endif
 	return 0;
 }
+#endif /* !IOTRACE_KERNEL_STAMPS */
+
+#ifdef IOTRACE_KERNEL_STAMPS
+/*
+ * A completing request's start and issue, the kernel's stamps: its start
+ * when the kernel stamped one (else the start program's, counted); its
+ * issue when RQF_STATS says io_start_time_ns was stamped and it is later
+ * than the start.  A request issued within its submitter's plug has both
+ * stamps from the plug's one clock reading (Linux 6.9+): its queue and
+ * device times are then not told apart, and only its total is recorded.
+ */
+static __always_inline void kernel_stamps(struct iotrace_slot *s, const struct rq_head *h)
+{
+	u64 start = HEAD_FIELD(h, u64, IOTRACE_K_RQ_START_NS), issue = HEAD_FIELD(h, u64, IOTRACE_K_RQ_IO_START_NS);
+
+	if (start)
+		s->start_ns = start;
+	else
+		count_reason(IOTRACE_NOTE_OWN_START);
+	s->issue_ns = (HEAD_FIELD(h, u32, IOTRACE_K_RQ_FLAGS) & (1U << IOTRACE_K_RQF_STATS)) &&
+		      issue > s->start_ns ? issue : 0;
+}
+#else
+#define kernel_stamps(s, h) do {} while (0)
+#endif
 
 /*
  * A completion with no slot: the flush machinery's own request, or
@@ -516,6 +560,7 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 		slot_release(&r);
 		return 0;
 	}
+	kernel_stamps(s, &h);
 	s->dev = dev;
 	/* flushes are never merged: no bytes in all is no bytes at the start */
 	/* the write-back mark and its dirtying window (wb_charge) stay: all above the op's code */

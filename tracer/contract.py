@@ -104,6 +104,9 @@ class Contract:
     # the entries under KSCOPE(tasks, reads|cache|fsync|throttled): one source each of the per-process programs
     # (page-cache, ext4 and write-back events), resolved apart: a kernel without one loses that counter only
     kernel_sources: dict[str, KernelReads] = field(default_factory=dict)
+    # the entries under KSCOPE(block, stamps): read by the block-layer programs only with --stamps kernel (the
+    # request's own start_time_ns / io_start_time_ns), resolved apart: a kernel without them keeps iotrace's stamps
+    kernel_stamps: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
     # IOTRACE_EVENT_TABLE: the block-layer programs' events, in the table's order
     events: tuple[Event, ...] = ()
     # IOTRACE_OVERRIDE_TABLE: the constants user space may set, NAME (without IOTRACE_) -> "tunable" (a map
@@ -169,11 +172,13 @@ class Contract:
         return self.const("HIST_BUCKETS")
 
 
-def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, KernelReads], dict[str, KernelReads]]:
+def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, KernelReads], dict[str, KernelReads],
+                                       KernelReads]:
     """(the block-layer programs' reads: KSCOPE(block), the table's start; the per-process programs':
     KSCOPE(tasks); their raw-syscall variant's by architecture: KSCOPE(tasks, syscalls[, arch]), "" for
-    every one; their event sources' by source: KSCOPE(tasks, reads|cache|fsync|throttled))."""
-    block, tasks = KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {})
+    every one; their event sources' by source: KSCOPE(tasks, reads|cache|fsync|throttled); the kernel
+    stamps' extra reads: KSCOPE(block, stamps))."""
+    block, tasks, stamps = KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {})
     syscalls: dict[str, KernelReads] = {}
     sources: dict[str, KernelReads] = {}
     reads = block
@@ -186,7 +191,7 @@ def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, Kernel
             raise ValueError(f"iotrace.h: bad line in IOTRACE_KERNEL_TABLE: {line.strip()!r}")
         kind, args = m.group(1), [a.strip() for a in m.group(2).split(",")]
         if kind == "KSCOPE":
-            reads = _scope(args, line, block, tasks, syscalls, sources)
+            reads = _scope(args, line, block, tasks, syscalls, sources, stamps)
         elif kind == "KMEMBER":
             reads.members[args[0]] = (args[1], args[2], int(args[3]))
         elif kind == "KENUM":
@@ -197,14 +202,16 @@ def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, Kernel
             reads.bits[args[0]] = (args[1], args[2])
         else:
             reads.raw_tps.setdefault(args[0], []).append(args[1:])
-    return block, tasks, syscalls, sources
+    return block, tasks, syscalls, sources, stamps
 
 
 def _scope(args: list[str], line: str, block: KernelReads, tasks: KernelReads,
-           syscalls: dict[str, KernelReads], sources: dict[str, KernelReads]) -> KernelReads:
+           syscalls: dict[str, KernelReads], sources: dict[str, KernelReads], stamps: KernelReads) -> KernelReads:
     """The reads a KSCOPE(program[, part[, arch]]) line puts the entries after it in."""
     if args == ["block"]:
         return block
+    if args == ["block", "stamps"]:
+        return stamps
     if args == ["tasks"]:
         return tasks
     if args[:2] == ["tasks", "syscalls"] and len(args) <= 3 and all(re.fullmatch(r"\w+", a) for a in args):
@@ -268,7 +275,9 @@ def parse(text: str) -> Contract:
         count = [v for m, v in members.items() if m.endswith("_COUNT")]
         if not count or sorted(v for m, v in members.items() if not m.endswith("_COUNT")) != list(range(count[0])):
             raise ValueError(f"enum {name} in iotrace.h must number its members 0..N-1 and end with *_COUNT = N")
-    return Contract(defines, enums, *_parse_kernel(text), _parse_events(text), _parse_overrides(text, defines))
+    block, tasks, syscalls, sources, stamps = _parse_kernel(text)
+    return Contract(defines, enums, block, tasks, syscalls, sources, stamps, _parse_events(text),
+                    _parse_overrides(text, defines))
 
 
 @lru_cache(maxsize=1)

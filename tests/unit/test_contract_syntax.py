@@ -42,7 +42,8 @@ def test_a_scope_written_as_a_comment_means_nothing():
     commented = "KMEMBER(TASK_TGID, task_struct, tgid, 4)\t/* KSCOPE(tasks) tasks.bpf.c */\n"
     c = contract.parse(text.replace(entry, commented))
     # the per-process programs' own entries fall back to the scope before them: the block-layer programs'
-    assert not c.kernel_tasks.members and "TASK_TGID" in c.kernel.members
+    # kernel stamps (KSCOPE(block, stamps))
+    assert not c.kernel_tasks.members and "TASK_TGID" in c.kernel_stamps.members
 
 
 @pytest.mark.parametrize("scope", ["KSCOPE(tasks, pagecache)", "KSCOPE(files)", "KSCOPE(tasks, syscalls, x86, 2)",

@@ -29,7 +29,7 @@ def test_perf_event_flags_follow_the_kernel_the_start_event_and_the_sizes(monkey
 
 def test_raw_path_flags_are_the_layouts():
     layout = types.SimpleNamespace(cflags=lambda: ["-DIOTRACE_OFF_X=8"], group_dead=True,
-                                   present=("mm_filemap_get_pages",))
+                                   present=("mm_filemap_get_pages",), stamped=False)
     shift = (os.sysconf("SC_PAGE_SIZE") - 1).bit_length()
     assert probe.compile_flags(ProbeOptions(files=True), layout, False, "block_io_start", [0, 1])[1:] == (
         "-DIOTRACE_OFF_X=8", "-DIOTRACE_HAVE_GROUP_DEAD", "-DIOTRACE_HAVE_MM_FILEMAP_GET_PAGES",

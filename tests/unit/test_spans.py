@@ -160,7 +160,7 @@ def test_coverage_under_a_pid_filter_names_the_traced_processes_disks(monkeypatc
 def test_the_start_line_names_the_cgroup(capsys):
     from tracer.cli.trace import TraceArgs, _announce
 
-    probe = types.SimpleNamespace(attach_note="", attach="raw_tp", start_note="", bio_note="")
+    probe = types.SimpleNamespace(attach_note="", attach="raw_tp", start_note="", bio_note="", stamps_note="")
     control = types.SimpleNamespace(path="/run/iotrace/1.sock")
     _announce(TraceArgs(cgroup="/system.slice/job.scope"), None, probe, control, None)
     first = capsys.readouterr().err.splitlines()[0]

@@ -73,7 +73,7 @@ def take_interval(ns: argparse.Namespace) -> float | None:
 
 
 def add_attach_option(p: argparse.ArgumentParser) -> None:
-    """--attach, shared by every command that loads the BPF programs."""
+    """--attach and --stamps, shared by every command that loads the BPF programs."""
     default = os.environ.get("IOTRACE_ATTACH", "auto")
     p.add_argument("--attach", choices=("auto", "raw_tp", "tracepoint"), default=default,
                    help="how the BPF programs attach: raw_tp (raw tracepoints: a request is known by its "
@@ -81,6 +81,15 @@ def add_attach_option(p: argparse.ArgumentParser) -> None:
                         "tools running make the kernel skip nothing), tracepoint (perf-event tracepoints, for "
                         "kernels without BTF), or auto: raw_tp where /sys/kernel/btf/vmlinux has all it needs. "
                         "Default: $IOTRACE_ATTACH, else auto. Every dump says which ran (\"attach\")")
+    p.add_argument("--stamps", choices=("own", "kernel"), default=os.environ.get("IOTRACE_STAMPS", "own"),
+                   help="whose clock the latencies are read on: own (iotrace reads the clock at each request's "
+                        "start, issue and completion: queue and device times for every request) or kernel (the "
+                        "request's own start and issue stamps, the ones iostat's await is computed from, and one "
+                        "clock read at the completion: about half the BPF time a request; queue and device are "
+                        "told apart only where the kernel stamped the issue apart, on 6.9+ not for a request "
+                        "issued within its submitter's plug). kernel needs raw tracepoints, block_io_start and "
+                        "iostats on the traced disks, else own is used and the start says why. Default: "
+                        "$IOTRACE_STAMPS, else own. Dumps say kernel in start_event.stamps")
 
 
 def output_options(p: argparse.ArgumentParser, mode: str) -> None:

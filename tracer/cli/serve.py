@@ -86,7 +86,7 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
         run.open_sinks()
         run.catch_signals()
         probe = run.open_probe(ProbeOptions(devs=devs, cgroup_id=cgroup_id, cgroup_level=cgroup_level,
-                                            attach=ns.attach))
+                                            attach=ns.attach, stamps=ns.stamps))
         if probe.start_note:
             print(f"iotrace serve: {probe.start_note}", file=sys.stderr)
         if ns.tasks:

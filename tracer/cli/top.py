@@ -71,7 +71,7 @@ def run(argv: list[str], out: TextIO) -> int:
     run = LiveRun("top", ns, out, devs)
     with run:
         print("iotrace top: loading the BPF programs ...", file=sys.stderr, flush=True)
-        probe = run.open_probe(ProbeOptions(devs=devs, attach=ns.attach, pids=ns.pids,
+        probe = run.open_probe(ProbeOptions(devs=devs, attach=ns.attach, stamps=ns.stamps, pids=ns.pids,
                                             follow_children=not ns.no_children), on_error=offer_diskstats)
         if probe.start_note:    # said before curses takes the screen; and in the header, which stays
             print(f"iotrace top: {probe.start_note}", file=sys.stderr)

@@ -68,12 +68,15 @@ class Attach(Fieldwise):
 
 @dataclass(frozen=True)
 class StartEvent(Fieldwise):
-    """The block event requests start on, and the disks it is blind to (scheduler none, before block_io_start)."""
+    """The block event requests start on, the disks it is blind to (scheduler none, before block_io_start), and
+    whose stamps the times are: "kernel" (--stamps kernel: the request's own start_time_ns and io_start_time_ns),
+    absent for iotrace's own."""
 
     key: ClassVar[str] = "start_event"
     json_merge: ClassVar[str] = BY_FIELD
     event: str = opt("", merge=joined())
     blind: tuple[str, ...] = opt((), omit_empty=True, merge=union())
+    stamps: str = opt("", omit_empty=True, merge=joined())
 
 
 # ---- coverage ------------------------------------------------------------------

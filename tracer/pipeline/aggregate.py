@@ -170,7 +170,8 @@ def build_dump(raw, clock: Clock, kind: str, label: str | None = None, tasks: li
     if raw.window:
         d.window_seq = WindowSeq(raw.window)
     if raw.start_event:
-        d.start_event = StartEvent(raw.start_event, tuple(raw.start_blind or ()))
+        d.start_event = StartEvent(raw.start_event, tuple(raw.start_blind or ()),
+                                   "kernel" if raw.stamps == "kernel" else "")
     d.coverage = coverage(raw, series)
     if raw.bio_devs:
         # their rows time bios (queue to completion): total phase only

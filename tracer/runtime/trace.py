@@ -47,6 +47,7 @@ class TraceOptions:
     fail_on_alert: bool = False
     diskstats: bool = False
     attach: str = "auto"                                    # how the BPF programs attach (--attach)
+    stamps: str = "own"                                     # whose clock readings the times are (--stamps)
     tasks: bool = False                                     # --tasks: per-process rows' reads, fsyncs at the syscalls
     no_tasks: bool = False                                  # --no-tasks: no per-process rows (tracer.sources.tasks)
     files: int = 50                                         # --files: file rows kept per dump (the rest summed)
@@ -171,7 +172,7 @@ class TraceSession:
                             follow_children=not o.no_children, per_thread=o.threads, devs=self.devs,
                             inflight_slots=o.inflight_slots, hist_cells=o.hist_cells, cgroup_id=self.cgroup_id,
                             cgroup_level=self.cgroup_level, attach=o.attach, files=True,
-                            files_top=max(o.files, 0), submitted=o.bio)
+                            files_top=max(o.files, 0), submitted=o.bio, stamps=o.stamps)
 
 
 def _writeback_wait(opts: TraceOptions, probe):
@@ -201,6 +202,8 @@ def announce(opts: TraceOptions, child: int | None, probe, control, control_erro
               file=sys.stderr)
     if probe.start_note:
         print(f"iotrace: {probe.start_note}", file=sys.stderr)
+    if probe.stamps_note:
+        print(f"iotrace: {probe.stamps_note}", file=sys.stderr)
     if probe.bio_note:
         print(f"iotrace: {probe.bio_note}", file=sys.stderr)
     print(safe(f"iotrace: markers: 'iotrace mark LABEL' or tracer.marker.mark(LABEL) close a labelled dump "

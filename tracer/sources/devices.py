@@ -105,6 +105,15 @@ def scheduler(name: str, sys_block: str = "/sys/block") -> str | None:
     return text[start + 1:end] if 0 <= start < end else (text.strip() or None)
 
 
+def keeps_start_stamp(name: str, sys_block: str = "/sys/block") -> bool:
+    """Whether the kernel stamps each request of a disk with its start (rq->start_time_ns, as it accounts
+    the request's time in /proc/diskstats): while the disk keeps I/O statistics (queue/iostats 1, the default)."""
+    try:
+        return open(f"{sys_block}/{name}/queue/iostats").read().strip() == "1"
+    except OSError:
+        return False
+
+
 def size_sectors(name: str) -> int:
     try:
         return int((SYS_BLOCK / name / "size").read_text())

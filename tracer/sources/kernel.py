@@ -21,7 +21,7 @@ from tracer.sources.btf import Btf, BtfError
 
 BTF_PATH = "/sys/kernel/btf/vmlinux"
 # A head is read into the program's stack in one go: keep it small
-MAX_HEAD_BYTES = 96
+MAX_HEAD_BYTES = 128
 # The request start: the first of these the kernel has (iotrace.h's EVENT table, when "start":
 # block_io_start from 6.5 on, else block_getrq), if its arguments fit
 START_EVENTS = tuple(e.name for e in contract.load().events if e.when == "start")
@@ -38,6 +38,11 @@ class Layout:
     group_dead: bool            # sched_process_exit passes group_dead (its second argument)
     present: tuple[str, ...] = ()   # the optional raw tracepoints (present_events) this kernel has
 
+
+    @property
+    def stamped(self) -> bool:
+        """Whether the kernel stamps' reads (KSCOPE(block, stamps)) are resolved in: --stamps kernel."""
+        return "RQ_STAMPED_HEAD_LEN" in self.values
 
     def cflags(self) -> list[str]:
         return [f"-DIOTRACE_K_{name}={value}" for name, value in sorted(self.values.items())]

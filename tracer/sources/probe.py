@@ -14,7 +14,8 @@ from __future__ import annotations
 import ctypes as ct
 import os
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +73,7 @@ class ProbeOptions:
     files_top: int = 50         # --files: file rows kept per window (top by bytes moved), the rest summed
     writeback: bool = True      # write-back under its writer (IOTRACE_NO_WRITEBACK when off: the cost bench's)
     submitted: bool = False     # --bio: request-based disks' bios timed as submitted too (IOTRACE_BIO_SUBMITTED)
+    stamps: str = "own"         # --stamps: "own" (the programs read the clock) or "kernel" (choose_stamps)
 
 
 @dataclass
@@ -98,6 +100,7 @@ class RawInterval:
     files_top: int = 0                     # rows kept of them (the rest summed)
     files_cache: bool = False              # page-cache read bytes measured (mm_filemap_get_pages present)
     window: int = 0                        # this window's sequence number (MapDrain.window; 0: unknown)
+    stamps: str = "own"                    # STAMPS: whose clock readings the latencies are (choose_stamps)
 
 
 def tracefs() -> Path:
@@ -290,6 +293,60 @@ def check_perf_events(bio: bool) -> str:
     return choose_start_event()
 
 
+# Whose clock readings a request's times are: iotrace's programs' at the start, issue and completion
+# events ("own"), or the kernel's own stamps in struct request with the completion's clock ("kernel")
+STAMPS = ("own", "kernel")
+# The start event kernel stamps need: the request exists there (block_getrq's starts travel with a bio)
+KERNEL_STAMPS_START = "block_io_start"
+
+
+def choose_stamps(asked: str, layout: kernel.Layout | None, devs: list[int],
+                  stamped: Callable[[kernel.Layout], kernel.Layout] | None = None,
+                  keeps: Callable[[str], bool] = devices.keeps_start_stamp) -> tuple[kernel.Layout | None, str]:
+    """(the layout to compile with, what of the kernel stamps asked for is not had: "" when all is, or not asked).
+
+    --stamps kernel takes each request's start from rq->start_time_ns, which
+    the kernel sets on every disk that keeps I/O statistics (iostat's await
+    is computed from it), and its issue from rq->io_start_time_ns where
+    RQF_STATS is set: no clock read at the start, no program on the issue.
+    Where the raw path, block_io_start, the members in BTF (`stamped`: the
+    layout with KSCOPE(block, stamps)) or a traced request-based disk's
+    stamps (`keeps`; every disk in use without --dev) are missing, iotrace
+    keeps its own stamps and says why.  (A request that finds no stamp all
+    the same, its disk's iostats turned off since, is timed from the start
+    program's clock reading and counted: note own_start.)
+    """
+    if asked not in STAMPS:
+        raise UserError(f"--stamps takes {' or '.join(STAMPS)}, not {asked!r}")
+    if asked == "own":
+        return layout, ""
+    if layout is None:
+        return None, "kernel stamps need the raw tracepoints (--attach raw_tp): iotrace's own stamps are used"
+    if layout.start_event != KERNEL_STAMPS_START:
+        return layout, (f"kernel stamps need block:{KERNEL_STAMPS_START} (the request is made by then; Linux 6.5+): "
+                        f"iotrace's own stamps are used")
+    disks = devices.whole_disks()
+    names = {dev: name for name, dev in disks.items()}
+    chosen = ([names[d] for d in devs if d in names] if devs
+              else [n for n in sorted(disks) if devices.size_sectors(n) > 0])
+    unstamped = [n for n in chosen if not devices.bio_based(n) and not keeps(n)]
+    if unstamped:
+        return layout, (f"the kernel keeps no start stamp for {', '.join(unstamped)} (queue/iostats 0): "
+                        f"iotrace's own stamps are used")
+    try:
+        return (stamped or _stamped_layout)(layout), ""
+    except kernel.LayoutError as exc:
+        return layout, f"this kernel's BTF lacks what kernel stamps read ({exc}): iotrace's own stamps are used"
+
+
+def _stamped_layout(layout: kernel.Layout) -> kernel.Layout:
+    """`layout` with the kernel stamps' reads (KSCOPE(block, stamps)) resolved in too."""
+    c = contract.load()
+    extra = kernel.load((), reads=c.kernel_stamps.merged(
+        contract.KernelReads(c.kernel.members, {}, {}, {})), start_events=())
+    return replace(layout, values={**layout.values, **extra.values})
+
+
 def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, start_event: str,
                   possible: list[int]) -> tuple[str, ...]:
     """The programs' compiler flags: the shared headers, bio-level programs, the raw path's kernel layout,
@@ -313,6 +370,8 @@ def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, s
     cflags.append(f"-DIOTRACE_PAGE_SHIFT={(os.sysconf('SC_PAGE_SIZE') - 1).bit_length()}")
     if not opts.writeback:
         cflags.append("-DIOTRACE_NO_WRITEBACK")
+    if layout is not None and layout.stamped:
+        cflags.append("-DIOTRACE_KERNEL_STAMPS")
     if starts_at_bio(start_event):
         cflags.append("-DIOTRACE_START_BIO")
     cflags.append(f"-DIOTRACE_CPUS={max(possible) + 1}")
@@ -355,6 +414,8 @@ class Probe:
                             + (f"here it is not available: {self.attach_note}" if self.attach_note
                                else "--attach tracepoint cannot tell a split bio's completion"))
         self.start_event = layout.start_event if layout is not None else check_perf_events(bio)
+        layout, stamps_note = choose_stamps(opts.stamps, layout, list(opts.devs.devs))
+        self.stamps = "kernel" if layout is not None and layout.stamped else "own"
         # the event table's "present" events this kernel has, attached beside the others (raw path)
         self.present: tuple[str, ...] = tuple(getattr(layout, "present", ())) if opts.files else ()
         # the disks whose requests this start event mostly misses (said at start and in every dump)
@@ -365,6 +426,8 @@ class Probe:
         self.unavailable = unavailable(self.start_event, opts.files,
                                        self.present if layout is not None else None, group_dead,
                                        tuple(self.start_blind))
+        if stamps_note:
+            self.unavailable["stamps"] = stamps_note
         possible = bpfobject.possible_cpus()
         self.ncpu = len(possible)       # values per key of a per-CPU map
         cflags = compile_flags(opts, layout, bio, self.start_event, possible)
@@ -394,6 +457,15 @@ class Probe:
         return (f"--bio: this kernel's verifier takes a walk of {self.bio_walk} bios a request, not "
                 f"{BIO_WALKS[0]}: a request of more merged bios loses the rest's as-submitted rows (counted "
                 f"as dropped bio_walk)")
+
+    @property
+    def stamps_note(self) -> str:
+        """One line when the times are the kernel's stamps (--stamps kernel), or ""."""
+        if self.stamps != "kernel":
+            return ""
+        return ("times from the kernel's own request stamps (--stamps kernel): a request's start is its "
+                "start_time_ns, as in iostat's await; queue and device apart only where the kernel stamped "
+                "its issue later than its start")
 
     @property
     def start_note(self) -> str:
@@ -487,7 +559,7 @@ class Probe:
             bio_devs=list(self.bio_devs), attach=self.attach,
             start_event=self.start_event, start_blind=list(self.start_blind),
             files=files, files_top=self._opts.files_top, files_cache=bool(self.files and self.files.cache),
-            window=window,
+            window=window, stamps=self.stamps,
         )
         self._interval_start = end
         return raw

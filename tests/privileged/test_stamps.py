@@ -1,0 +1,108 @@
+"""--stamps kernel: the request's times are the kernel's own stamps, checked against the kernel's own accounting.
+
+The kernel adds each request's time, from rq->start_time_ns to its end, to
+/proc/diskstats' "ms reading" (the figure iostat's r_await divides): with
+the same start stamp, iotrace's recorded totals must add up to it, every
+request counted once, short only by the instant between block_rq_complete
+(where iotrace reads the clock) and the kernel's own end-of-request stamp a
+few hundred nanoseconds later.  fio submits 32 reads a system call here, so
+that the kernel's start stamps come from the plug's one clock reading (Linux
+6.9+) and differ from the instant each request starts: iotrace's own stamps
+then add up to less than the kernel's accounting, which the second test
+checks, so that the first tells whose stamps were used.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import fio_cmd, read_dumps, run_iotrace, series_of
+
+bpf = pytest.mark.bpf
+
+# fio's job: 4 KiB random reads of a 64 MiB loop device, 32 submitted and reaped at a time
+JOB = {"size": "64M", "ioengine": "libaio", "iodepth": 32, "iodepth_batch_submit": 32,
+       "iodepth_batch_complete_min": 32}
+# the kernel's end stamp follows iotrace's completion clock read by the rest of the completion (its
+# program, blk_update_request's tail, the accounting itself): measured 0.3-0.5 us a request here
+END_GAP_US = 2.0
+
+
+def read_stats(name: str) -> tuple[int, int]:
+    """(reads completed, ms spent reading) of a disk, from /proc/diskstats."""
+    for line in open("/proc/diskstats"):
+        f = line.split()
+        if f[2] == name:
+            return int(f[3]), int(f[6])
+    raise AssertionError(f"{name} not in /proc/diskstats")
+
+
+def traced_fio(loop, tmp_path, stamps: str) -> tuple[dict, dict, int, int]:
+    """fio's JOB under `iotrace --stamps STAMPS --dev LOOP`: (fio's read figures, iotrace's final dump, reads
+    and ms reading per /proc/diskstats over the run)."""
+    out = tmp_path / f"{stamps}.jsonl"
+    before = read_stats(loop.name)
+    r = run_iotrace(["--stamps", stamps, "--attach", "raw_tp", "--no-tasks", "--dev", loop.name, "-o", str(out),
+                     "--", *fio_cmd(loop.path, **JOB)])
+    after = read_stats(loop.name)
+    assert r.returncode == 0, r.stderr
+    fio = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])["jobs"][0]["read"]
+    dumps = read_dumps(out)
+    assert [d["kind"] for d in dumps] == ["final"], r.stderr
+    return fio, dumps[0], after[0] - before[0], after[1] - before[1]
+
+
+def total_ms(row: dict) -> float:
+    t = row["latency_us"]["total"]
+    return t["mean"] * t["count"] / 1e3
+
+
+@bpf
+def test_kernel_stamps_add_up_to_the_kernels_own_accounting(loop, tmp_path):
+    fio, dump, reads, ms = traced_fio(loop, tmp_path, "kernel")
+    assert dump["start_event"].get("stamps") == "kernel", dump["start_event"]
+    # batched submissions merge a few neighbouring reads: the disk's requests, per /proc/diskstats
+    ios = reads
+    assert 16000 < ios <= fio["total_ios"] == 16384
+    (row,) = series_of(dump, comm="fio", device=loop.name, op="read")
+    assert row["count"] == ios and row["latency_us"]["total"]["count"] == ios and row["bytes"] == 64 << 20
+    assert not any(dump["dropped"].values()), dump["dropped"]
+    # no program on block_rq_issue: none in the dump's program list either
+    assert "block_rq_issue" not in dump["bpf_programs"]
+    got = total_ms(row)
+    # diskstats truncates its ns sum to whole ms; the kernel's end stamp comes after iotrace's clock read
+    assert ms - 1 <= got + ios * END_GAP_US / 1e3 and got <= ms + 1, (
+        f"iotrace's totals add up to {got:.1f} ms, the kernel accounted {ms} ms for the same {ios} reads")
+    # the queue and device split, where the kernel stamped the issue apart, lies within the total
+    dev = row["latency_us"].get("device")
+    if dev and dev["count"]:
+        assert dev["count"] <= ios and dev["max"] <= row["latency_us"]["total"]["max"]
+
+
+@bpf
+def test_own_stamps_are_not_the_kernels(loop, tmp_path):
+    """The same run on iotrace's own stamps adds up to less than the kernel's accounting (measured: 786 ms
+    against 925): what makes the test above a test of whose stamps were used."""
+    fio, dump, reads, ms = traced_fio(loop, tmp_path, "own")
+    assert "stamps" not in dump["start_event"]
+    (row,) = series_of(dump, comm="fio", device=loop.name, op="read")
+    assert row["count"] == reads and row["bytes"] == fio["io_bytes"] == 64 << 20
+    assert "block_rq_issue" in dump["bpf_programs"]
+    assert row["latency_us"]["device"]["count"] == reads      # every request split on its own stamps
+    # each request's own start is its own instant, after the plug's one stamp of the batch
+    assert total_ms(row) < 0.97 * ms, f"own totals {total_ms(row):.1f} ms against the kernel's {ms} ms"
+
+
+@bpf
+def test_kernel_stamps_on_the_perf_event_path_fall_back_and_say_so(loop, tmp_path):
+    out = tmp_path / "tp.jsonl"
+    r = run_iotrace(["--stamps", "kernel", "--attach", "tracepoint", "--no-tasks", "--dev", loop.name,
+                     "-o", str(out), "--", *fio_cmd(loop.path, size="4M")])
+    assert r.returncode == 0, r.stderr
+    assert "kernel stamps need the raw tracepoints" in r.stderr, r.stderr
+    (dump,) = read_dumps(out)
+    assert "stamps" not in dump["start_event"]
+    assert "kernel stamps need the raw tracepoints" in dump["unavailable"]["stamps"]
+    (row,) = series_of(dump, comm="fio", device=loop.name, op="read")
+    assert row["count"] == 1024 and row["latency_us"]["device"]["count"] == 1024
