@@ -15,10 +15,14 @@ on a loop device over a file in /dev/shm.  In the same run:
               completion events; scripts/overhead's empty_raw)
   lean        the least an exact per-process tracer does on those events
               (scripts/overhead's: stamps, the submitter, three log2 counts)
+  lean_kernel the same least work on the kernel's stamps: the submitter at
+              the start, one clock read and start_time_ns at the completion
+
   reference   the libbpf-tools design (raw tracepoints, a hash keyed by the
               request, per-CPU log2 histograms; scripts/overhead's)
   request     iotrace's block-layer programs as `serve` and `top` load them:
               every process, every device, no file rows
+  kernel      the same on the kernel's stamps (--stamps kernel)
   +files / +pid / +cgroup / +dev / -writeback / +tasks
               the same with one feature switched on (or write-back
               attribution compiled out): what that feature adds to a request
@@ -51,7 +55,7 @@ from pathlib import Path
 
 from overhead.programs import bpf_programs, held_program_ids
 from overhead.run import environment
-from overhead.tracers import EmptyRaw, Lean, Reference, Tracer
+from overhead.tracers import EmptyRaw, Lean, LeanKernel, Reference, Tracer
 
 from tracer.testing import BPFStats
 
@@ -285,7 +289,7 @@ def main() -> int:
     try:
         devices = loop_devices(16, tmp)
         floor, ref = EmptyRaw(), Reference()
-        peers = [t for t in (floor, Lean(), ref) if t.why_not() is None]
+        peers = [t for t in (floor, Lean(), LeanKernel(), ref) if t.why_not() is None]
         configs = list(FEATURES)
         if args.only:
             wanted = set(args.only.split(",")) | {"request"}     # the request path: every figure is beside it
@@ -333,11 +337,13 @@ def report(args, runs: dict[str, list[dict]], scaling: dict[str, dict[str, list[
     rows = []
     for name, what in [("empty_raw", "three empty raw programs: the floor"),
                        ("lean", "stamps, submitter, three log2 counts: the work's own floor"),
+                       ("lean_kernel", "the same on the kernel's stamps: two programs, one clock read, one count"),
                        ("reference", "the libbpf-tools design"), *((c.name, c.what) for c in configs)]:
         if not runs.get(name):
             continue
         ns = med(runs[name])
-        added = f"{ns - req:+10.0f}" if name not in ("empty_raw", "lean", "reference", "request") else f"{'':>10}"
+        added = (f"{ns - req:+10.0f}" if name not in ("empty_raw", "lean", "lean_kernel", "reference", "request")
+                 else f"{'':>10}")
         x = f"{ns / floor:8.2f}" if floor else f"{'':>8}"
         print(f"{name:14} {ns:10.0f} {added} {x}  {what}")
         rows.append({"programs": name, "ns_per_request": ns, "added": ns - req, "what": what,

@@ -3,8 +3,9 @@
 
 On a fast request-based device (a loop device over a file in /dev/shm),
 fio random 4 KiB reads with direct=1 run under: no tracer (the baseline),
-iotrace twice (its default raw-tracepoint attach, "iotrace", and
-`--attach tracepoint`, "iotrace_tp"), "reference" (the libbpf-tools
+iotrace three times (its default raw-tracepoint attach, "iotrace",
+`--attach tracepoint`, "iotrace_tp", and `--stamps kernel`,
+"iotrace_kernel"), "reference" (the libbpf-tools
 biolatency design, in bcc: raw tracepoints, a hash keyed by the request
 pointer, per-CPU log2 histograms of total, queue and device time),
 bpftrace running an equivalent per-(pid, device) latency histogram, and
@@ -64,7 +65,8 @@ def main() -> int:
                         "that return at once on the three tracepoints, perf-event and raw (the kernel's price for "
                         "running any BPF program there); clock_raw = raw programs that only read the clock; floor = "
                         "bpftrace reading only the clock there; reference "
-                        "= the libbpf-tools biolatency design; iotrace_tp = iotrace --attach tracepoint")
+                        "= the libbpf-tools biolatency design; iotrace_tp = iotrace --attach tracepoint; "
+                        "iotrace_kernel = iotrace --stamps kernel")
     p.add_argument("--stats-rounds", type=int, default=3,
                    help="interleaved rounds of the bpf_stats pass (default 3; 0 skips it)")
     p.add_argument("--stats-ios", type=int, default=200_000,

@@ -336,6 +336,60 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 """
 
 
+# The same least work on the kernel's stamps (iotrace's --stamps kernel): the start notes the
+# submitter in its slot and reads no clock, no program runs on the issue, and the completion reads
+# the clock once and the request's start_time_ns (at its offset in the running kernel's BTF), one
+# log2 count.  The floor of the work of that design (bench_cost.py's "lean_kernel").
+class LeanKernel(BccTracer):
+    name = "lean_kernel"
+    raw = True
+
+    @property
+    def events(self) -> tuple[str, ...]:
+        return (start_event(), "block_rq_complete")
+
+    @property
+    def text(self) -> str:
+        from tracer.sources import kernel  # noqa: PLC0415 - the BTF, read when this tracer is built
+
+        offset = kernel.open_btf().member("request", "start_time_ns").offset
+        return f"#define RQ_START_NS {offset}\n" + """
+struct slot { u64 rq; u64 id; };
+BPF_ARRAY(slots, struct slot, 8192);
+BPF_PERCPU_ARRAY(hist, u64, 64);
+static __always_inline struct slot *slot_of(u64 rq)
+{
+    u32 i = (u32)((rq * 0x9E3779B97F4A7C15ULL) >> 51);
+    return slots.lookup(&i);
+}
+RAW_TRACEPOINT_PROBE(START_EVENT)
+{
+    u64 rq = ctx->args[0];
+    struct slot *s = slot_of(rq);
+    if (s) {
+        s->id = bpf_get_current_pid_tgid();
+        s->rq = rq;
+    }
+    return 0;
+}
+RAW_TRACEPOINT_PROBE(block_rq_complete)
+{
+    u64 rq = ctx->args[0], now, start = 0;
+    struct slot *s = slot_of(rq);
+    if (!s || s->rq != rq)
+        return 0;
+    now = bpf_ktime_get_ns();
+    bpf_probe_read_kernel(&start, sizeof(start), (const void *)(rq + RQ_START_NS));
+    u32 k = now > start ? bpf_log2l(now - start) & 63 : 0;
+    u64 *c = hist.lookup(&k);
+    if (c)
+        (*c)++;
+    s->rq = 0;
+    return 0;
+}
+"""
+
+
 # The reference design, as libbpf-tools' biolatency builds it: raw tracepoints, in-flight
 # requests in a hash keyed by the struct request pointer, and log2 histograms (of total, queue
 # and device time, in microseconds) in a per-CPU array: no per-process keys.  It stores the
@@ -516,12 +570,13 @@ class BlkTrace(Tracer):
             f.unlink()
 
 
-TRACERS = ("none", "empty", "empty_raw", "clock_raw", "floor", "reference", "iotrace", "iotrace_tp", "bpftrace",
-           "blktrace")
+TRACERS = ("none", "empty", "empty_raw", "clock_raw", "floor", "reference", "iotrace", "iotrace_tp", "iotrace_kernel",
+           "bpftrace", "blktrace")
 
 
 def make_tracers(shm: Path) -> list[Tracer]:
     return [Untraced(), Empty(), EmptyRaw(), ClockRaw(), BPFTrace(FLOOR_PROG, "floor"), Reference(),
             IOTrace(shm / "iotrace.jsonl"),
             IOTrace(shm / "iotrace-tp.jsonl", ["--attach", "tracepoint"], name="iotrace_tp"),
+            IOTrace(shm / "iotrace-kernel.jsonl", ["--stamps", "kernel"], name="iotrace_kernel"),
             BPFTrace(), BlkTrace(shm)]

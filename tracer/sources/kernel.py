@@ -166,6 +166,14 @@ def present_events(btf: Btf, reads: contract.KernelReads, events: Iterable[str])
     return tuple(out)
 
 
+def load_stamps(path: str = BTF_PATH, btf: Btf | None = None) -> dict[str, int]:
+    """The values the kernel stamps read (KSCOPE(block, stamps), with the block members its head spans), or a
+    LayoutError naming what this kernel lacks (on 6.1 the enumerator __RQF_STATS: RQF_* were #defines)."""
+    c = contract.load()
+    reads = c.kernel_stamps.merged(contract.KernelReads(c.kernel.members, {}, {}, {}))
+    return resolve(open_btf(path) if btf is None else btf, reads, (), start_events=()).values
+
+
 def open_btf(path: str = BTF_PATH) -> Btf:
     """The running kernel's BTF, or a LayoutError saying why not."""
     try:

@@ -341,10 +341,7 @@ def choose_stamps(asked: str, layout: kernel.Layout | None, devs: list[int],
 
 def _stamped_layout(layout: kernel.Layout) -> kernel.Layout:
     """`layout` with the kernel stamps' reads (KSCOPE(block, stamps)) resolved in too."""
-    c = contract.load()
-    extra = kernel.load((), reads=c.kernel_stamps.merged(
-        contract.KernelReads(c.kernel.members, {}, {}, {})), start_events=())
-    return replace(layout, values={**layout.values, **extra.values})
+    return replace(layout, values={**layout.values, **kernel.load_stamps()})
 
 
 def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, start_event: str,
