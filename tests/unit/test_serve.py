@@ -325,6 +325,8 @@ def test_not_ready_and_attached_0_until_the_probe_is_loaded(monkeypatch, capsys)
 
     class LoadingProbe:     # the scrapes happen while "loading": inside the constructor
         start_note = ""     # the start event sees every request
+        stamps_note = ""    # iotrace's own stamps (no --stamps kernel)
+        unavailable: dict = {}
 
         def __init__(self, opts):
             seen["loading"] = get(port, "/metrics"), get(port, serve.READY_PATH)

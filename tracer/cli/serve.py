@@ -26,6 +26,7 @@ from tracer.sinks.prometheus import (
     LATENCY,
     READY_PATH,
 )
+from tracer.text import safe
 
 EPILOG = f"""\
 examples:
@@ -87,8 +88,9 @@ def run(argv: list[str], out: TextIO = sys.stdout) -> int:
         run.catch_signals()
         probe = run.open_probe(ProbeOptions(devs=devs, cgroup_id=cgroup_id, cgroup_level=cgroup_level,
                                             attach=ns.attach, stamps=ns.stamps))
-        if probe.start_note:
-            print(f"iotrace serve: {probe.start_note}", file=sys.stderr)
+        for note in (probe.start_note, probe.stamps_note, probe.unavailable.get("stamps", "")):
+            if note:
+                print(f"iotrace serve: {safe(note)}", file=sys.stderr)
         if ns.tasks:
             tasks, _ = run.open_tasks([], True, required=True)      # every process: serve has no pid filter
             if tasks.syscalls_note:

@@ -75,6 +75,8 @@ def run(argv: list[str], out: TextIO) -> int:
                                             follow_children=not ns.no_children), on_error=offer_diskstats)
         if probe.start_note:    # said before curses takes the screen; and in the header, which stays
             print(f"iotrace top: {probe.start_note}", file=sys.stderr)
+        if probe.unavailable.get("stamps"):     # --stamps kernel asked, own stamps used: why
+            print(f"iotrace top: {probe.unavailable['stamps']}", file=sys.stderr)
         where = ", ".join(ns.devs) or "every device"
         if probe.start_blind:
             where += f"; most requests unseen on {', '.join(probe.start_blind)} (see the line above)"
