@@ -170,7 +170,7 @@ enum iotrace_reason {
 	IOTRACE_DROP_FILES_FULL = 20,	/* a file row not kept (map full): its bytes are in no file row (its request is in its series) */
 	IOTRACE_NOTE_FILE_UNREAD = 21,	/* a file's inode or name could not be read: its request stays in its series, in no file row */
 	IOTRACE_DROP_BIO_WALK = 22,	/* --bio: a request ended more bios than its completion reads (IOTRACE_BIO_WALK): theirs lost */
-	IOTRACE_NOTE_OWN_START = 23,	/* --stamps kernel: a request the kernel gave no start stamp (iostats turned off since), timed from its start event */
+	IOTRACE_NOTE_OWN_START = 23,	/* --stamps kernel: a request the kernel gave no start stamp (no RQF_IO_STAT: iostats turned off since), timed from its start event */
 	IOTRACE_REASON_COUNT = 24,
 };
 
@@ -294,10 +294,11 @@ KMEMBER(ITER_SOURCE, iov_iter, data_source, 1)	/* files: O_DIRECT, true for a wr
 KRAWTP(iomap_dio_rw_begin, struct kiocb *, struct iov_iter *, unsigned int, size_t)	/* files: O_DIRECT (ext4, xfs, ...) */
 KRAWTP(sched_process_exec, struct task_struct *, pid_t, struct linux_binprm *)
 KSCOPE(block, stamps)
-KMEMBER(RQ_FLAGS, request, rq_flags, 4)	/* RQF_STATS: io_start_time_ns was stamped */
-KMEMBER(RQ_START_NS, request, start_time_ns, 8)	/* set at allocation with iostats on (or a scheduler) */
+KMEMBER(RQ_FLAGS, request, rq_flags, 4)	/* RQF_IO_STAT, RQF_STATS: which stamps this request's life has */
+KMEMBER(RQ_START_NS, request, start_time_ns, 8)	/* set with RQF_IO_STAT by blk_account_io_start (iostats on); else stale */
 KMEMBER(RQ_IO_START_NS, request, io_start_time_ns, 8)	/* set at each issue with RQF_STATS */
-KENUM(RQF_STATS, __RQF_STATS)	/* an enumerator on newer kernels; a #define on older ones (6.1): kernel stamps unavailable there */
+KENUM(RQF_IO_STAT, __RQF_IO_STAT)	/* the RQF_* are enumerators on newer kernels; #defines on older ones (6.1): */
+KENUM(RQF_STATS, __RQF_STATS)	/* kernel stamps unavailable there */
 KHEAD(RQ_STAMPED_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN, RQ_PART, RQ_BIO, RQ_FLAGS, RQ_START_NS, RQ_IO_START_NS)	/* at completion */
 KSCOPE(tasks)
 KMEMBER(TASK_TGID, task_struct, tgid, 4)

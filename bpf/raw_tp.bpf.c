@@ -39,8 +39,8 @@
  * each issue while RQF_STATS is set).  No program runs on block_rq_issue.
  * The start program still reads the clock: its slot's time tells a stale
  * slot and a lost request (user space's ledger), in CLOCK_MONOTONIC; a
- * request the kernel gave no start stamp (iostats off, no scheduler) is
- * timed from it, and counted.
+ * request the kernel gave no start stamp (iostats turned off since the
+ * start) is timed from it, and counted.
  */
 #ifdef IOTRACE_KERNEL_STAMPS
 #define RQ_HEAD_BYTES IOTRACE_K_RQ_STAMPED_HEAD_LEN
@@ -481,7 +481,9 @@ RAW_TRACEPOINT_PROBE(block_rq_issue)
 #ifdef IOTRACE_KERNEL_STAMPS
 /*
  * A completing request's start and issue, the kernel's stamps: its start
- * when the kernel stamped one (else the start program's, counted); its
+ * when RQF_IO_STAT says the kernel stamped one in this life (without it
+ * start_time_ns is a former life's: measured, 786 s old with iostats
+ * turned off; the start program's own reading is kept then, counted); its
  * issue when RQF_STATS says io_start_time_ns was stamped and it is later
  * than the start.  A request issued within its submitter's plug has both
  * stamps from the plug's one clock reading (Linux 6.9+): its queue and
@@ -490,13 +492,13 @@ RAW_TRACEPOINT_PROBE(block_rq_issue)
 static __always_inline void kernel_stamps(struct iotrace_slot *s, const struct rq_head *h)
 {
 	u64 start = HEAD_FIELD(h, u64, IOTRACE_K_RQ_START_NS), issue = HEAD_FIELD(h, u64, IOTRACE_K_RQ_IO_START_NS);
+	u32 flags = HEAD_FIELD(h, u32, IOTRACE_K_RQ_FLAGS);
 
-	if (start)
+	if ((flags & (1U << IOTRACE_K_RQF_IO_STAT)) && start)
 		s->start_ns = start;
 	else
 		count_reason(IOTRACE_NOTE_OWN_START);
-	s->issue_ns = (HEAD_FIELD(h, u32, IOTRACE_K_RQ_FLAGS) & (1U << IOTRACE_K_RQF_STATS)) &&
-		      issue > s->start_ns ? issue : 0;
+	s->issue_ns = (flags & (1U << IOTRACE_K_RQF_STATS)) && issue > s->start_ns ? issue : 0;
 }
 #else
 #define kernel_stamps(s, h) do {} while (0)

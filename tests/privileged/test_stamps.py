@@ -15,9 +15,13 @@ checks, so that the first tells whose stamps were used.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+from pathlib import Path
 
 import pytest
-from conftest import fio_cmd, read_dumps, run_iotrace, series_of
+from conftest import fio_cmd, read_dumps, reaped, run_iotrace, series_of
+from unit.test_core import finish, start_tracer
 
 bpf = pytest.mark.bpf
 
@@ -106,3 +110,29 @@ def test_kernel_stamps_on_the_perf_event_path_fall_back_and_say_so(loop, tmp_pat
     assert "kernel stamps need the raw tracepoints" in dump["unavailable"]["stamps"]
     (row,) = series_of(dump, comm="fio", device=loop.name, op="read")
     assert row["count"] == 1024 and row["latency_us"]["device"]["count"] == 1024
+
+
+@bpf
+def test_a_request_the_kernel_gave_no_start_stamp_is_timed_from_iotraces(loop, tmp_path):
+    """iostats turned off after the start: the kernel stamps no start_time_ns (a former life's stays in the
+    request, measured 786 s old), so iotrace times those requests from its own start reading and counts them."""
+    out = tmp_path / "off.jsonl"
+    iostats = Path(f"/sys/block/{loop.name}/queue/iostats")
+    proc = start_tracer(["--stamps", "kernel", "--no-tasks", "--dev", loop.name, "-o", str(out)])
+    with reaped(proc):
+        try:
+            subprocess.run(fio_cmd(loop.path, size="4M"), check=True, capture_output=True)   # stamped
+            iostats.write_text("0")
+            subprocess.run(fio_cmd(loop.path, size="4M"), check=True, capture_output=True)   # not
+        finally:
+            iostats.write_text("1")
+        proc.send_signal(signal.SIGINT)
+        finish(proc)
+    dumps = read_dumps(out)
+    dump = dumps[-1]
+    assert dump["kind"] == "final", [d["kind"] for d in dumps]
+    assert dump["start_event"].get("stamps") == "kernel"
+    rows = series_of(dump, comm="fio", device=loop.name, op="read")       # one a fio run
+    assert sorted(r["count"] for r in rows) == [1024, 1024]
+    assert dump["events"]["own_start"] == 1024, dump["events"]
+    assert max(r["latency_us"]["total"]["max"] for r in rows) < 1e6 and not dump["dropped"]["clamped"]

@@ -491,12 +491,14 @@ def _has_typedef(btf: Btf, name: str) -> bool:
 @needs_vmlinux
 def test_the_kernel_stamps_fit_this_kernel_or_name_the_flag(kernel_btf):
     """--stamps kernel's reads against this kernel's BTF (the guests' in `make test-kernels`): every member
-    resolves, in one head read; a kernel whose RQF_* flags are #defines (6.1) lacks only the enumerator
-    __RQF_STATS, and iotrace then keeps its own stamps (probe.choose_stamps)."""
+    resolves, in one head read; a kernel whose RQF_* flags are #defines (6.1) lacks only the enumerators
+    __RQF_IO_STAT and __RQF_STATS, and iotrace then keeps its own stamps (probe.choose_stamps)."""
     try:
         values = kernel.load_stamps(btf=kernel_btf)
     except kernel.LayoutError as exc:
-        assert str(exc) == "no enumerator named '__RQF_STATS' in any enum", str(exc)
+        assert str(exc) == ("no enumerator named '__RQF_IO_STAT' in any enum; "
+                            "no enumerator named '__RQF_STATS' in any enum"), str(exc)
         return
     assert values["RQ_START_NS"] + 8 == values["RQ_IO_START_NS"] <= values["RQ_STAMPED_HEAD_LEN"] - 8
-    assert values["RQ_STAMPED_HEAD_LEN"] <= kernel.MAX_HEAD_BYTES and 0 <= values["RQF_STATS"] < 32
+    assert values["RQ_STAMPED_HEAD_LEN"] <= kernel.MAX_HEAD_BYTES
+    assert 0 <= values["RQF_IO_STAT"] < 32 and 0 <= values["RQF_STATS"] < 32

@@ -85,7 +85,7 @@ def add_attach_option(p: argparse.ArgumentParser) -> None:
                    help="whose clock the latencies are read on: own (iotrace reads the clock at each request's "
                         "start, issue and completion: queue and device times for every request) or kernel (the "
                         "request's own start and issue stamps, the ones iostat's await is computed from, and one "
-                        "clock read at the completion: about half the BPF time a request; queue and device are "
+                        "clock read fewer: about a fifth less BPF time a request; queue and device are "
                         "told apart only where the kernel stamped the issue apart, on 6.9+ not for a request "
                         "issued within its submitter's plug). kernel needs raw tracepoints, block_io_start and "
                         "iostats on the traced disks, else own is used and the start says why. Default: "

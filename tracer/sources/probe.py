@@ -308,7 +308,7 @@ def choose_stamps(asked: str, layout: kernel.Layout | None, devs: list[int],
     --stamps kernel takes each request's start from rq->start_time_ns, which
     the kernel sets on every disk that keeps I/O statistics (iostat's await
     is computed from it), and its issue from rq->io_start_time_ns where
-    RQF_STATS is set: no clock read at the start, no program on the issue.
+    RQF_STATS is set: no program on the issue, one clock read fewer.
     Where the raw path, block_io_start, the members in BTF (`stamped`: the
     layout with KSCOPE(block, stamps)) or a traced request-based disk's
     stamps (`keeps`; every disk in use without --dev) are missing, iotrace
