@@ -20,8 +20,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import fio_cmd, read_dumps, reaped, run_iotrace, series_of
+from conftest import assert_count, fio_cmd, read_dumps, reaped, run_iotrace, series_of, skipped_by_kernel
 from unit.test_core import finish, start_tracer
+
+from tracer.sources.probe import USER_DROPS
 
 bpf = pytest.mark.bpf
 
@@ -29,8 +31,10 @@ bpf = pytest.mark.bpf
 JOB = {"size": "64M", "ioengine": "libaio", "iodepth": 32, "iodepth_batch_submit": 32,
        "iodepth_batch_complete_min": 32}
 # the kernel's end stamp follows iotrace's completion clock read by the rest of the completion (its
-# program, blk_update_request's tail, the accounting itself): measured 0.3-0.5 us a request here
-END_GAP_US = 2.0
+# program, blk_update_request's tail, the accounting itself): measured 0.3-0.5 us a request here, 0.5%
+# of the total (860 ms of 865), and 4.8 us in a TCG guest (6.12: 16246 ms of 16324, 0.5% too); iotrace's
+# own stamps fall 15% short (786 of 925), so a bound of 1.5% tells the two apart on either
+END_GAP = 0.015
 
 
 def read_stats(name: str) -> tuple[int, int]:
@@ -70,13 +74,16 @@ def test_kernel_stamps_add_up_to_the_kernels_own_accounting(loop, tmp_path):
     ios = reads
     assert 16000 < ios <= fio["total_ios"] == 16384
     (row,) = series_of(dump, comm="fio", device=loop.name, op="read")
-    assert row["count"] == ios and row["latency_us"]["total"]["count"] == ios and row["bytes"] == 64 << 20
-    assert not any(dump["dropped"].values()), dump["dropped"]
+    # every request, short only by those the kernel did not show iotrace (counted: USER_DROPS)
+    assert_count(row["count"], ios, [dump], device=loop.name)
+    assert row["latency_us"]["total"]["count"] == row["count"]
+    assert row["bytes"] == 64 << 20 if row["count"] == ios else 4096 * row["count"] <= row["bytes"] < 64 << 20
+    assert not {k: n for k, n in dump["dropped"].items() if n and k not in USER_DROPS}, dump["dropped"]
     # no program on block_rq_issue: none in the dump's program list either
     assert "block_rq_issue" not in dump["bpf_programs"]
     got = total_ms(row)
     # diskstats truncates its ns sum to whole ms; the kernel's end stamp comes after iotrace's clock read
-    assert ms - 1 <= got + ios * END_GAP_US / 1e3 and got <= ms + 1, (
+    assert ms * (1 - END_GAP) - 1 <= got <= ms + 1, (
         f"iotrace's totals add up to {got:.1f} ms, the kernel accounted {ms} ms for the same {ios} reads")
     # the queue and device split, where the kernel stamped the issue apart, lies within the total
     dev = row["latency_us"].get("device")
@@ -91,9 +98,10 @@ def test_own_stamps_are_not_the_kernels(loop, tmp_path):
     fio, dump, reads, ms = traced_fio(loop, tmp_path, "own")
     assert "stamps" not in dump["start_event"]
     (row,) = series_of(dump, comm="fio", device=loop.name, op="read")
-    assert row["count"] == reads and row["bytes"] == fio["io_bytes"] == 64 << 20
+    assert_count(row["count"], reads, [dump], device=loop.name)
+    assert fio["io_bytes"] == 64 << 20
     assert "block_rq_issue" in dump["bpf_programs"]
-    assert row["latency_us"]["device"]["count"] == reads      # every request split on its own stamps
+    assert row["latency_us"]["device"]["count"] == row["count"]     # every request split on its own stamps
     # each request's own start is its own instant, after the plug's one stamp of the batch
     assert total_ms(row) < 0.97 * ms, f"own totals {total_ms(row):.1f} ms against the kernel's {ms} ms"
 
@@ -109,7 +117,8 @@ def test_kernel_stamps_on_the_perf_event_path_fall_back_and_say_so(loop, tmp_pat
     assert "stamps" not in dump["start_event"]
     assert "kernel stamps need the raw tracepoints" in dump["unavailable"]["stamps"]
     (row,) = series_of(dump, comm="fio", device=loop.name, op="read")
-    assert row["count"] == 1024 and row["latency_us"]["device"]["count"] == 1024
+    assert_count(row["count"], 1024, [dump], device=loop.name)
+    assert row["latency_us"]["device"]["count"] == row["count"]
 
 
 @bpf
@@ -133,6 +142,7 @@ def test_a_request_the_kernel_gave_no_start_stamp_is_timed_from_iotraces(loop, t
     assert dump["kind"] == "final", [d["kind"] for d in dumps]
     assert dump["start_event"].get("stamps") == "kernel"
     rows = series_of(dump, comm="fio", device=loop.name, op="read")       # one a fio run
-    assert sorted(r["count"] for r in rows) == [1024, 1024]
-    assert dump["events"]["own_start"] == 1024, dump["events"]
+    assert len(rows) == 2
+    assert_count(sum(r["count"] for r in rows), 2048, [dump], device=loop.name)
+    assert 1024 - skipped_by_kernel([dump]) <= dump["events"]["own_start"] <= 1024, dump["events"]
     assert max(r["latency_us"]["total"]["max"] for r in rows) < 1e6 and not dump["dropped"]["clamped"]
