@@ -8,6 +8,8 @@ tracer's price at high IOPS.  Rounds alternate the order of:
   untraced   fio alone
   floor      three raw-tracepoint programs that return at once (scripts/overhead's empty_raw)
   iotrace    iotrace's block-layer programs as `serve` and `top` load them (no file rows)
+  kernel     the same on the kernel's request stamps (--stamps kernel; where the guest's kernel
+             has none, iotrace's own: the run's "stamps" says which)
 
 each round compiling iotrace afresh (a loaded probe cannot be taken off the events and put back).
 BPF ns per request come from each program's own run time (its fdinfo, with BPF statistics on).
@@ -60,10 +62,10 @@ def run_one(name: str, floor: EmptyRaw) -> dict:
     if name == "floor":
         floor.start(DEV)
         fds = {n.decode(): fn.fd for n, fn in floor.b.funcs.items()}
-    elif name == "iotrace":
+    elif name in ("iotrace", "kernel"):
         from tracer.sources.probe import Probe, ProbeOptions
 
-        probe = Probe(ProbeOptions(files=False))
+        probe = Probe(ProbeOptions(files=False, stamps="kernel" if name == "kernel" else "own"))
         fds = {n.decode(): fn.fd for n, fn in probe.bpf.bpf.funcs.items()}
     try:
         with BPFStats():
@@ -73,12 +75,15 @@ def run_one(name: str, floor: EmptyRaw) -> dict:
     finally:
         if name == "floor":
             floor.stop()
+        stamps = probe.stamps if probe is not None else ""
         if probe is not None:
             probe.close()
     # each program's run time per request fio completed (where it ran at all), and their sum
     per = {n.removeprefix("raw_tracepoint__"): (ns1[n] - ns0[n]) / r["ios"] for n in fds if r["ios"]}
     r["bpf_ns_per_request"] = sum(per.values())
     r["programs"] = {n: round(v, 1) for n, v in per.items() if v}
+    if name == "kernel":
+        r["stamps"] = stamps
     return r
 
 
@@ -90,10 +95,10 @@ def main() -> int:
     if why:
         print(json.dumps({"error": why}))
         return 1
-    names = ["untraced", "floor", "iotrace"]
+    names = ["untraced", "floor", "iotrace", "kernel"]
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for i in range(ROUNDS):
-        for name in names[i % 3:] + names[:i % 3]:
+        for name in names[i % len(names):] + names[:i % len(names)]:
             r = run_one(name, floor)
             runs[name].append(r)
             print(f"iotrace-guest: null_blk round {i + 1}/{ROUNDS} {name:9} {r['iops']:9.0f} IOPS "
@@ -107,6 +112,7 @@ def main() -> int:
     print(json.dumps({"device": "null_blk (irqmode=0, queue_mode=2)", "fio": "4 KiB randread O_DIRECT libaio qd32",
                       "seconds": SECONDS, "rounds": ROUNDS, "runs": runs, "iops": med, "bpf_ns_per_request": ns,
                       "by_program": by_program, "clocksource": clock,
+                      "kernel_stamps": sorted({r.get("stamps", "") for r in runs["kernel"]}),
                       "ratio": {n: med[n] / med["untraced"] for n in names if med["untraced"]}}))
     return 0
 

@@ -427,6 +427,8 @@ def report(results: list[dict]) -> bool:
                 print(f"  {n}: " + ", ".join(f"{p} {v:.0f}" for p, v in progs.items() if v) + " ns/request")
         if nb.get("clocksource"):
             print(f"  guest clocksource: {nb['clocksource']}")
+        if nb.get("kernel_stamps"):
+            print(f"  the kernel row ran on {' and '.join(nb['kernel_stamps'])} stamps (--stamps kernel)")
 
     print("\n== timings ==")
     for res, name in zip(results, names, strict=True):
