@@ -150,6 +150,15 @@ def starts_at_bio(start_event: str) -> bool:
 SCHEDULED_START = "block_rq_insert"
 
 
+def traced_request_disks(devs: list[int]) -> list[str]:
+    """The request-based whole disks a run traces: those among `devs` (--dev), or every one in use without."""
+    disks = devices.whole_disks()
+    names = {dev: name for name, dev in disks.items()}
+    chosen = [names[d] for d in devs if d in names] if devs else sorted(disks)
+    # an unused loop device is no disk of anyone's
+    return [n for n in chosen if not devices.bio_based(n) and (devs or devices.size_sectors(n) > 0)]
+
+
 def blind_disks(start_event: str, devs: list[int]) -> list[str]:
     """The traced disks (every whole disk, without --dev) on which `start_event` misses most requests.
 
@@ -163,11 +172,7 @@ def blind_disks(start_event: str, devs: list[int]) -> list[str]:
     """
     if start_event != SCHEDULED_START:
         return []
-    disks = devices.whole_disks()
-    names = {dev: name for name, dev in disks.items()}
-    chosen = [names[d] for d in devs if d in names] if devs else sorted(disks)
-    return [n for n in chosen if not devices.bio_based(n) and devices.scheduler(n) == "none"
-            and (devs or devices.size_sectors(n) > 0)]     # an unused loop device is no disk of anyone's
+    return [n for n in traced_request_disks(devs) if devices.scheduler(n) == "none"]
 
 
 # What each optional source gives, for the "unavailable" line and dump field (unavailable()): the raw path's
@@ -325,11 +330,7 @@ def choose_stamps(asked: str, layout: kernel.Layout | None, devs: list[int],
     if layout.start_event != KERNEL_STAMPS_START:
         return layout, (f"kernel stamps need block:{KERNEL_STAMPS_START} (the request is made by then; Linux 6.5+): "
                         f"iotrace's own stamps are used")
-    disks = devices.whole_disks()
-    names = {dev: name for name, dev in disks.items()}
-    chosen = ([names[d] for d in devs if d in names] if devs
-              else [n for n in sorted(disks) if devices.size_sectors(n) > 0])
-    unstamped = [n for n in chosen if not devices.bio_based(n) and not keeps(n)]
+    unstamped = [n for n in traced_request_disks(devs) if not keeps(n)]
     if unstamped:
         return layout, (f"the kernel keeps no start stamp for {', '.join(unstamped)} (queue/iostats 0): "
                         f"iotrace's own stamps are used")
