@@ -10,8 +10,9 @@
  * from the running kernel's BTF, tracer/sources/probe.py and tasks.py from
  * it and the tracepoints' format files) defines the IOTRACE_HAVE_* /
  * IOTRACE_START_* / IOTRACE_K_*_LAST macros, and these blocks turn them into
- * code.  Only macros: they expand inside the programs, so ctx and args stay
- * the program's own (bcc rewrites nothing behind a helper's argument), and
+ * code.  Only macros (and tag_cas(), which takes a map value's address):
+ * they expand inside the programs, so ctx and args stay the program's own
+ * (bcc rewrites nothing behind a helper's argument), and
  * where a difference guards whole programs the #ifdef stays at the program,
  * with a pointer here, since bcc and tests/unit/test_events.py want every
  * program in its source file's own text.
@@ -103,6 +104,61 @@
  * stay where they are (raw_tp.bpf.c writeback_dirty_folio, pagecache.bpf.h
  * pc_folio_pages): each bounds the order for its own shift.
  */
+
+/*
+ * Claiming an in-flight slot.  BPF's atomic compare-and-swap and exchange
+ * came with upstream 5ffa25502b5a ("bpf: Add instructions for
+ * atomic_[cmp]xchg"), Linux 5.12; before it the one atomic is an add whose
+ * old value is not returned.  The loader defines IOTRACE_NO_CMPXCHG where
+ * the verifier refuses cmpxchg (tracer/sources/bpfobject.py has_cmpxchg()).
+ *
+ * tag_cas(p, old, new): *p from old to new, true for the one caller that
+ * did it.  Emulated: a claimer adds its token (its CPU + 1, never 0) and
+ * reads *p back; only a claimer that reads old + its own token owns the
+ * tag (any other claimer's token in there makes both read a sum and back
+ * out; one added after it reads something other than old), and turns it
+ * into new by one more add.  A claimer nested on the same CPU sees *p is
+ * not old and looks elsewhere.  Tags are kernel addresses or 64-bit
+ * fingerprints, tokens at most IOTRACE_CPUS: no sum of others equals old.
+ * tag_clear(p, old): free a tag the caller owns.  Emulated by subtracting
+ * it, so that a claimer's token added meanwhile is not lost.
+ */
+#ifdef IOTRACE_NO_CMPXCHG
+static __always_inline bool tag_cas(u64 *p, u64 old, u64 new)
+{
+	u64 token = bpf_get_smp_processor_id() + 1;
+
+	if (*(volatile u64 *)p != old)
+		return false;
+	__sync_fetch_and_add(p, token);
+	if (*(volatile u64 *)p != old + token) {
+		__sync_fetch_and_add(p, -token);
+		return false;
+	}
+	__sync_fetch_and_add(p, new - old - token);
+	return true;
+}
+#define tag_clear(p, old) __sync_fetch_and_add((p), -(old))
+#else
+#define tag_cas(p, old, new) (__sync_val_compare_and_swap((p), (old), (new)) == (old))
+#define tag_clear(p, old) __sync_lock_test_and_set((p), 0)	/* a full barrier: the slot's fields are dead once it is 0 */
+#endif
+
+/*
+ * --cgroup's test.  bpf_get_current_ancestor_cgroup_id() (helper of Linux
+ * 5.7) is there for tracing programs on Debian 12's 6.1 but refused on
+ * Debian 11's 5.10 (the change that allowed it: version not confirmed); the loader defines
+ * IOTRACE_NO_ANCESTOR_CGROUP where the verifier refuses it
+ * (tracer/sources/bpfobject.py has_ancestor_cgroup()), and says that
+ * --cgroup then traces the threads directly in the cgroup only.
+ * in_filter_cgroup(cfg): the current thread is in the filter's cgroup (or
+ * below it: then its ancestor at the cgroup's depth is the cgroup).
+ */
+#ifdef IOTRACE_NO_ANCESTOR_CGROUP
+#define in_filter_cgroup(cfg) (bpf_get_current_cgroup_id() == (cfg)->filter_cgroup)
+#else
+#define in_filter_cgroup(cfg) (bpf_get_current_ancestor_cgroup_id((cfg)->cgroup_level) == (cfg)->filter_cgroup)
+#endif
 
 /*
  * Not handled: iotrace.h's KERNEL_TABLE lists one prototype, so on the raw

@@ -165,6 +165,8 @@ static __always_inline bool ref_at(u32 idx, struct slot_ref *r)
 }
 
 static __always_inline u64 slot_hash(const struct slot_ref *r);
+/* The tag of a slot whose key's copy is filled in (per path, beside slot_hash()). */
+static __always_inline u64 slot_tag(const struct slot_ref *r);
 
 /* While its tag is ours: a slot outside its key's home group is a spill of that group. */
 static __always_inline void unspill(struct slot_ref *r)
@@ -181,8 +183,7 @@ static __always_inline void unspill(struct slot_ref *r)
 static __always_inline void slot_release(struct slot_ref *r)
 {
 	unspill(r);
-	/* a full barrier: the slot's fields are dead once its tag is 0 */
-	__sync_lock_test_and_set(r->tag, 0);
+	tag_clear(r->tag, slot_tag(r));
 }
 
 /* Claim a free slot of the group starting at `base` for `tag`. */
@@ -193,7 +194,7 @@ static __always_inline bool claim_free(u32 base, u64 tag, struct slot_ref *r)
 		if (!ref_at(base + i, r))
 			return false;
 		/* two CPUs may race for the same slot: one wins */
-		if (*r->tag == 0 && __sync_val_compare_and_swap(r->tag, 0, tag) == 0)
+		if (*r->tag == 0 && tag_cas(r->tag, 0, tag))
 			return true;
 	}
 	return false;
@@ -215,7 +216,7 @@ static __always_inline bool claim_stale(u32 base, u64 tag, u64 now, struct slot_
 		old = *r->tag;
 		/* a start_ns after `now` is a slot another CPU is filling in right now: not stale */
 		if (old && r->s->start_ns < now && now - r->s->start_ns > IOTRACE_STALE_NS &&
-		    __sync_val_compare_and_swap(r->tag, old, tag) == old) {
+		    tag_cas(r->tag, old, tag)) {
 			unspill(r);	/* the old request's key is still in the slot */
 			count_reason(IOTRACE_NOTE_RECLAIMED);
 			return true;
@@ -527,8 +528,7 @@ static __always_inline bool task_wanted(u32 tgid)
 	if (cfg->filter_pids && !pids.lookup(&tgid))
 		return wb_writing((u32)bpf_get_current_pid_tgid());
 	/* in the cgroup or below it: then its ancestor at the cgroup's depth is the cgroup */
-	if (cfg->filter_cgroup &&
-	    bpf_get_current_ancestor_cgroup_id(cfg->cgroup_level) != cfg->filter_cgroup)
+	if (cfg->filter_cgroup && !in_filter_cgroup(cfg))
 		return wb_writing((u32)bpf_get_current_pid_tgid());
 	return true;
 }

@@ -347,7 +347,12 @@ KRAWTP(ext4_sync_file_exit, struct inode *, int)
  *   TRACEPOINT_PROBE); when: always, start (the first of these the kernel has
  *   is the request start: IOTRACE_START_EVENT), bio (only when a bio-based
  *   disk is traced: IOTRACE_BIO_LEVEL) or present (only where the kernel has
- *   it: IOTRACE_HAVE_<EVENT>, upper case, defined for the programs); fields: what the perf-event program
+ *   it: IOTRACE_HAVE_<EVENT>, upper case, defined for the programs), dirty
+ *   (the first of these the kernel has is where a traced process dirties a
+ *   page: writeback_dirty_folio, or writeback_dirty_page, its name before
+ *   upstream b9b0ff61eef5, Linux 5.17; the perf-event path takes either,
+ *   IOTRACE_DIRTY_PAGE defined for the older; the raw path reads a folio's
+ *   size and takes the newer only); fields: what the perf-event program
  *   reads of the tracepoint's format (checked at start; "-" for none).  A
  *   raw tracepoint's arguments are its KRAWTP line above.
  * The starts, newest first: block_io_start (Linux 6.5+, in
@@ -367,7 +372,8 @@ EVENT(block_bio_frontmerge, block, frontmerge, tracepoint, always, dev sector nr
 EVENT(block_rq_requeue, block, requeue, raw_tp tracepoint, always, dev)
 EVENT(sched_process_fork, sched, fork, raw_tp tracepoint, always, -)
 EVENT(sched_process_exit, sched, exit, raw_tp tracepoint, always, -)
-EVENT(writeback_dirty_folio, writeback, wb_dirty, raw_tp tracepoint, always, name ino)
+EVENT(writeback_dirty_folio, writeback, wb_dirty, raw_tp tracepoint, dirty, name ino)
+EVENT(writeback_dirty_page, writeback, wb_dirty, tracepoint, dirty, name ino)
 EVENT(writeback_single_inode_start, writeback, wb_start, raw_tp tracepoint, always, name ino)
 EVENT(writeback_single_inode, writeback, wb_end, raw_tp tracepoint, always, name ino nr_to_write wrote)
 EVENT(sched_process_exec, sched, exec, raw_tp tracepoint, always, -)

@@ -168,6 +168,12 @@ static __always_inline u64 slot_hash(const struct slot_ref *r)
 	return key_hash(0, r->s->sector);
 }
 
+/* A request's (or bio's) address is its tag. */
+static __always_inline u64 slot_tag(const struct slot_ref *r)
+{
+	return r->s->sector;
+}
+
 /*
  * A slot for a starting request.  Its address may still hold a slot: the
  * request object's previous life ended without a completion this program
@@ -196,7 +202,7 @@ static __always_inline bool addr_claim(u64 addr, u64 now, struct slot_ref *r)
 	if (sp && *sp && scan_for(second_group_of(h), addr, r))
 		goto reclaim;
 	/* two CPUs may race for the same free slot: one wins, the other looks further */
-	if (free < IOTRACE_INFLIGHT_SLOTS && ref_at(free, r) && __sync_val_compare_and_swap(r->tag, 0, addr) == 0) {
+	if (free < IOTRACE_INFLIGHT_SLOTS && ref_at(free, r) && tag_cas(r->tag, 0, addr)) {
 		r->s->start_ns = now;
 		r->s->issue_ns = 0;
 		r->s->sector = addr;	/* the key's copy, for slot_hash() */

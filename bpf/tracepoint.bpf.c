@@ -53,6 +53,12 @@ static __always_inline u64 slot_hash(const struct slot_ref *r)
 	return key_hash(r->s->dev, r->s->sector);
 }
 
+/* Odd, so that no key's tag is 0 (free). */
+static __always_inline u64 slot_tag(const struct slot_ref *r)
+{
+	return slot_hash(r) | 1;
+}
+
 /* Which of several requests in flight at one (dev, sector) an event is for. */
 enum pick {
 	PICK_FIRST,	/* any: merges, which are rare and have no order */
@@ -322,7 +328,12 @@ static __always_inline u64 wb_inode_key(const char *name, u64 ino)
 	return (h ^ (h >> 32)) | 1;
 }
 
+/* a page dirtied: the event's name before Linux 5.17 where the loader defines IOTRACE_DIRTY_PAGE (iotrace.h) */
+#ifdef IOTRACE_DIRTY_PAGE
+TRACEPOINT_PROBE(writeback, writeback_dirty_page)
+#else
 TRACEPOINT_PROBE(writeback, writeback_dirty_folio)
+#endif
 {
 	/* the format has no folio size: a folio counts as a page here (wb_owed a lower bound with large folios) */
 	wb_dirtied(wb_inode_key(args->name, args->ino), 1ULL << IOTRACE_PAGE_SHIFT);

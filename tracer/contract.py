@@ -22,7 +22,7 @@ _ENUM = re.compile(r"enum\s+(iotrace_\w+)\s*\{(.*?)\};", re.S)
 _MEMBER = re.compile(r"^\s*(IOTRACE_\w+)\s*=\s*(\d+)\s*,", re.M)
 _EVENT_TABLE = re.compile(r"^#ifdef IOTRACE_EVENT_TABLE\b(.*?)^#endif", re.M | re.S)
 _EVENT_ENTRY = re.compile(r"^EVENT\(([^)]*)\)\s*(?:/\*.*\*/)?\s*$")
-EVENT_WHEN = ("always", "start", "bio", "present")
+EVENT_WHEN = ("always", "start", "bio", "present", "dirty")
 _KERNEL_TABLE = re.compile(r"^#ifdef IOTRACE_KERNEL_TABLE\b(.*?)^#endif", re.M | re.S)
 _KERNEL_ENTRY = re.compile(r"^(KMEMBER|KENUM|KHEAD|KRAWTP|KBIT|KSCOPE)\((.*?)\)\s*(?:/\*.*\*/)?\s*$")
 # KSCOPE(tasks, <source>): one event source of the per-process programs, resolved apart
@@ -243,7 +243,8 @@ class Event:
     category: str               # its tracefs category: block, sched
     short: str                  # its skips are reported as "skipped_<short>"
     paths: tuple[str, ...]      # the attach paths with a program on it: raw_tp, tracepoint
-    when: str                   # EVENT_WHEN: always, start (the first one present starts requests), bio, present
+    when: str                   # EVENT_WHEN: always, start (the first one present starts requests), bio, present,
+                                # dirty (the first one present is a page dirtied)
     fields: tuple[str, ...]     # the tracepoint format fields the perf-event program reads
 
 

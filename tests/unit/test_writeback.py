@@ -123,7 +123,34 @@ def test_the_perf_event_path_checks_the_writeback_events_in_their_own_category(m
     monkeypatch.setattr(probe, "tracepoint_fields", fields)
     with pytest.raises(UserError, match="tracepoint writeback:writeback_single_inode_start is missing"):
         probe.check_tracepoints()
-    assert ("writeback", "writeback_dirty_folio") in asked and ("block", "block_rq_issue") in asked
+    assert ("writeback", "writeback_single_inode_start") in asked and ("block", "block_rq_issue") in asked
+    assert probe.dirty_event() == "writeback_dirty_folio" and ("writeback", "writeback_dirty_folio") in asked
+
+
+@pytest.mark.parametrize(("kernel_has", "chosen"), [
+    ({"writeback_dirty_folio", "writeback_dirty_page"}, "writeback_dirty_folio"),
+    ({"writeback_dirty_page"}, "writeback_dirty_page"),     # before Linux 5.17 (Debian 11's 5.10)
+    (set(), None),
+])
+def test_the_perf_event_path_takes_the_page_dirtied_event_this_kernel_has(monkeypatch, kernel_has, chosen):
+    from tracer.errors import UserError
+    from tracer.sources import probe
+
+    def fields(event, category="block"):
+        if event.startswith("writeback_dirty_") and event not in kernel_has:
+            return None
+        return {"name", "ino", "dev", "sector", "bytes", "rwbs", "nr_sector", "nr_to_write", "wrote"}
+
+    monkeypatch.setattr(probe, "tracefs", lambda: probe.Path("/sys/kernel/tracing"))
+    monkeypatch.setattr(probe, "tracepoint_fields", fields)
+    monkeypatch.setattr(probe, "choose_start_event", lambda: "block_io_start")
+    if chosen is None:
+        with pytest.raises(UserError, match="tracepoint writeback:writeback_dirty_folio is missing"):
+            probe.check_perf_events(bio=False)
+        return
+    assert probe.dirty_event() == chosen and probe.check_perf_events(bio=False) == "block_io_start"
+    flags = probe.compile_flags(probe.ProbeOptions(), None, False, "block_io_start", [0, 1])
+    assert ("-DIOTRACE_DIRTY_PAGE" in flags) == (chosen == "writeback_dirty_page")
 
 
 # ---- write-back in the window that dirtied it -------------------------------------------------------

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import atexit
 import ctypes as ct
+import functools
 import os
 import platform
 import re
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,6 +161,62 @@ def prog_stats(fd: int) -> ProgStats:
         err = ct.get_errno()
         raise OSError(err, f"BPF_OBJ_GET_INFO_BY_FD: {os.strerror(err)}")
     return ProgStats(info.run_time_ns, info.run_cnt, info.recursion_misses)
+
+
+# ---- instruction-set features, probed the way bpftool does: by loading one --------
+
+_BPF_PROG_LOAD = 5
+_BPF_PROG_TYPE_SOCKET_FILTER = 1
+_BPF_PROG_TYPE_TRACEPOINT = 5
+
+
+class _BpfProgLoadAttr(ct.Structure):
+    _fields_ = [("prog_type", ct.c_uint32), ("insn_cnt", ct.c_uint32), ("insns", ct.c_uint64),
+                ("license", ct.c_uint64), ("log_level", ct.c_uint32), ("log_size", ct.c_uint32),
+                ("log_buf", ct.c_uint64)]
+
+
+def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> bytes:
+    """One struct bpf_insn: opcode, dst/src registers in one byte, 16-bit offset, 32-bit immediate."""
+    return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
+
+
+# r1 = 0; *(u64 *)(r10 - 8) = r1; r0 = 0; r0 = cmpxchg(*(u64 *)(r10 - 8), r0, r1); r0 = 0; exit
+_CMPXCHG_PROG = b"".join((
+    _insn(0xb7, dst=1), _insn(0x7b, dst=10, src=1, off=-8), _insn(0xb7, dst=0),
+    _insn(0xdb, dst=10, src=1, off=-8, imm=0xf1),  # BPF_STX | BPF_DW | BPF_ATOMIC, BPF_CMPXCHG
+    _insn(0xb7, dst=0), _insn(0x95)))
+
+
+# r1 = 0; call bpf_get_current_ancestor_cgroup_id (helper 123); r0 = 0; exit
+_ANCESTOR_CGROUP_PROG = b"".join((_insn(0xb7, dst=1), _insn(0x85, imm=123), _insn(0xb7, dst=0), _insn(0x95)))
+
+
+def _verifier_takes(prog_type: int, prog: bytes) -> bool:
+    """Whether the kernel loads `prog` (struct bpf_insn's, GPL) as a program of `prog_type`."""
+    insns = ct.create_string_buffer(prog, len(prog))
+    lic = ct.create_string_buffer(b"GPL")
+    attr = _BpfProgLoadAttr(prog_type, len(prog) // 8, ct.addressof(insns), ct.addressof(lic), 0, 0, 0)
+    libc = ct.CDLL(None, use_errno=True)
+    fd = libc.syscall(SYS_BPF, _BPF_PROG_LOAD, ct.byref(attr), ct.sizeof(attr))
+    if fd < 0:
+        return False
+    os.close(fd)
+    return True
+
+
+@functools.cache
+def has_cmpxchg() -> bool:
+    """Whether the kernel's verifier takes BPF's atomic compare-and-swap (upstream 5ffa25502b5a,
+    Linux 5.12): the in-flight table claims its slots with it, and emulates it before (compat.bpf.h)."""
+    return _verifier_takes(_BPF_PROG_TYPE_SOCKET_FILTER, _CMPXCHG_PROG)
+
+
+@functools.cache
+def has_ancestor_cgroup() -> bool:
+    """Whether tracing programs may call bpf_get_current_ancestor_cgroup_id (not on Debian 11's 5.10; on
+    6.1): --cgroup's test of a thread's cgroup or one below it (core.bpf.h; compat.bpf.h without it)."""
+    return _verifier_takes(_BPF_PROG_TYPE_TRACEPOINT, _ANCESTOR_CGROUP_PROG)
 
 
 def tracepoint_of(fn_name: str) -> str:

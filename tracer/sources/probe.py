@@ -54,6 +54,9 @@ RAW_EVENTS = tuple(e.name for e in EVENTS if e.when == "always" and "raw_tp" in 
 RAW_BIO_EVENTS = tuple(e.name for e in EVENTS if e.when == "bio" and "raw_tp" in e.paths)
 # Raw tracepoints attached only where the kernel has them (mm_filemap_get_pages: Linux 6.11+)
 RAW_PRESENT_EVENTS = tuple(e.name for e in EVENTS if e.when == "present" and "raw_tp" in e.paths)
+# A page dirtied, newest name first: the perf-event path takes the first the kernel has, the raw one the newest
+DIRTY_EVENTS = tuple(e.name for e in EVENTS if e.when == "dirty")
+RAW_EVENTS += tuple(e for e in DIRTY_EVENTS[:1] if "raw_tp" in next(x for x in EVENTS if x.name == e).paths)
 
 
 @dataclass
@@ -291,11 +294,19 @@ def submitted_devices(devs: list[int]) -> dict[int, int]:
 
 def check_perf_events(bio: bool) -> str:
     """The perf-event path: every tracepoint field its programs read is in this kernel (a UserError names
-    what is not), bio ones too with `bio`; the start event it has."""
+    what is not), bio ones too with `bio`, the page-dirtied event's too; the start event it has."""
     check_tracepoints()
     if bio:
         check_tracepoints(BIO_FIELDS)
+    dirty = dirty_event()
+    check_tracepoints({dirty: next(e.fields for e in EVENTS if e.name == dirty)})
     return choose_start_event()
+
+
+def dirty_event() -> str:
+    """The perf-event path's page-dirtied event: the first of DIRTY_EVENTS this kernel has (the newest when
+    none is: check_tracepoints then names it as missing)."""
+    return next((ev for ev in DIRTY_EVENTS if tracepoint_fields(ev, CATEGORIES[ev]) is not None), DIRTY_EVENTS[0])
 
 
 # Whose clock readings a request's times are: iotrace's programs' at the start, issue and completion
@@ -372,6 +383,12 @@ def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, s
         cflags.append("-DIOTRACE_KERNEL_STAMPS")
     if starts_at_bio(start_event):
         cflags.append("-DIOTRACE_START_BIO")
+    if not bpfobject.has_cmpxchg():
+        cflags.append("-DIOTRACE_NO_CMPXCHG")
+    if not bpfobject.has_ancestor_cgroup():
+        cflags.append("-DIOTRACE_NO_ANCESTOR_CGROUP")
+    if layout is None and dirty_event() != DIRTY_EVENTS[0]:
+        cflags.append("-DIOTRACE_DIRTY_PAGE")
     cflags.append(f"-DIOTRACE_CPUS={max(possible) + 1}")
     for name, value in (("INFLIGHT_SLOTS", opts.inflight_slots), ("HIST_ENTRIES", opts.hist_entries),
                         ("SERIES_ENTRIES", opts.series_entries), ("HIST_CELLS", opts.hist_cells)):
@@ -426,6 +443,9 @@ class Probe:
                                        tuple(self.start_blind))
         if stamps_note:
             self.unavailable["stamps"] = stamps_note
+        if opts.cgroup_id and not bpfobject.has_ancestor_cgroup():
+            self.unavailable["cgroup"] = ("no bpf_get_current_ancestor_cgroup_id for tracing programs: --cgroup "
+                                          "traces the threads directly in the cgroup, not those in cgroups below it")
         possible = bpfobject.possible_cpus()
         self.ncpu = len(possible)       # values per key of a per-CPU map
         cflags = compile_flags(opts, layout, bio, self.start_event, possible)
