@@ -21,8 +21,9 @@ The comparison: the same series (the last body's label sets and counts) in
 the layout of ebpf_exporter's biolatency example, a classic histogram of 28
 exp2 buckets (`le` 1 us .. 2^27 us: its `bucket_type: exp2, bucket_max: 27,
 bucket_multiplier: 1e-6`) plus +Inf, against iotrace's 19 plus +Inf: body
-size plain and gzipped, the time to render it (iotrace's own renderer,
-best of 5), and --gets GETs of it served by the same server process
+size plain and gzipped, the time to render it (prometheus_client's
+generate_latest over the snapshot's families, as the server renders a
+snapshot; best of 5), and --gets GETs of it served by the same server process
 (tracer.sinks.promserver, started by this script) under the same load.  The
 count at an exp2 bound is iotrace's at the nearest bound below it, so the
 numbers have the digits a real body would.
@@ -217,15 +218,17 @@ def in_layout(snap, bounds: tuple[float, ...]):
 
 def layout_costs(snap) -> dict:
     """Body size (plain; gzip level 1, as the server sends it) and render time (the best of 5: its cost, not
-    the machine's load) of `snap`."""
+    the machine's load) of `snap`, in the text format as the server renders it once per snapshot."""
     import gzip
 
-    from tracer.sinks.exposition import render_text
+    from prometheus_client import generate_latest
+
+    from tracer.sinks.promhttp import SnapshotCollector
 
     times = []
     for _ in range(5):
         t = time.perf_counter()
-        text = render_text(snap).encode()
+        text = generate_latest(SnapshotCollector(lambda: snap, False))
         times.append((time.perf_counter() - t) * 1e3)
     return {"body_kb": round(len(text) / 1024, 1), "gzip_kb": round(len(gzip.compress(text, 1)) / 1024, 1),
             "render_ms": round(min(times), 2),

@@ -419,7 +419,7 @@ def test_task_counters_follow_the_exporters_labels_and_stay_monotonic():
     assert sum(by_comm(scrape_all(t), IOW).values()) == pytest.approx(total)
 
 
-# ---- the scrape: the text written directly, and rendered once per change ----
+# ---- the scrape: written by prometheus_client, rendered once per snapshot ----
 
 def busy_exporter(top: int = 5) -> serve.Exporter:
     e = serve.Exporter(top=top)
@@ -432,76 +432,129 @@ def busy_exporter(top: int = 5) -> serve.Exporter:
     return e
 
 
-def test_render_text_is_what_prometheus_client_writes():
-    e = busy_exporter()
-    registry = prometheus_client.CollectorRegistry(auto_describe=False)
-    registry.register(e)
-    assert e.render_text() == prometheus_client.generate_latest(registry).decode()
-    # and before anything was folded
-    fresh = serve.Exporter()
-    registry = prometheus_client.CollectorRegistry(auto_describe=False)
-    registry.register(fresh)
-    assert fresh.render_text() == prometheus_client.generate_latest(registry).decode()
+def with_tasks(e: serve.Exporter):
+    tasks = serve.taskmetrics.TaskCounters(e)
+    tasks.fold(Dump("interval", datetime(2026, 1, 3, tzinfo=UTC), datetime(2026, 1, 3, 0, 0, 1, tzinfo=UTC), "h",
+                    "k", [], tasks=Tasks([TaskRow(pid=1, comm="job1", io_wait_s=1.0)])))
+    return tasks
 
 
-def test_render_openmetrics_is_what_prometheus_client_writes():
-    """Prometheus asks for OpenMetrics 1.0.0: the exporter writes it itself (prometheus_client took ~100 ms for a
-    few hundred series), byte for byte as prometheus_client would, task counters included."""
+def cached(e: serve.Exporter, tasks=None):
+    """The ScrapeCache the server process would hold for the exporter's (and task counters') snapshot, and the
+    publish that hands it the current one (the snapshot over the wire, as the sink sends it)."""
+    import marshal
+
+    sink = serve.PrometheusSink(e, None, "127.0.0.1:0", tasks)
+
+    def wire():
+        return sink.generation(), serve.Snapshot.from_wire(marshal.loads(marshal.dumps(sink.snapshot().wire())))
+    cache = serve.ScrapeCache(*wire(), tasks=tasks is not None)
+    return cache, lambda due=(): cache.update(*wire(), due=due)
+
+
+def registry_of(*collectors):
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    for c in collectors:
+        registry.register(c)
+    return registry
+
+
+def test_the_text_body_is_what_prometheus_client_writes_for_the_collectors():
+    """The plain /metrics body is generate_latest's for the exporter (and the task counters) as collectors,
+    escapes and all, also before anything was folded."""
+    import gzip
+
+    from prometheus_client.exposition import choose_encoder, generate_latest
+
+    encoder, content_type = choose_encoder("")
+    assert encoder is generate_latest
+    for e in (busy_exporter(), serve.Exporter()):
+        tasks = with_tasks(e)
+        for t in (None, tasks):
+            cache, _ = cached(e, t)
+            want = generate_latest(registry_of(e, *[t] if t else []))
+            assert cache.body(content_type, encoder) == want
+            assert gzip.decompress(cache.body(content_type, encoder, gzipped=True)) == want
+            assert cache.renders == 1       # the gzip is of the plain body rendered before
+    e = busy_exporter(top=20)       # the odd comm keeps its labels: escaped as prometheus_client escapes it
+    cache, _ = cached(e)
+    assert b'{comm="we\\"ird\\\\name\\n",container=""' in cache.body(content_type, encoder)
+    assert cache.body(content_type, encoder) == generate_latest(registry_of(e))
+
+
+def test_openmetrics_is_what_prometheus_client_writes_rendered_when_asked():
+    """Prometheus asks for OpenMetrics 1.0.0: prometheus_client's writer for it, task counters included,
+    rendered the first time a client asks for it, then served as the same bytes."""
     from prometheus_client.exposition import choose_encoder
     from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 
     for e in (busy_exporter(), serve.Exporter()):
-        tasks = serve.taskmetrics.TaskCounters(e)
-        tasks.fold(Dump("interval", datetime(2026, 1, 3, tzinfo=UTC), datetime(2026, 1, 3, 0, 0, 1, tzinfo=UTC), "h",
-                        "k", [], tasks=Tasks([TaskRow(pid=1, comm="job1", io_wait_s=1.0)])))
-        for with_tasks in (False, True):
-            registry = prometheus_client.CollectorRegistry(auto_describe=False)
-            registry.register(e)
-            if with_tasks:
-                registry.register(tasks)
-            cache = serve.ScrapeCache(e, registry, tasks if with_tasks else None)
+        tasks = with_tasks(e)
+        for t in (None, tasks):
+            registry = registry_of(e, *[t] if t else [])
+            cache, _ = cached(e, t)
+            assert cache.renders == 0
+            seen = set()
             for accept in ("application/openmetrics-text; version=1.0.0; charset=utf-8",
                            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
                            "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",       # Prometheus 2.42's
                            "application/openmetrics-text"):
                 encoder, content_type = choose_encoder(accept)
-                assert promhttp._is_openmetrics_1(encoder), accept
-                assert cache.body(content_type, encoder) == openmetrics(registry) == encoder(registry)
+                seen.add(content_type)
+                body = cache.body(content_type, encoder)
+                assert body == openmetrics(registry) == encoder(registry), accept
+                assert cache.body(content_type, encoder) is body and cache.renders == len(seen)
 
 
-def test_the_cache_renders_once_per_change_and_serves_every_format():
+def test_the_cache_renders_once_per_snapshot_and_serves_every_format():
+    """The bodies live with the snapshot: a second scrape of the same snapshot is the same bytes, not a render;
+    a fold changes nothing until its snapshot is handed over; then the next scrape renders it."""
+    import gzip
+
     from prometheus_client.exposition import choose_encoder, generate_latest
     from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
 
     e = busy_exporter()
     tasks = serve.taskmetrics.TaskCounters(e)
-    registry = prometheus_client.CollectorRegistry(auto_describe=False)
-    registry.register(e)
-    registry.register(tasks)
-    cache = serve.ScrapeCache(e, registry, tasks)
+    registry = registry_of(e, tasks)
+    cache, publish = cached(e, tasks)
     text_enc, ct = choose_encoder("")
-    assert text_enc is generate_latest
     first = cache.body(ct, text_enc)
-    assert first == prometheus_client.generate_latest(registry)
-    assert cache.body(ct, text_enc) is first and cache.renders == 1         # the same bytes until a change
-    import gzip
+    assert first == generate_latest(registry)
+    assert cache.body(ct, text_enc) is first and cache.renders == 1         # the same bytes until a snapshot
+    assert cache.peek(ct) is first
     assert gzip.decompress(cache.body(ct, text_enc, gzipped=True)) == first and cache.renders == 1
     om_enc, om_ct = choose_encoder("application/openmetrics-text;version=1.0.0")
     assert om_ct.startswith(OPENMETRICS.split(";")[0])
     assert cache.body(om_ct, om_enc) == om_enc(registry) and cache.renders == 2
-    e.fold(dump_of([series("job1", latencies(10))]))      # a drain: the next scrape sees it
+    e.fold(dump_of([series("job1", latencies(10))]))      # a drain, not handed over yet: the snapshot's body
+    assert cache.body(ct, text_enc) is first and cache.renders == 2
+    publish()                                             # handed over: the next scrape renders it, once
+    assert cache.peek(ct) is None
     second = cache.body(ct, text_enc)
-    assert second != first and second == prometheus_client.generate_latest(registry) and cache.renders == 3
+    assert second != first and second == generate_latest(registry) and cache.renders == 3
+    assert cache.body(ct, text_enc) is second and cache.renders == 3
     tasks.fold(Dump("interval", datetime(2026, 1, 3, tzinfo=UTC), datetime(2026, 1, 3, 0, 0, 1, tzinfo=UTC), "h", "k",
                     [], tasks=Tasks.from_json([{"pid": 1, "comm": "job1", "io_wait_s": 1.0}])))
-    assert cache.body(ct, text_enc) == prometheus_client.generate_latest(registry) != second
+    publish()
+    assert cache.body(ct, text_enc) == generate_latest(registry) != second
     e.attached = False
-    assert b"iotrace_attached 0.0" in cache.body(ct, text_enc)
+    publish()
+    last = cache.body(ct, text_enc)
+    assert b"iotrace_attached 0.0" in last
+    # as the server hands a snapshot over: the formats it renders again at once are due, and a scrape meanwhile
+    # gets the snapshot before's body at once; a format not due waits for its render
+    e.fold(dump_of([series("job2", latencies(10))]))
+    publish(due={(ct, False)})
+    assert cache.peek(ct) is last and cache.peek(om_ct) is None
+    new = cache.body(ct, text_enc)
+    assert new != last and new == generate_latest(registry) and cache.peek(ct) is new
 
 
 def test_a_served_scrape_is_the_cached_body():
-    """Through the real HTTP server: GET /metrics (plain and gzip) gives the collectors' exposition, rendered
-    when a dump was folded, not per scrape; name[] filters go to prometheus_client's own app."""
+    """Through the real HTTP server: GET /metrics (plain and gzip, OpenMetrics) gives the collectors' exposition,
+    rendered once per snapshot (when a dump was folded, or OpenMetrics first asked for), not per scrape; name[]
+    filters go to prometheus_client's own app."""
     import gzip
     from types import SimpleNamespace
 
@@ -523,6 +576,22 @@ def test_a_served_scrape_is_the_cached_body():
         with urllib.request.urlopen(req, timeout=10) as r:
             assert r.headers["Content-Encoding"] == "gzip" and gzip.decompress(r.read()) == want
         assert sink.renders() == renders        # rendered after the fold and on attaching, not per scrape
+        # OpenMetrics: rendered when first asked for, then the same bytes until the next snapshot
+        from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
+
+        om = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                    headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        for _ in range(3):
+            with urllib.request.urlopen(om, timeout=10) as r:
+                assert r.read() == openmetrics(registry)
+        assert sink.renders() == renders + 1
+        sink.on_dump(dump_of([series("p0", latencies(20), pid=0)]))     # a snapshot: both formats, once each
+        assert sink.renders() == renders + 3    # (OpenMetrics after the ack: stats waits for the renderings queued)
+        for _ in range(3):
+            with urllib.request.urlopen(om, timeout=10) as r:
+                assert r.read() == openmetrics(registry)
+            assert get(port, "/metrics")[1].encode() == prometheus_client.generate_latest(registry)
+        assert sink.renders() == renders + 3
         # a name[] filter is prometheus_client's own app's to answer (as before the cache)
         assert get(port, f"/metrics?name[]={serve.DRAINS}")[0] == 200
         assert get(port, serve.READY_PATH)[0] == 200
@@ -680,15 +749,13 @@ def test_formats_named_by_clients_are_bounded():
     from prometheus_client.exposition import choose_encoder
 
     e = busy_exporter()
-    registry = prometheus_client.CollectorRegistry(auto_describe=False)
-    registry.register(e)
-    cache = serve.ScrapeCache(e, registry)
+    cache, _ = cached(e)
     text_enc, ct = choose_encoder("")
     for minor in range(40):
         encoder, content_type = choose_encoder(f"application/openmetrics-text; version=1.{minor}.0")
         assert cache.body(content_type, encoder).endswith(b"# EOF\n")
         assert len(cache._bodies) <= promhttp.MAX_BODIES
-    assert cache.body(ct, text_enc) == prometheus_client.generate_latest(registry)
+    assert cache.body(ct, text_enc) == prometheus_client.generate_latest(registry_of(e))
 
     port = free_port()
     sink = serve_sink(port)

@@ -2,11 +2,10 @@
 
 tracer.sinks.prometheus folds dumps into the exporter's cumulative state and
 takes a `Snapshot` of it after each fold; the /metrics server process
-(tracer.sinks.promserver) receives the snapshot and renders it, with the
-functions here: `render_text` (the text format 0.0.4, written directly) and
-`families` (prometheus_client's metric families, for OpenMetrics and name[]
-filters).  It imports neither numpy nor any other module of the tracer, and
-prometheus_client only when rendering.
+(tracer.sinks.promserver) receives the snapshot, and prometheus_client's
+encoders write its bodies from `families(snap)`, once per snapshot and
+format (tracer.sinks.promhttp.ScrapeCache).  It imports neither numpy nor
+any other module of the tracer, and prometheus_client only in `families`.
 
 The metric names are listed once, here (the list deploy/ and its tests check
 the Grafana dashboard against, through prometheus.metric_labels):
@@ -23,7 +22,6 @@ the Grafana dashboard against, through prometheus.metric_labels):
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 LATENCY = "iotrace_io_latency_seconds"
@@ -89,7 +87,7 @@ def _les(snap: Snapshot) -> list[str]:
 
 
 def families(snap: Snapshot):
-    """The exporter's metric families (prometheus_client's), for its encoders other than the text format."""
+    """The exporter's metric families (prometheus_client's), what its encoders write a scrape's body from."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
     les = _les(snap)
@@ -112,66 +110,3 @@ def families(snap: Snapshot):
     yield GaugeMetricFamily(LABELLED, HELP[LABELLED], value=snap.labelled)
     yield CounterMetricFamily(FOLDED, HELP[FOLDED], value=snap.folded)
     yield GaugeMetricFamily(ATTACHED, HELP[ATTACHED], value=snap.attached)
-
-
-def render_text(snap: Snapshot) -> str:
-    """What prometheus_client's generate_latest writes for `families(snap)` (text format 0.0.4), byte for
-    byte, but formatted here: the labels of a series once, not once per bucket, so that a scrape of a
-    busy node's thousands of buckets costs milliseconds.  The task counters are not in it."""
-    return _render(snap, openmetrics=False)
-
-
-def render_openmetrics(snap: Snapshot) -> str:
-    """What prometheus_client's OpenMetrics 1.0.0 generate_latest writes for `families(snap)`, byte for byte,
-    without its closing "# EOF" line (the task counters' part, if any, comes before it).  It differs from
-    the text format in the counters' family names (no _total), a double quote escaped in HELP, and the EOF."""
-    return _render(snap, openmetrics=True)
-
-
-def _render(snap: Snapshot, openmetrics: bool) -> str:
-    from prometheus_client.utils import floatToGoString
-
-    def num(v) -> str:
-        # floatToGoString's own result for the common case (an int below 10**6), without its call
-        return f"{v}.0" if type(v) is int and 0 <= v < 1_000_000 else floatToGoString(v)
-
-    def head(name: str, kind: str) -> str:
-        return _head_om(name, kind) if openmetrics else _head(name, kind)
-
-    les = _les(snap)
-    out = [head(LATENCY, "histogram")]
-    for (device, op, phase, comm, ctr), cum, sum_s in snap.latency:
-        first = f'comm="{_esc(comm)}",container="{_esc(ctr)}",device="{_esc(device)}"'
-        last = f'op="{_esc(op)}",phase="{_esc(phase)}"'
-        pre, post = f'{LATENCY}_bucket{{{first},le="', f'",{last}}} '
-        out.extend([f"{pre}{le}{post}{num(c)}\n" for le, c in zip(les, cum, strict=True)])
-        out.append(f"{LATENCY}_count{{{first},{last}}} {num(cum[-1])}\n")
-        out.append(f"{LATENCY}_sum{{{first},{last}}} {num(sum_s)}\n")
-    for name, col in ((IOS, 1), (BYTES, 2)):
-        out.append(head(name, "counter"))
-        for (device, op, comm, ctr), *values in snap.io:
-            out.append(f'{name}{{comm="{_esc(comm)}",container="{_esc(ctr)}",device="{_esc(device)}",'
-                       f'op="{_esc(op)}"}} {num(values[col - 1])}\n')
-    out.append(head(DROPPED, "counter"))
-    out.extend(f'{DROPPED}{{reason="{_esc(reason)}"}} {num(n)}\n' for reason, n in snap.dropped)
-    for name, kind, v in ((DRAINS, "counter", snap.drains), (LABELLED, "gauge", snap.labelled),
-                          (FOLDED, "counter", snap.folded), (ATTACHED, "gauge", snap.attached)):
-        out.append(f"{head(name, kind)}{name} {num(v)}\n")
-    return "".join(out)
-
-
-@functools.lru_cache(maxsize=4096)
-def _esc(value: str) -> str:
-    """A label value as the text format writes it (as prometheus_client escapes it)."""
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
-
-
-def _head(name: str, kind: str) -> str:
-    return f"# HELP {name} {HELP[name].replace(chr(92), chr(92) * 2)}\n# TYPE {name} {kind}\n"
-
-
-def _head_om(name: str, kind: str) -> str:
-    """OpenMetrics' HELP and TYPE lines: a counter's family is named without its samples' _total."""
-    family = name.removesuffix("_total") if kind == "counter" else name
-    text = HELP[name].replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
-    return f"# HELP {family} {text}\n# TYPE {family} {kind}\n"

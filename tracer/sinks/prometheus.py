@@ -3,7 +3,7 @@
 This module owns the exporter: the Prometheus bucket bounds' edges and how
 iotrace's fine buckets fold into them, the cumulative state with its bounded
 label cardinality, and the sink that hands it to the /metrics server process
-(tracer.sinks.promserver).  The metric names, their help and the text format
+(tracer.sinks.promserver).  The metric names, their help and their families
 are tracer.sinks.exposition's (re-exported here).
 
 Every --interval it drains the kernel's histograms (as `iotrace -i` does)
@@ -67,8 +67,6 @@ from tracer.sinks.exposition import (  # noqa: F401 - the metric names are also 
     READY_PATH,
     Snapshot,
     families,
-    render_openmetrics,
-    render_text,
 )
 from tracer.sinks.promhttp import ScrapeCache  # noqa: F401
 from tracer.sinks.promserver import LISTEN_BACKLOG, ServerGone, ServerProcess  # noqa: F401
@@ -288,14 +286,6 @@ class Exporter:
     def collect(self):
         """prometheus_client's Collector protocol."""
         yield from families(self.snapshot())
-
-    def render_text(self) -> str:
-        """What prometheus_client's generate_latest writes for this collector (exposition.render_text)."""
-        return render_text(self.snapshot())
-
-    def render_openmetrics(self) -> str:
-        """Its OpenMetrics 1.0.0 writer's, without the closing # EOF (exposition.render_openmetrics)."""
-        return render_openmetrics(self.snapshot())
 
 
 def drop_reasons() -> list[str]:

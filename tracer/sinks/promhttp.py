@@ -1,7 +1,8 @@
 """The server process of `iotrace serve`'s /metrics, its side: one selector thread answering every
-connection from cached bodies, one render thread making them (ScrapeCache), the snapshot the tracer sent
-(Mirror), and the wire between the two (length-prefixed marshal over a socketpair).  How and why it is a
-process, and how it ends with the tracer: tracer/sinks/promserver.py, the tracer's side.
+connection from cached bodies, one render thread making them with prometheus_client's encoders, the
+snapshot the tracer sent and the bodies rendered from it (ScrapeCache), and the wire between the two
+(length-prefixed marshal over a socketpair).  How and why it is a process, and how it ends with the
+tracer: tracer/sinks/promserver.py, the tracer's side.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 
 from tracer.osutil import PR_SET_PDEATHSIG
 from tracer.sinks import taskmetrics
-from tracer.sinks.exposition import READY_PATH, Snapshot, families, render_openmetrics, render_text
+from tracer.sinks.exposition import READY_PATH, Snapshot, families
 
 # the server's threads: the one that renders a new snapshot yields the GIL to those answering scrapes this often
 SWITCH_INTERVAL_S = 0.0005
@@ -33,66 +34,72 @@ MAX_WANTED = 4
 _LEN = struct.Struct("<I")
 
 
-class ScrapeCache:
-    """The /metrics body, rendered once per change of the metrics and served as bytes to every scrape
-    until the next one.
+class SnapshotCollector:
+    """prometheus_client's Collector over a snapshot (`source()`, asked once per collect): the exporter's
+    families, then with --tasks the task counters'."""
 
-    `exporter` has `generation` (bumped at every change a scrape can see),
-    `render_text()` and `render_openmetrics()`; `tasks` (or None)
-    `generation` and `collect()`.  Each format a client asks for (text 0.0.4
-    and OpenMetrics 1.0.0, written by the exporter; others, by
-    prometheus_client from `registry`) and its gzip are made
-    at most once per change, under a lock, so that concurrent scrapes after a
-    change wait for one rendering, not do eight.
+    def __init__(self, source, tasks: bool):
+        self.source = source
+        self.tasks = tasks
+
+    def collect(self):
+        snap = self.source()
+        yield from families(snap)
+        if self.tasks:
+            yield from taskmetrics.families(snap.tasks or [])
+
+
+class ScrapeCache:
+    """The snapshot the server serves, with its /metrics bodies: each format a client asks for (the text
+    format 0.0.4, OpenMetrics, ...) and its gzip, written by prometheus_client's encoder for it (its
+    choose_encoder's) from the snapshot's families at most once per snapshot, and served as bytes to every
+    scrape until the next one.
+
+    The bodies are kept beside the snapshot, under its key (the tracer's
+    generations, new with every snapshot): `update` puts a new snapshot in,
+    and every body rendered before it is stale from then on.  Rendering is
+    under a lock, so that concurrent scrapes after a snapshot wait for one
+    rendering, not do eight; while one is being rendered, or is due (the
+    server renders the formats asked for so far at every snapshot), a scrape
+    gets the previous snapshot's body at once rather than waiting for it.
     """
 
-    def __init__(self, exporter, registry, tasks=None):
-        self.exporter = exporter
-        self.registry = registry
-        self.tasks = tasks
-        self._lock = threading.Lock()          # guards _bodies
+    def __init__(self, key: tuple[int, int], snap: Snapshot, tasks: bool = False):
+        self.state = (tuple(key), snap)     # one attribute: a reader gets a key and its own snapshot
+        self.tasks = tasks                  # the snapshot's task counters are in the bodies
+        self._lock = threading.Lock()          # guards _bodies, _due and a new state
         self._render = threading.Lock()        # held while rendering
-        self._bodies: dict[tuple[str, bool], tuple[tuple, bytes]] = {}    # (format, gzip) -> (generation, body)
-        self.renders = 0        # bodies rendered (the tests read it)
+        self._bodies: dict[tuple[str, bool], tuple[tuple, bytes]] = {}    # (format, gzip) -> (key, body)
+        self._due: set[tuple[str, bool]] = set()   # (format, gzip) to be rendered for this snapshot, soon
+        self.renders = 0        # bodies an encoder wrote (the tests read it)
 
-    def generation(self) -> tuple[int, int]:
-        return self.exporter.generation, self.tasks.generation if self.tasks else 0
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.state[1]
 
-    def _text(self, openmetrics: bool = False) -> bytes:
-        """The text format (or OpenMetrics 1.0.0) written by the exporter's own renderer; the few task
-        counters by prometheus_client's."""
-        from prometheus_client import CollectorRegistry, generate_latest
-        from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
-
-        text = self.exporter.render_openmetrics() if openmetrics else self.exporter.render_text()
-        if self.tasks:
-            only = CollectorRegistry(auto_describe=False)
-            only.register(self.tasks)
-            text += (generate_openmetrics if openmetrics else generate_latest)(only).decode()
-        elif openmetrics:
-            text += "# EOF\n"
-        return text.encode()
+    def update(self, key: tuple[int, int], snap: Snapshot, due=()) -> None:
+        """The tracer's new snapshot: served from now on; the bodies of the one before, only while its own are
+        being rendered, or are `due` ((format, gzip) pairs the caller has queued for rendering)."""
+        with self._lock:
+            self.state = (tuple(key), snap)
+            self._due = set(due)
 
     def body(self, content_type: str, encoder, gzipped: bool = False) -> bytes:
-        """The body `encoder` (from prometheus_client's choose_encoder) makes, gzipped or not; the text
-        format (generate_latest) is written by render_text instead.
-
-        While a newer body is being rendered, a scrape gets the last one made
-        (one drain older) at once rather than waiting for it.
-        """
+        """The body `encoder` (from prometheus_client's choose_encoder) writes for the snapshot, gzipped or
+        not: the cached bytes, or rendered if this snapshot has none yet (`peek` first, for a scrape that need
+        not wait for it)."""
         want = (content_type, gzipped)
-        got = self.peek(content_type, gzipped)
-        if got is not None:
-            return got
-        with self._render:         # one rendering at a time; the others serve what there is meanwhile
-            key = self.generation()
+        with self._render:         # one rendering at a time; scrapes serve what there is meanwhile (peek)
             with self._lock:
+                key, snap = self.state
+                self._due -= {want, (content_type, False)}      # no longer due: being rendered (or failing)
                 got = self._bodies.get(want)
                 if got is not None and got[0] == key:
                     return got[1]
                 plain = self._bodies.get((content_type, False))
             if plain is None or plain[0] != key:
-                plain = (key, self._plain(encoder))
+                self.renders += 1
+                plain = (key, encoder(SnapshotCollector(lambda: snap, self.tasks)))
             body = plain if not gzipped else (key, self._gzip(plain[1]))
             with self._lock:
                 for k, v in (((content_type, False), plain), (want, body)):
@@ -103,96 +110,19 @@ class ScrapeCache:
             return body[1]
 
     def peek(self, content_type: str, gzipped: bool = False) -> bytes | None:
-        """The body if it need not be rendered: it is the current one, or a newer one is being rendered."""
+        """The body if it need not be rendered: it is the snapshot's, or a newer one is due or being rendered."""
+        want = (content_type, gzipped)
         with self._lock:
-            got = self._bodies.get((content_type, gzipped))
-            if got is not None and (got[0] == self.generation() or self._render.locked()):
+            got = self._bodies.get(want)
+            if got is not None and (got[0] == self.state[0] or want in self._due or self._render.locked()):
                 return got[1]
         return None
-
-    def _plain(self, encoder) -> bytes:
-        from prometheus_client.exposition import generate_latest
-
-        self.renders += 1
-        # rendered for the key read before: a change meanwhile makes the next scrape render anew
-        if encoder is generate_latest:
-            return self._text()
-        if _is_openmetrics_1(encoder):
-            return self._text(openmetrics=True)
-        return encoder(self.registry)
 
     @staticmethod
     def _gzip(data: bytes) -> bytes:
         import gzip
 
         return gzip.compress(data, compresslevel=1)
-
-    def refresh(self) -> None:
-        """Render the text format now (after a change), so that the next scrapes find it ready."""
-        from prometheus_client.exposition import choose_encoder
-
-        encoder, content_type = choose_encoder("")
-        self.body(content_type, encoder)
-
-
-# ---- what the server serves: the last snapshot the tracer sent ----------------------------------------
-
-def _is_openmetrics_1(encoder) -> bool:
-    """`encoder` (choose_encoder's) is prometheus_client's OpenMetrics 1.0.0 writer, as Prometheus asks for it:
-    the one exposition.render_openmetrics writes (the escaping of names changes nothing: iotrace's names
-    and label names are plain)."""
-    import functools
-
-    from prometheus_client.openmetrics.exposition import generate_latest
-
-    return (isinstance(encoder, functools.partial) and encoder.func is generate_latest and not encoder.args
-            and encoder.keywords.get("version") == "1.0.0" and set(encoder.keywords) <= {"version", "escaping"})
-
-
-class Mirror:
-    """The last snapshot received, with its generations ((exporter, tasks), the ScrapeCache's key), as one
-    attribute: a reader that saw a generation sees that snapshot or a newer one, never an older."""
-
-    def __init__(self, key: tuple[int, int], snap: Snapshot):
-        self.state = (key, snap)
-
-
-class MirrorExporter:
-    """The exporter as the server sees it: what ScrapeCache, metrics_app and a registry ask of it."""
-
-    def __init__(self, mirror: Mirror):
-        self.mirror = mirror
-
-    @property
-    def generation(self) -> int:
-        return self.mirror.state[0][0]
-
-    @property
-    def attached(self) -> bool:
-        return bool(self.mirror.state[1].attached)
-
-    def render_text(self) -> str:
-        return render_text(self.mirror.state[1])
-
-    def render_openmetrics(self) -> str:
-        return render_openmetrics(self.mirror.state[1])
-
-    def collect(self):
-        yield from families(self.mirror.state[1])
-
-
-class MirrorTasks:
-    """The --tasks counters as the server sees them."""
-
-    def __init__(self, mirror: Mirror):
-        self.mirror = mirror
-
-    @property
-    def generation(self) -> int:
-        return self.mirror.state[0][1]
-
-    def collect(self):
-        yield from taskmetrics.families(self.mirror.state[1].tasks or [])
 
 
 # ---- the wire: length-prefixed marshal over a socketpair ---------------------------------------------
@@ -381,7 +311,7 @@ class _Server:
     others are served.  A request is answered and its connection closed (as HTTP/1.0 servers do), once the
     client has closed its end (see LINGER_S).  Who holds a connection: Admission (see MAX_PER_CLIENT)."""
 
-    def __init__(self, listener: socket.socket, chan: socket.socket, mirror: Mirror, tasks: bool):
+    def __init__(self, listener: socket.socket, chan: socket.socket, cache: ScrapeCache):
         import selectors
 
         from prometheus_client import CollectorRegistry
@@ -390,15 +320,10 @@ class _Server:
         self.choose_encoder = choose_encoder
         self.listener = listener
         self.chan = chan
-        self.mirror = mirror
-        self.exporter = MirrorExporter(mirror)
-        tasks_view = MirrorTasks(mirror) if tasks else None
+        self.cache = cache
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(self.exporter)
-        if tasks_view:
-            registry.register(tasks_view)
-        self.cache = ScrapeCache(self.exporter, registry, tasks_view)
-        self.app = make_wsgi_app(registry)
+        registry.register(SnapshotCollector(lambda: cache.snapshot, cache.tasks))
+        self.app = make_wsgi_app(registry)      # rendering per request: name[] filters, other methods
         encoder, content_type = choose_encoder("")
         self.wanted = {(content_type, False): encoder}     # the bodies asked for: rendered anew at each change
         wake_r, wake_w = socket.socketpair()
@@ -460,8 +385,7 @@ class _Server:
             msg = marshal.loads(bytes(self.chan_buf[_LEN.size:_LEN.size + n]))
             del self.chan_buf[:_LEN.size + n]
             if msg[0] == "state":
-                with self.cache._lock:      # the key and the snapshot change together
-                    self.mirror.state = (tuple(msg[1]), Snapshot.from_wire(msg[2]))
+                self.cache.update(msg[1], Snapshot.from_wire(msg[2]), due=self.wanted)
                 self._refresh(ack=True)
             elif msg[0] == "stats":     # after the renderings queued before it
                 self.renderer.submit(lambda: self.cache.renders, ("stats",))
@@ -469,8 +393,9 @@ class _Server:
     def _refresh(self, ack: bool) -> None:
         """Render again every body asked for so far, the plain text format first; ack the tracer once that
         one is ready (a scrape after its on_dump sees this snapshot), then the others (OpenMetrics, as
-        Prometheus asks, takes prometheus_client ~100 ms for a few hundred series); scrapes meanwhile get
-        the bodies of the snapshot before."""
+        Prometheus asks); scrapes meanwhile get the bodies of the snapshot before.  prometheus_client
+        takes 23 ms for the text format and 38 ms for OpenMetrics with 192 histograms, 165 and 270 ms with
+        1200 (docs/serve.md)."""
         first, *others = list(self.wanted.items())
 
         def render(which):
@@ -597,7 +522,7 @@ class _Server:
                 headers[name.strip().lower()] = value.strip()
         path, _, query = target.partition("?")
         if path == READY_PATH:
-            ready = self.exporter.attached
+            ready = bool(self.cache.snapshot.attached)
             self._answer(c, _response("200 OK" if ready else "503 Service Unavailable",
                                       [("Content-Type", "text/plain")],
                                       b"ready: tracing\n" if ready else b"not ready: loading the BPF programs\n",
@@ -675,8 +600,10 @@ class _Server:
             self._linger(c)
 
 
-def serve(listener: socket.socket, chan: socket.socket, tracer: int, prctl, mirror: Mirror, tasks: bool) -> None:
-    """The server process's life: serve `listener` from `mirror`, take snapshots from `chan` until its end."""
+def serve(listener: socket.socket, chan: socket.socket, tracer: int, prctl, key: tuple[int, int], snap: Snapshot,
+          tasks: bool) -> None:
+    """The server process's life: serve `listener` from `snap` (with its `key`), then from the snapshots `chan`
+    brings, until its end."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     if prctl is not None:
@@ -689,4 +616,4 @@ def serve(listener: socket.socket, chan: socket.socket, tracer: int, prctl, mirr
     os.close(null)
     os.chdir("/")
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    _Server(listener, chan, mirror, tasks).run()
+    _Server(listener, chan, ScrapeCache(key, snap, tasks)).run()

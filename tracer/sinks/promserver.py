@@ -15,8 +15,10 @@ change of the metrics (a fold, the programs attaching) the tracer sends the
 server a Snapshot (tracer.sinks.exposition: plain values, marshalled over a
 socketpair) and waits for its ack.  In the server, one thread (_Server)
 serves every connection from a selector and only sends bytes the cache has;
-one render thread (_Renderer) makes the bodies (ScrapeCache: each format and
-its gzip once per snapshot).  On a snapshot the plain text body is rendered
+one render thread (_Renderer) makes the bodies: the cache (ScrapeCache) holds
+the snapshot and what prometheus_client's encoders wrote from it, each format
+and its gzip at most once per snapshot, stale once the next snapshot is in
+(served only while that one's are being rendered).  On a snapshot the plain text body is rendered
 first and the ack sent once it is ready, so a scrape after the tracer's
 on_dump returns sees the new state; the other formats asked for so far
 follow; scrapes meanwhile get the previous bodies at once.  GET of
@@ -53,7 +55,7 @@ import time
 
 from tracer.osutil import libc_prctl
 from tracer.sinks.exposition import Snapshot
-from tracer.sinks.promhttp import Mirror, recv, send, serve
+from tracer.sinks.promhttp import recv, send, serve
 
 # connections the kernel holds for the server to accept: a burst of hundreds (a client opening them all at
 # once) overflowed 128, and a scraper's SYN dropped then is sent again only a second later (the kernel caps it
@@ -92,7 +94,7 @@ class ServerProcess:
             code = 1
             try:
                 ours.close()
-                serve(listener, theirs, tracer, prctl, Mirror(key, snap), tasks)
+                serve(listener, theirs, tracer, prctl, key, snap, tasks)
                 code = 0
             except BaseException as exc:  # noqa: BLE001 - whatever happens, only _exit below
                 with contextlib.suppress(BaseException):
