@@ -150,6 +150,7 @@ class ProgStats:
     run_time_ns: int        # 0 unless kernel.bpf_stats_enabled
     run_cnt: int
     recursion_misses: int   # events skipped: the program was already running on that CPU
+    misses_counted: bool = True     # False before Linux 5.12, whose bpf_prog_info has no recursion_misses
 
 
 def prog_stats(fd: int) -> ProgStats:
@@ -160,7 +161,9 @@ def prog_stats(fd: int) -> ProgStats:
     if libc.syscall(SYS_BPF, _BPF_OBJ_GET_INFO_BY_FD, ct.byref(attr), ct.sizeof(attr)) != 0:
         err = ct.get_errno()
         raise OSError(err, f"BPF_OBJ_GET_INFO_BY_FD: {os.strerror(err)}")
-    return ProgStats(info.run_time_ns, info.run_cnt, info.recursion_misses)
+    # the kernel writes back how much of the struct it knows
+    return ProgStats(info.run_time_ns, info.run_cnt, info.recursion_misses,
+                     attr.info_len >= _BpfProgInfo.recursion_misses.offset + 8)
 
 
 # ---- instruction-set features, probed the way bpftool does: by loading one --------
@@ -307,6 +310,10 @@ class BpfObject:
         """(name(its function's name), fd) of every loaded program."""
         return [(name(fn_name.decode() if isinstance(fn_name, bytes) else fn_name), fn.fd)
                 for fn_name, fn in self.bpf.funcs.items()]
+
+    def counts_misses(self) -> bool:
+        """Whether the kernel counts the events it skipped for these programs (recursion_misses, Linux 5.12+)."""
+        return all(st.misses_counted for st in self.stats().values())
 
     def stats(self, name: Callable[[str], str] = tracepoint_of) -> dict[str, ProgStats]:
         """Each program's kernel statistics, by name(its function's name) (default: its tracepoint)."""

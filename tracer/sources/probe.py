@@ -455,6 +455,9 @@ class Probe:
         variants = ([Variant(self.attach, cflags + (f"-DIOTRACE_BIO_WALK={n}",)) for n in BIO_WALKS]
                     if opts.submitted else [Variant(self.attach, cflags)])
         self.bpf: BpfObject | None = BpfObject(text, variants, "the BPF programs")
+        if not self.bpf.counts_misses():
+            self.unavailable["skipped"] = ("the kernel does not count the events it skipped for a program "
+                                           "(recursion_misses, Linux 5.12+): skipped_* read 0 without meaning none")
         self.bio_walk = int(self.bpf.variant.cflags[-1].rsplit("=", 1)[1]) if opts.submitted else 0
         self.maps = MapDrain(self.bpf, self.ncpu)
         self.ledger = Ledger(self.bpf, self.attach, self.contract.reasons, self.contract.const("STALE_NS"))
