@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
-README_MAX_LINES = 300
+README_MAX_LINES = 260
 
 LINK = re.compile(r"\[(?:[^\]`]|`[^`]*`)*\]\(([^)\s]+)\)")
 POINTER = re.compile(r"""(README|docs/[\w.-]+\.md)[,:] (?:'([^']+)'|"([^"]+)")""")
