@@ -429,6 +429,8 @@ class Probe:
                             + (f"here it is not available: {self.attach_note}" if self.attach_note
                                else "--attach tracepoint cannot tell a split bio's completion"))
         self.start_event = layout.start_event if layout is not None else check_perf_events(bio)
+        # where a traced process dirtying a page is seen (the raw path reads a folio: the newest only)
+        self.dirty_event = DIRTY_EVENTS[0] if layout is not None else dirty_event()
         layout, stamps_note = choose_stamps(opts.stamps, layout, list(opts.devs.devs))
         self.stamps = "kernel" if layout is not None and layout.stamped else "own"
         # the event table's "present" events this kernel has, attached beside the others (raw path)
