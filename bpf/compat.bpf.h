@@ -161,13 +161,55 @@ static __always_inline bool tag_cas(u64 *p, u64 old, u64 new)
 #endif
 
 /*
+ * A request's disk: rq->q->disk, or before it rq->rq_disk (Debian 11's
+ * 5.10 has rq_disk and no request_queue.disk, 6.1 the reverse; the
+ * releases that moved it: version not confirmed).  iotrace.h lists both
+ * forms of RQ_DISK and the loader says which this kernel has in
+ * IOTRACE_K_RQ_DISK_ERA (tracer/sources/kernel.py resolve()).
+ * rq_disk_of(h): the disk where the request's head holds it (era 1: the
+ * head then reaches rq_disk), else 0 and raw_tp.bpf.c read_queue_dev()
+ * reads it from the queue.
+ */
+#if IOTRACE_K_RQ_DISK_ERA
+#define rq_disk_of(h) HEAD_FIELD(h, u64, IOTRACE_K_RQ_DISK)
+#else
+#define rq_disk_of(h) 0
+#endif
+
+/*
+ * block_getrq's bio: (bio) on newer kernels, (q, bio, rw) on 5.10 (the
+ * queue argument went soon after, version not confirmed).  iotrace.h
+ * lists both prototypes up to the bio, and the
+ * loader passes IOTRACE_K_BLOCK_GETRQ_LAST, the bio's index, when the
+ * start is block_getrq.
+ */
+#ifdef IOTRACE_K_BLOCK_GETRQ_LAST
+#define START_BIO_ARG IOTRACE_K_BLOCK_GETRQ_LAST
+#else
+#define START_BIO_ARG 0
+#endif
+
+/*
+ * sched_switch's prev_state: passed as its fourth argument by the patch
+ * "sched/tracing: Don't re-read p->state when emitting sched_switch event"
+ * (posted January 2022; version not confirmed; 6.1 has it, 5.10 not);
+ * before it, (preempt, prev, next), and
+ * tasks.bpf.c reads prev's state itself: task_struct.__state (4 bytes), or
+ * on 5.10 task_struct.state (a long: IOTRACE_K_TASK_STATE_ERA 1).
+ * iotrace.h lists both prototypes, and the loader passes
+ * IOTRACE_K_SCHED_SWITCH_LAST (3 with prev_state).  Stays in tasks.bpf.c
+ * (switch_prev_state()): it reads with the per-process programs' kread.
+ */
+
+/*
  * Not handled: iotrace.h's KERNEL_TABLE lists one prototype, so on the raw
  * paths tracer/sources/kernel.py refuses such a kernel at load, naming it:
  *   - block_rq_* taking (q, rq): older kernels passed the request queue
- *     first; version not confirmed.  block_bio_complete still takes (q, bio).
- *   - writeback_dirty_page: renamed writeback_dirty_folio by upstream
- *     b9b0ff61eef5 ("mm/writeback: Convert tracing writeback_page_template
- *     to folios"); 5.15 or 5.16 by the sources found, version not confirmed.
+ *     first; version not confirmed (Debian's 5.10 already takes (rq)).
+ *     block_bio_complete still takes (q, bio).
+ * writeback_dirty_page, renamed writeback_dirty_folio by upstream
+ * b9b0ff61eef5 ("mm/writeback: Convert tracing writeback_page_template to
+ * folios"), is handled: iotrace.h's 'dirty' events, IOTRACE_DIRTY_PAGE.
  */
 
 #endif /* IOTRACE_COMPAT_BPF_H */

@@ -228,16 +228,13 @@ KMEMBER(RQ_CMD_FLAGS, request, cmd_flags, 4)
 KMEMBER(RQ_DATA_LEN, request, __data_len, 4)
 KMEMBER(RQ_PART, request, part, 8)
 KMEMBER(RQ_SECTOR, request, __sector, 8)	/* the ground-truth stamper only */
-KMEMBER(Q_DISK, request_queue, disk, 8)
+KMEMBER(RQ_DISK, request_queue, disk, 8)	/* a request's disk, rq->q->disk (RQ_DISK_ERA 0) */
+KMEMBER(RQ_DISK, request, rq_disk, 8)	/* or rq->rq_disk (1: 5.10), read in the head (compat.bpf.h) */
 KMEMBER(DISK_MAJOR, gendisk, major, 4)
 KMEMBER(DISK_FIRST_MINOR, gendisk, first_minor, 4)	/* read with major: must follow it */
 KMEMBER(RQ_BIO, request, bio, 8)	/* block_getrq starts, files (in the completion's head read) and the ground-truth stamper */
 KMEMBER(BIO_NEXT, bio, bi_next, 8)	/* block_getrq starts only (and the ground-truth stamper) */
-KMEMBER(BIO_BDEV, bio, bi_bdev, 8)
-KMEMBER(BIO_OPF, bio, bi_opf, 4)
-KMEMBER(BIO_SIZE, bio, bi_iter.bi_size, 4)
 KMEMBER(BIO_SECTOR, bio, bi_iter.bi_sector, 8)	/* the ground-truth stamper only (block_getrq starts) */
-KMEMBER(BDEV_DEV, block_device, bd_dev, 4)
 KMEMBER(TASK_PID, task_struct, pid, 4)
 KENUM(REQ_OP_READ, REQ_OP_READ)
 KENUM(REQ_OP_WRITE, REQ_OP_WRITE)
@@ -246,16 +243,14 @@ KENUM(REQ_OP_DISCARD, REQ_OP_DISCARD)
 KENUM(REQ_OP_SECURE_ERASE, REQ_OP_SECURE_ERASE)
 KENUM(REQ_OP_BITS, __REQ_FAILFAST_DEV)	/* the flag bits begin right above the op bits */
 KENUM(REQ_PREFLUSH, __REQ_PREFLUSH)
-KHEAD(RQ_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN, RQ_PART, RQ_BIO)	/* at completion */
-KHEAD(BIO_HEAD_LEN, bio, BIO_BDEV, BIO_OPF, BIO_SIZE)
-KMEMBER(BIO_REMAINING, bio, __bi_remaining, 4)	/* --bio: a split bio's parts not yet done, itself included */
-KMEMBER(BIO_PRIVATE, bio, bi_private, 8)	/* --bio: a split part's bio (bio_chain) */
-KHEAD(BIO_WALK_LEN, bio, BIO_NEXT, BIO_SIZE, BIO_REMAINING, BIO_PRIVATE)	/* --bio: a completion's walk */
+KHEAD(RQ_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN, RQ_PART, RQ_BIO, RQ_DISK)	/* at completion */
 KRAWTP(block_io_start, struct request *)
 KRAWTP(block_getrq, struct bio *)
+KRAWTP(block_getrq, struct request_queue *, struct bio *)	/* 5.10's (q, bio, rw): the bio is the last read */
 KRAWTP(block_rq_insert, struct request *)
 KRAWTP(block_rq_issue, struct request *)
 KRAWTP(block_rq_complete, struct request *, blk_status_t, unsigned int)
+KRAWTP(block_rq_complete, struct request *, int, unsigned int)	/* 5.10's error is an int (not read) */
 KRAWTP(block_rq_merge, struct request *)
 KRAWTP(block_rq_requeue, struct request *)
 KRAWTP(block_bio_queue, struct bio *)
@@ -263,13 +258,11 @@ KRAWTP(block_bio_complete, struct request_queue *, struct bio *)
 KRAWTP(sched_process_fork, struct task_struct *, struct task_struct *)
 KRAWTP(sched_process_exit, struct task_struct *)
 KRAWTP(writeback_dirty_folio, struct folio *, struct address_space *)
+KRAWTP(writeback_dirty_page, struct page *, struct address_space *)	/* its name before 5.17 */
 KRAWTP(writeback_single_inode_start, struct inode *)
 KRAWTP(writeback_single_inode, struct inode *, struct writeback_control *, long unsigned int)
 KMEMBER(MAPPING_HOST, address_space, host, 8)	/* a dirtied folio's inode */
 KMEMBER(WBC_NR_TO_WRITE, writeback_control, nr_to_write, 8)	/* what an inode's write-back had left to write: wb_owed */
-KMEMBER(WB_FOLIO_FLAGS, folio, flags, 8)	/* a dirtied folio's size (wb_owed): PG_head, a large folio */
-KMEMBER(WB_FOLIO_FLAGS_1, folio, _flags_1, 8)	/* a dirtied large folio's order (wb_owed) */
-KENUM(WB_PG_HEAD, PG_head)	/* wb_owed */
 KRAWTP(ext4_sync_file_exit, struct inode *, int)	/* wb_owed: an fsync wrote the file's dirty pages */
 KMEMBER(BIO_IO_VEC, bio, bi_io_vec, 8)	/* files: a request's first page */
 KMEMBER(BVEC_PAGE, bio_vec, bv_page, 8)	/* files */
@@ -286,20 +279,34 @@ KMEMBER(DENTRY_PARENT, dentry, d_parent, 8)	/* files */
 KMEMBER(TASK_NVCSW, task_struct, nvcsw, 8)	/* files: a reader blocked since its last batch (readpos.h) */
 KHEAD(INODE_HEAD_LEN, inode, INODE_SB, INODE_INO, INODE_SIZE)	/* files: one read */
 KRAWTP(mm_filemap_get_pages, struct address_space *, long unsigned int, long unsigned int)	/* files: Linux 6.11+ */
+KRAWTP(iomap_dio_rw_begin, struct kiocb *, struct iov_iter *, unsigned int, size_t)	/* files: O_DIRECT (ext4, xfs, ...) */
+KRAWTP(sched_process_exec, struct task_struct *, pid_t, struct linux_binprm *)
+KSCOPE(block, block_bio_queue)
+KMEMBER(BIO_BDEV, bio, bi_bdev, 8)
+KMEMBER(BIO_OPF, bio, bi_opf, 4)
+KMEMBER(BIO_SIZE, bio, bi_iter.bi_size, 4)
+KMEMBER(BDEV_DEV, block_device, bd_dev, 4)
+KHEAD(BIO_HEAD_LEN, bio, BIO_BDEV, BIO_OPF, BIO_SIZE)
+KMEMBER(BIO_REMAINING, bio, __bi_remaining, 4)	/* --bio: a split bio's parts not yet done, itself included */
+KMEMBER(BIO_PRIVATE, bio, bi_private, 8)	/* --bio: a split part's bio (bio_chain) */
+KHEAD(BIO_WALK_LEN, bio, BIO_NEXT, BIO_SIZE, BIO_REMAINING, BIO_PRIVATE)	/* --bio: a completion's walk */
+KSCOPE(block, writeback_dirty_folio)
+KMEMBER(WB_FOLIO_FLAGS, folio, flags, 8)	/* a dirtied folio's size (wb_owed): PG_head, a large folio */
+KMEMBER(WB_FOLIO_FLAGS_1, folio, _flags_1, 8)	/* a dirtied large folio's order (wb_owed) */
+KENUM(WB_PG_HEAD, PG_head)	/* wb_owed */
+KSCOPE(block, iomap_dio_rw_begin)
 KMEMBER(KIOCB_FILP, kiocb, ki_filp, 8)	/* files: O_DIRECT */
 KMEMBER(KIOCB_POS, kiocb, ki_pos, 8)	/* files: O_DIRECT, a read clipped at EOF */
 KMEMBER(FILP_INODE, file, f_inode, 8)	/* files: O_DIRECT */
 KMEMBER(ITER_COUNT, iov_iter, count, 8)	/* files: O_DIRECT's bytes */
 KMEMBER(ITER_SOURCE, iov_iter, data_source, 1)	/* files: O_DIRECT, true for a write */
-KRAWTP(iomap_dio_rw_begin, struct kiocb *, struct iov_iter *, unsigned int, size_t)	/* files: O_DIRECT (ext4, xfs, ...) */
-KRAWTP(sched_process_exec, struct task_struct *, pid_t, struct linux_binprm *)
 KSCOPE(block, stamps)
 KMEMBER(RQ_FLAGS, request, rq_flags, 4)	/* RQF_IO_STAT, RQF_STATS: which stamps this request's life has */
 KMEMBER(RQ_START_NS, request, start_time_ns, 8)	/* set with RQF_IO_STAT by blk_account_io_start (iostats on); else stale */
 KMEMBER(RQ_IO_START_NS, request, io_start_time_ns, 8)	/* set at each issue with RQF_STATS */
 KENUM(RQF_IO_STAT, __RQF_IO_STAT)	/* the RQF_* are enumerators on newer kernels; #defines on older ones (6.1): */
 KENUM(RQF_STATS, __RQF_STATS)	/* kernel stamps unavailable there */
-KHEAD(RQ_STAMPED_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN, RQ_PART, RQ_BIO, RQ_FLAGS, RQ_START_NS, RQ_IO_START_NS)	/* at completion */
+KHEAD(RQ_STAMPED_HEAD_LEN, request, RQ_Q, RQ_CMD_FLAGS, RQ_DATA_LEN, RQ_PART, RQ_BIO, RQ_DISK, RQ_FLAGS, RQ_START_NS, RQ_IO_START_NS)	/* at completion */
 KSCOPE(tasks)
 KMEMBER(TASK_TGID, task_struct, tgid, 4)
 KMEMBER(TASK_FILES, task_struct, files, 8)
@@ -310,6 +317,9 @@ KMEMBER(FILE_INODE, file, f_inode, 8)
 KMEMBER(INODE_MODE, inode, i_mode, 2)
 KBIT(TASK_IN_IOWAIT, task_struct, in_iowait)
 KRAWTP(sched_switch, bool, struct task_struct *, struct task_struct *, unsigned int)
+KRAWTP(sched_switch, bool, struct task_struct *, struct task_struct *)	/* 5.10: no prev_state, read from prev */
+KMEMBER(TASK_STATE, task_struct, __state, 4)	/* prev's state, where sched_switch does not pass it */
+KMEMBER(TASK_STATE, task_struct, state, 8)	/* its older form (5.10), a long */
 KRAWTP(sched_wakeup, struct task_struct *)
 KSCOPE(tasks, throttled)
 KRAWTP(balance_dirty_pages, struct bdi_writeback *, struct dirty_throttle_control *, long unsigned int, long unsigned int, long unsigned int, long unsigned int, long int)	/* (wb, dtc, ..., pause) */
@@ -350,9 +360,9 @@ KRAWTP(ext4_sync_file_exit, struct inode *, int)
  *   it: IOTRACE_HAVE_<EVENT>, upper case, defined for the programs), dirty
  *   (the first of these the kernel has is where a traced process dirties a
  *   page: writeback_dirty_folio, or writeback_dirty_page, its name before
- *   upstream b9b0ff61eef5, Linux 5.17; the perf-event path takes either,
- *   IOTRACE_DIRTY_PAGE defined for the older; the raw path reads a folio's
- *   size and takes the newer only); fields: what the perf-event program
+ *   upstream b9b0ff61eef5, Linux 5.17: IOTRACE_DIRTY_PAGE is defined for
+ *   the older, whose raw program counts a page where the newer reads the
+ *   folio's size); fields: what the perf-event program
  *   reads of the tracepoint's format (checked at start; "-" for none).  A
  *   raw tracepoint's arguments are its KRAWTP line above.
  * The starts, newest first: block_io_start (Linux 6.5+, in
@@ -373,7 +383,7 @@ EVENT(block_rq_requeue, block, requeue, raw_tp tracepoint, always, dev)
 EVENT(sched_process_fork, sched, fork, raw_tp tracepoint, always, -)
 EVENT(sched_process_exit, sched, exit, raw_tp tracepoint, always, -)
 EVENT(writeback_dirty_folio, writeback, wb_dirty, raw_tp tracepoint, dirty, name ino)
-EVENT(writeback_dirty_page, writeback, wb_dirty, tracepoint, dirty, name ino)
+EVENT(writeback_dirty_page, writeback, wb_dirty, raw_tp tracepoint, dirty, name ino)
 EVENT(writeback_single_inode_start, writeback, wb_start, raw_tp tracepoint, always, name ino)
 EVENT(writeback_single_inode, writeback, wb_end, raw_tp tracepoint, always, name ino nr_to_write wrote)
 EVENT(sched_process_exec, sched, exec, raw_tp tracepoint, always, -)

@@ -61,12 +61,12 @@ BPF_ARRAY(qdevs, struct iotrace_qdev, IOTRACE_CPUS * IOTRACE_QDEV_SLOTS);
  * The whole disk's dev_t, as the block tracepoints give it: rq->q->disk's
  * major and first minor; 0, counted, where it cannot be read.
  */
-static __always_inline u32 read_queue_dev(u64 q)
+static __always_inline u32 read_queue_dev(u64 q, u64 disk)
 {
-	u64 disk = 0;
 	u32 mm[2] = {};		/* gendisk.major, gendisk.first_minor: side by side */
 
-	if (q && kread(&disk, sizeof(disk), q + IOTRACE_K_Q_DISK, IOTRACE_DROP_KERNEL_READ))
+	/* the disk, where the request does not hold it (compat.bpf.h rq_disk_of) */
+	if (!IOTRACE_K_RQ_DISK_ERA && q && kread(&disk, sizeof(disk), q + IOTRACE_K_RQ_DISK, IOTRACE_DROP_KERNEL_READ))
 		return 0;	/* counted */
 	if (!disk) {
 		count_reason(IOTRACE_DROP_KERNEL_READ);
@@ -78,7 +78,7 @@ static __always_inline u32 read_queue_dev(u64 q)
 }
 
 /* read_queue_dev() through this CPU's cache of queues (struct iotrace_qdev says why that is safe) */
-static __always_inline u32 queue_dev(u64 q, u64 part, u64 now)
+static __always_inline u32 queue_dev(u64 q, u64 part, u64 disk, u64 now)
 {
 	u32 cpu = bpf_get_smp_processor_id(), idx;
 	struct iotrace_qdev *c;
@@ -86,9 +86,9 @@ static __always_inline u32 queue_dev(u64 q, u64 part, u64 now)
 	idx = cpu * IOTRACE_QDEV_SLOTS + (u32)(key_hash(0, q) >> 32) % IOTRACE_QDEV_SLOTS;
 	c = cpu < IOTRACE_CPUS ? qdevs.lookup(&idx) : 0;
 	if (!c)
-		return read_queue_dev(q);
+		return read_queue_dev(q, disk);
 	if (c->q != q || c->part != part || now - c->ns > IOTRACE_QDEV_TTL_NS) {
-		u32 dev = read_queue_dev(q);
+		u32 dev = read_queue_dev(q, disk);
 
 		if (!dev)
 			return 0;	/* not kept: the next request reads again */
@@ -135,7 +135,8 @@ static __always_inline bool dev_filtered_out(u64 rq, u64 now)
 	if (!cfg || !cfg->filter_devs)
 		return false;
 	return kread(&h, sizeof(h), rq, IOTRACE_DROP_KERNEL_READ) ||
-	       !dev_wanted(queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now));
+	       !dev_wanted(queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART),
+				     rq_disk_of(&h), now));
 }
 
 static __always_inline bool scan_for(u32 base, u64 addr, struct slot_ref *r)
@@ -336,7 +337,7 @@ static __always_inline void bios_of(u64 rq, u32 nr_bytes, u64 now)
 	if (kread(&q, sizeof(q), rq + IOTRACE_K_RQ_Q, IOTRACE_DROP_KERNEL_READ) ||
 	    kread(&part, sizeof(part), rq + IOTRACE_K_RQ_PART, IOTRACE_DROP_KERNEL_READ))
 		return;
-	dev = queue_dev(q, part, now);
+	dev = queue_dev(q, part, 0, now);	/* --bio: kernels whose queue has the disk (KSCOPE(block, block_bio_queue)) */
 	bd = dev ? bio_devs.lookup(&dev) : 0;
 	if (bd && bd->mark && !kread(&bio, sizeof(bio), rq + IOTRACE_K_RQ_BIO, IOTRACE_DROP_KERNEL_READ))
 		bios_complete(bio, nr_bytes, now);
@@ -358,7 +359,7 @@ static __always_inline void bios_of(u64 rq, u32 nr_bytes, u64 now)
 RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 {
 	/* first: every lookup below would otherwise show up as latency */
-	u64 now = bpf_ktime_get_ns(), bio = ctx->args[0], id = bpf_get_current_pid_tgid();
+	u64 now = bpf_ktime_get_ns(), bio = ctx->args[START_BIO_ARG], id = bpf_get_current_pid_tgid();
 	struct slot_ref r;
 
 	if (!task_wanted(id >> 32))
@@ -558,7 +559,7 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 		count_reason(IOTRACE_NOTE_PARTIAL);
 		return 0;
 	}
-	dev = queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), now);
+	dev = queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), rq_disk_of(&h), now);
 	if (!dev) {
 		slot_release(&r);	/* counted: no disk to account it to */
 		return 0;
@@ -631,6 +632,18 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 }
 
 #ifndef IOTRACE_NO_WRITEBACK
+#ifdef IOTRACE_DIRTY_PAGE
+/* writeback_dirty_page(page, mapping), before 5.17 (iotrace.h's 'dirty' events): a page at a time */
+RAW_TRACEPOINT_PROBE(writeback_dirty_page)
+{
+	u64 inode = 0;
+
+	if (kread(&inode, sizeof(inode), ctx->args[1] + IOTRACE_K_MAPPING_HOST, IOTRACE_NOTE_WB_UNKEPT))
+		return 0;
+	wb_dirtied(inode, 1ULL << IOTRACE_PAGE_SHIFT);
+	return 0;
+}
+#else
 /* writeback_dirty_folio(folio, mapping): an inode is its address, mapping->host */
 RAW_TRACEPOINT_PROBE(writeback_dirty_folio)
 {
@@ -646,6 +659,7 @@ RAW_TRACEPOINT_PROBE(writeback_dirty_folio)
 	wb_dirtied(inode, (1ULL << IOTRACE_PAGE_SHIFT) << order);
 	return 0;
 }
+#endif /* IOTRACE_DIRTY_PAGE */
 
 /* writeback_single_inode_start(inode, wbc, nr_to_write) */
 RAW_TRACEPOINT_PROBE(writeback_single_inode_start)

@@ -145,14 +145,28 @@ static __always_inline bool in_iowait(u64 task)
 	return b & IOTRACE_K_TASK_IN_IOWAIT_MASK;
 }
 
-/* sched_switch(preempt, prev, next, prev_state): prev is the current task */
+#if IOTRACE_K_SCHED_SWITCH_LAST >= 3
+#define switch_prev_state(ctx) ((u32)(ctx)->args[3])
+#else
+/* 5.10's sched_switch(preempt, prev, next) passes no prev_state: prev's own, read (compat.bpf.h) */
+static __always_inline u64 task_state(u64 task)
+{
+	u64 state = 0;
+
+	kread(&state, IOTRACE_K_TASK_STATE_ERA ? 8 : 4, task + IOTRACE_K_TASK_STATE, IOTRACE_TASKS_DROP_KERNEL_READ);
+	return state;
+}
+#define switch_prev_state(ctx) task_state((ctx)->args[1])
+#endif
+
+/* sched_switch(preempt, prev, next[, prev_state]): prev is the current task */
 RAW_TRACEPOINT_PROBE(sched_switch)
 {
 	struct iotrace_thread *th;
 	u64 id, now;
 
 	/* blocking, as block_task does it: not a preemption, and not left running */
-	if (ctx->args[0] & 1 || !(u32)ctx->args[3])
+	if (ctx->args[0] & 1 || !switch_prev_state(ctx))
 		return 0;
 	if (!in_iowait(ctx->args[1]))
 		return 0;

@@ -81,11 +81,14 @@ class KernelReads:
     # table order: an event listed more than once has one prototype per kernel era, and the kernel must have one
     raw_tps: dict[str, list[list[str]]]
     bits: dict[str, tuple[str, str]] = field(default_factory=dict)   # NAME -> (struct, one-bit member)
+    # NAME -> its older forms, newest first, for a member listed again under the same NAME (another kernel
+    # era's: the first the kernel has is read, and IOTRACE_K_<NAME>_ERA says which, 0 for `members`' own)
+    older: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)
 
     def merged(self, other: KernelReads) -> KernelReads:
         return KernelReads({**self.members, **other.members}, {**self.enums, **other.enums},
                            {**self.heads, **other.heads}, {**self.raw_tps, **other.raw_tps},
-                           {**self.bits, **other.bits})
+                           {**self.bits, **other.bits}, {**self.older, **other.older})
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,9 @@ class Contract:
     # IOTRACE_OVERRIDE_TABLE: the constants user space may set, NAME (without IOTRACE_) -> "tunable" (a map
     # size an option may change) or "set_by_user" (a fact of the running machine)
     overrides: dict[str, str] = field(default_factory=dict)
+    # the entries under KSCOPE(block, <event>): read by that event's block-layer program only, resolved with
+    # it where it is attached (a kernel without the event, or with another of its group, needs none of them)
+    kernel_events: dict[str, KernelReads] = field(default_factory=dict)
 
     @property
     def tunables(self) -> list[str]:
@@ -173,14 +179,15 @@ class Contract:
 
 
 def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, KernelReads], dict[str, KernelReads],
-                                       KernelReads]:
+                                       KernelReads, dict[str, KernelReads]]:
     """(the block-layer programs' reads: KSCOPE(block), the table's start; the per-process programs':
     KSCOPE(tasks); their raw-syscall variant's by architecture: KSCOPE(tasks, syscalls[, arch]), "" for
     every one; their event sources' by source: KSCOPE(tasks, reads|cache|fsync|throttled); the kernel
-    stamps' extra reads: KSCOPE(block, stamps))."""
+    stamps' extra reads: KSCOPE(block, stamps); one block-layer program's own: KSCOPE(block, <event>))."""
     block, tasks, stamps = KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {})
     syscalls: dict[str, KernelReads] = {}
     sources: dict[str, KernelReads] = {}
+    events: dict[str, KernelReads] = {}
     reads = block
     table = _KERNEL_TABLE.search(text)
     for line in (table.group(1).splitlines() if table else ()):
@@ -191,7 +198,9 @@ def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, Kernel
             raise ValueError(f"iotrace.h: bad line in IOTRACE_KERNEL_TABLE: {line.strip()!r}")
         kind, args = m.group(1), [a.strip() for a in m.group(2).split(",")]
         if kind == "KSCOPE":
-            reads = _scope(args, line, block, tasks, syscalls, sources, stamps)
+            reads = _scope(args, line, block, tasks, syscalls, sources, stamps, events)
+        elif kind == "KMEMBER" and args[0] in reads.members:
+            reads.older.setdefault(args[0], []).append((args[1], args[2], int(args[3])))
         elif kind == "KMEMBER":
             reads.members[args[0]] = (args[1], args[2], int(args[3]))
         elif kind == "KENUM":
@@ -202,16 +211,19 @@ def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, Kernel
             reads.bits[args[0]] = (args[1], args[2])
         else:
             reads.raw_tps.setdefault(args[0], []).append(args[1:])
-    return block, tasks, syscalls, sources, stamps
+    return block, tasks, syscalls, sources, stamps, events
 
 
 def _scope(args: list[str], line: str, block: KernelReads, tasks: KernelReads,
-           syscalls: dict[str, KernelReads], sources: dict[str, KernelReads], stamps: KernelReads) -> KernelReads:
+           syscalls: dict[str, KernelReads], sources: dict[str, KernelReads], stamps: KernelReads,
+           events: dict[str, KernelReads]) -> KernelReads:
     """The reads a KSCOPE(program[, part[, arch]]) line puts the entries after it in."""
     if args == ["block"]:
         return block
     if args == ["block", "stamps"]:
         return stamps
+    if len(args) == 2 and args[0] == "block" and re.fullmatch(r"[a-z]\w+", args[1]):
+        return events.setdefault(args[1], KernelReads({}, {}, {}, {}))
     if args == ["tasks"]:
         return tasks
     if args[:2] == ["tasks", "syscalls"] and len(args) <= 3 and all(re.fullmatch(r"\w+", a) for a in args):
@@ -276,9 +288,13 @@ def parse(text: str) -> Contract:
         count = [v for m, v in members.items() if m.endswith("_COUNT")]
         if not count or sorted(v for m, v in members.items() if not m.endswith("_COUNT")) != list(range(count[0])):
             raise ValueError(f"enum {name} in iotrace.h must number its members 0..N-1 and end with *_COUNT = N")
-    block, tasks, syscalls, sources, stamps = _parse_kernel(text)
-    return Contract(defines, enums, block, tasks, syscalls, sources, stamps, _parse_events(text),
-                    _parse_overrides(text, defines))
+    block, tasks, syscalls, sources, stamps, event_reads = _parse_kernel(text)
+    events = _parse_events(text)
+    stray = set(event_reads) - {e.name for e in events}
+    if stray:
+        raise ValueError(f"iotrace.h: KSCOPE(block, <event>) for events not in IOTRACE_EVENT_TABLE: {sorted(stray)}")
+    return Contract(defines, enums, block, tasks, syscalls, sources, stamps, events,
+                    _parse_overrides(text, defines), event_reads)
 
 
 @lru_cache(maxsize=1)

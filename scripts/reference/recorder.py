@@ -257,7 +257,9 @@ class Stamper:
         bpfobject.preflight()
         self._bcc = bpfobject.import_bcc()
         # the way iotrace attaches (probe.ATTACH_MODES): programs run in attach order only among their kind
-        self.attach, layout, _ = probe.choose_attach(attach, bio=False)
+        # bio=True: the layout with the bio's own members (KSCOPE(block, block_bio_queue)), which a
+        # block_getrq start's stamp reads
+        self.attach, layout, _ = probe.choose_attach(attach, bio=True)
         # the start iotrace will use (iotrace_start_event): the stamps' first program
         self.start_event = layout.start_event if layout is not None else probe.choose_start_event()
         self.stamped = stamped(self.start_event)

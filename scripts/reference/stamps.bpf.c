@@ -116,8 +116,12 @@ static __always_inline int stamp_rq(u64 now, u8 event, u64 rq)
 
 	bpf_probe_read_kernel(&q, sizeof(q), (void *)(rq + IOTRACE_K_RQ_Q));
 	bpf_probe_read_kernel(&sector, sizeof(sector), (void *)(rq + IOTRACE_K_RQ_SECTOR));
+#if IOTRACE_K_RQ_DISK_ERA
+	bpf_probe_read_kernel(&disk, sizeof(disk), (void *)(rq + IOTRACE_K_RQ_DISK));
+#else
 	if (q)
-		bpf_probe_read_kernel(&disk, sizeof(disk), (void *)(q + IOTRACE_K_Q_DISK));
+		bpf_probe_read_kernel(&disk, sizeof(disk), (void *)(q + IOTRACE_K_RQ_DISK));
+#endif
 	if (disk)
 		bpf_probe_read_kernel(mm, sizeof(mm), (void *)(disk + IOTRACE_K_DISK_MAJOR));
 #ifdef STAMP_START_BIO
@@ -147,7 +151,11 @@ static __always_inline int stamp_bio(u64 now, u8 event, u64 bio)
 
 RAW_TRACEPOINT_PROBE(STAMP_START_EVENT)
 {
+#ifdef IOTRACE_K_BLOCK_GETRQ_LAST	/* (q, bio, rw) on 5.10: the bio's index */
+	return stamp_bio(bpf_ktime_get_ns(), STAMP_START, ctx->args[IOTRACE_K_BLOCK_GETRQ_LAST]);
+#else
 	return stamp_bio(bpf_ktime_get_ns(), STAMP_START, ctx->args[0]);
+#endif
 }
 #else
 RAW_TRACEPOINT_PROBE(STAMP_START_EVENT)

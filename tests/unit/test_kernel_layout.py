@@ -74,7 +74,7 @@ def test_every_entry_becomes_a_flag():
     (lambda b: [b.protos.pop(f"btf_trace_{ev}") for ev in kernel.START_EVENTS],
      "block_io_start or block_getrq or block_rq_insert"),
     (lambda b: b.members.__setitem__(("gendisk", "first_minor"), (8, 4)), "first_minor does not follow major"),
-    (lambda b: b.members.__setitem__(("request", "__data_len"), (200, 4)),
+    (lambda b: b.members.__setitem__(("request", "__data_len"), (kernel.MAX_HEAD_BYTES, 4)),
      f"beyond the {kernel.MAX_HEAD_BYTES} read in one go"),
 ])
 def test_a_gap_is_named(spoil, named):
@@ -86,11 +86,11 @@ def test_a_gap_is_named(spoil, named):
 
 def test_all_gaps_named_at_once():
     fake = complete_btf()
-    fake.members.pop(("bio", "bi_opf"))
+    fake.members.pop(("request", "cmd_flags"))
     fake.enums.pop("REQ_OP_FLUSH")
     with pytest.raises(kernel.LayoutError) as e:
         kernel.resolve(fake, READS, EVENTS)
-    assert "bi_opf" in str(e.value) and "REQ_OP_FLUSH" in str(e.value)
+    assert "cmd_flags" in str(e.value) and "REQ_OP_FLUSH" in str(e.value)
 
 
 def test_older_start_event_and_no_group_dead():
@@ -105,8 +105,33 @@ def test_older_start_event_and_no_group_dead():
 def test_a_start_event_with_other_arguments_is_passed_over():
     fake = complete_btf()
     fake.protos.pop("btf_trace_block_io_start")
-    fake.protos["btf_trace_block_getrq"] = ["void *", "struct request_queue *", "struct bio *", "int"]   # Linux 5.10
+    fake.protos["btf_trace_block_getrq"] = ["void *", "struct request_queue *", "int"]     # no form iotrace.h lists
     assert kernel.resolve(fake, READS, EVENTS).start_event == "block_rq_insert"
+
+
+def test_5_10s_block_getrq_is_taken_with_the_bio_s_index():
+    fake = complete_btf()
+    fake.protos.pop("btf_trace_block_io_start")
+    fake.protos["btf_trace_block_getrq"] = ["void *", "struct request_queue *", "struct bio *", "int"]   # Linux 5.10
+    layout = kernel.resolve(fake, READS, EVENTS)
+    assert layout.start_event == "block_getrq" and layout.values["BLOCK_GETRQ_LAST"] == 1
+    fake.protos["btf_trace_block_getrq"] = ["void *", "struct bio *"]
+    assert kernel.resolve(fake, READS, EVENTS).values["BLOCK_GETRQ_LAST"] == 0
+
+
+def test_a_member_listed_again_is_another_era_s_and_the_head_takes_its_struct_s_only():
+    # 6.1 on: rq->q->disk, outside the request's head; 5.10: rq->rq_disk, inside it
+    fake = complete_btf()
+    newer = kernel.resolve(fake, READS, EVENTS).values
+    assert newer["RQ_DISK_ERA"] == 0 and newer["RQ_DISK"] == fake.members[("request_queue", "disk")][0]
+    fake.members.pop(("request_queue", "disk"))
+    fake.members[("request", "rq_disk")] = (120, 8)
+    older = kernel.resolve(fake, READS, EVENTS).values
+    assert (older["RQ_DISK_ERA"], older["RQ_DISK"]) == (1, 120)
+    assert older["RQ_HEAD_LEN"] == 128 > newer["RQ_HEAD_LEN"]
+    fake.members.pop(("request", "rq_disk"))
+    with pytest.raises(kernel.LayoutError, match="RQ_DISK: .*request_queue.* nor .*rq_disk"):
+        kernel.resolve(fake, READS, EVENTS)
 
 
 @pytest.mark.skipif(not os.access(kernel.BTF_PATH, os.R_OK), reason="no kernel BTF here")

@@ -10,8 +10,24 @@ import pytest
 
 from tracer import contract
 from tracer.errors import UserError
-from tracer.sources import probe
+from tracer.sources import bpfobject, probe
 from tracer.sources.probe import ProbeOptions
+
+
+@pytest.fixture(autouse=True)
+def a_kernel_of_5_12_or_later(monkeypatch):
+    """The verifier probes answer yes (they load a program: without root they would answer no)."""
+    monkeypatch.setattr(bpfobject, "has_cmpxchg", lambda: True)
+    monkeypatch.setattr(bpfobject, "has_ancestor_cgroup", lambda: True)
+
+
+def test_a_kernel_without_cmpxchg_or_the_ancestor_helper_gets_their_fallbacks(monkeypatch):
+    monkeypatch.setattr(probe, "tracepoint_fields", lambda ev, cat="block": None)
+    monkeypatch.setattr(bpfobject, "has_cmpxchg", lambda: False)
+    flags = probe.compile_flags(ProbeOptions(), None, False, "block_io_start", [0])
+    assert "-DIOTRACE_NO_CMPXCHG" in flags and "-DIOTRACE_NO_ANCESTOR_CGROUP" not in flags
+    monkeypatch.setattr(bpfobject, "has_ancestor_cgroup", lambda: False)
+    assert "-DIOTRACE_NO_ANCESTOR_CGROUP" in probe.compile_flags(ProbeOptions(), None, False, "block_io_start", [0])
 
 
 def test_perf_event_flags_follow_the_kernel_the_start_event_and_the_sizes(monkeypatch):
@@ -29,7 +45,8 @@ def test_perf_event_flags_follow_the_kernel_the_start_event_and_the_sizes(monkey
 
 def test_raw_path_flags_are_the_layouts():
     layout = types.SimpleNamespace(cflags=lambda: ["-DIOTRACE_OFF_X=8"], group_dead=True,
-                                   present=("mm_filemap_get_pages",), stamped=False)
+                                   present=("mm_filemap_get_pages",), stamped=False,
+                                   firsts=("writeback_dirty_folio",))
     shift = (os.sysconf("SC_PAGE_SIZE") - 1).bit_length()
     assert probe.compile_flags(ProbeOptions(files=True), layout, False, "block_io_start", [0, 1])[1:] == (
         "-DIOTRACE_OFF_X=8", "-DIOTRACE_HAVE_GROUP_DEAD", "-DIOTRACE_HAVE_MM_FILEMAP_GET_PAGES",
@@ -38,6 +55,9 @@ def test_raw_path_flags_are_the_layouts():
     assert probe.compile_flags(ProbeOptions(), layout, False, "block_io_start", [0, 1])[1:] == (
         "-DIOTRACE_OFF_X=8", "-DIOTRACE_HAVE_GROUP_DEAD", "-DIOTRACE_NO_FILES",
         f"-DIOTRACE_PAGE_SHIFT={shift}", "-DIOTRACE_CPUS=2")
+    # a kernel before 5.17 dirties pages on writeback_dirty_page: its program, not the folio one
+    layout.firsts = ("writeback_dirty_page",)
+    assert "-DIOTRACE_DIRTY_PAGE" in probe.compile_flags(ProbeOptions(), layout, False, "block_io_start", [0, 1])
 
 
 @pytest.mark.parametrize("opts", [ProbeOptions(inflight_slots=1000), ProbeOptions(hist_cells=2)])

@@ -144,6 +144,8 @@ def test_the_perf_event_path_takes_the_page_dirtied_event_this_kernel_has(monkey
     monkeypatch.setattr(probe, "tracefs", lambda: probe.Path("/sys/kernel/tracing"))
     monkeypatch.setattr(probe, "tracepoint_fields", fields)
     monkeypatch.setattr(probe, "choose_start_event", lambda: "block_io_start")
+    monkeypatch.setattr(probe.bpfobject, "has_cmpxchg", lambda: True)
+    monkeypatch.setattr(probe.bpfobject, "has_ancestor_cgroup", lambda: True)
     if chosen is None:
         with pytest.raises(UserError, match="tracepoint writeback:writeback_dirty_folio is missing"):
             probe.check_perf_events(bio=False)

@@ -20,8 +20,9 @@ from tracer import contract
 from tracer.sources.btf import Btf, BtfError
 
 BTF_PATH = "/sys/kernel/btf/vmlinux"
-# A head is read into the program's stack in one go: keep it small
-MAX_HEAD_BYTES = 128
+# A head is read into the program's stack in one go: keep it small (5.10's request head, which reaches
+# rq_disk and part, is 176 bytes; its stamped head, which no 5.10 run compiles, 200)
+MAX_HEAD_BYTES = 208
 # The request start: the first of these the kernel has (iotrace.h's EVENT table, when "start":
 # block_io_start from 6.5 on, else block_getrq), if its arguments fit
 START_EVENTS = tuple(e.name for e in contract.load().events if e.when == "start")
@@ -37,6 +38,7 @@ class Layout:
     start_event: str            # one of START_EVENTS
     group_dead: bool            # sched_process_exit passes group_dead (its second argument)
     present: tuple[str, ...] = ()   # the optional raw tracepoints (present_events) this kernel has
+    firsts: tuple[str, ...] = ()    # of each group of alternatives load() was given, the one taken
 
 
     @property
@@ -58,6 +60,18 @@ def _spelled(wants: list[list[str]]) -> str:
     return " or ".join(f"({', '.join(want)})" for want in wants)
 
 
+def _member_problem(btf: Btf, struct: str, path: str, size: int) -> str | None:
+    """Why `struct`'s member `path` cannot be read as `size` bytes on this kernel, or None when it can."""
+    try:
+        m = btf.member(struct, path)
+    except BtfError as exc:
+        return str(exc)
+    if m.bitfield_size or m.size != size:
+        return (f"struct {struct} member {path} is {m.size} bytes"
+                f"{' (a bitfield)' if m.bitfield_size else ''}; iotrace reads {size}")
+    return None
+
+
 def _last_flag(event: str, wants: list[list[str]], want: list[str]) -> dict[str, int]:
     """For an event with more than one prototype: <EVENT>_LAST, the ctx->args[] index of the last argument
     the matching one lists (the argument that moved between kernels, which such an entry exists to read)."""
@@ -73,25 +87,31 @@ def resolve(btf: Btf, reads: contract.KernelReads, events: Iterable[str],
     """
     values: dict[str, int] = {}
     missing: list[str] = []
-    for name, (struct, path, size) in reads.members.items():
-        try:
-            m = btf.member(struct, path)
-        except BtfError as exc:
-            missing.append(str(exc))
-            continue
-        if m.bitfield_size or m.size != size:
-            missing.append(f"struct {struct} member {path} is {m.size} bytes"
-                           f"{' (a bitfield)' if m.bitfield_size else ''}; iotrace reads {size}")
-            continue
-        values[name] = m.offset
+    taken: dict[str, tuple[str, str, int]] = {}     # NAME -> the form of it this kernel has
+    for name, newest in reads.members.items():
+        forms = [newest, *reads.older.get(name, ())]
+        problems = []
+        for era, (struct, path, size) in enumerate(forms):
+            problem = _member_problem(btf, struct, path, size)
+            if problem is None:
+                values[name] = btf.member(struct, path).offset
+                taken[name] = forms[era]
+                if len(forms) > 1:
+                    values[f"{name}_ERA"] = era
+                break
+            problems.append(problem)
+        else:
+            missing.append(" and ".join(problems) if len(problems) == 1 else f"{name}: {' nor '.join(problems)}")
     for name, enumerator in reads.enums.items():
         try:
             values[name] = btf.enumerator(enumerator)
         except BtfError as exc:
             missing.append(str(exc))
     for name, (struct, members) in reads.heads.items():
+        # a member listed whose form on this kernel is another struct's (an older era's) is not in the head
+        members = [m for m in members if m not in taken or taken[m][0] == struct]
         if all(m in values for m in members):
-            values[name] = max(values[m] + reads.members[m][2] for m in members)
+            values[name] = max(values[m] + taken[m][2] for m in members)
             if values[name] > MAX_HEAD_BYTES:
                 missing.append(f"struct {struct}: the members {', '.join(members)} end {values[name]} bytes "
                                f"in, beyond the {MAX_HEAD_BYTES} read in one go")
@@ -108,6 +128,8 @@ def resolve(btf: Btf, reads: contract.KernelReads, events: Iterable[str],
     if start is None and start_events:
         missing.append(f"raw tracepoint {' or '.join(start_events)} with the arguments iotrace reads "
                        f"({'; '.join(f'{ev}: ' + _spelled(reads.raw_tps[ev]) for ev in start_events)})")
+    elif start is not None:
+        values.update(_last_flag(start, reads.raw_tps[start], _which(proto(start), reads.raw_tps[start]) or []))
     group_dead = False
     for event in events:
         if event in START_EVENTS:
@@ -170,7 +192,7 @@ def load_stamps(path: str = BTF_PATH, btf: Btf | None = None) -> dict[str, int]:
     """The values the kernel stamps read (KSCOPE(block, stamps), with the block members its head spans), or a
     LayoutError naming what this kernel lacks (on 6.1 the enumerator __RQF_STATS: RQF_* were #defines)."""
     c = contract.load()
-    reads = c.kernel_stamps.merged(contract.KernelReads(c.kernel.members, {}, {}, {}))
+    reads = c.kernel_stamps.merged(contract.KernelReads(c.kernel.members, {}, {}, {}, older=c.kernel.older))
     return resolve(open_btf(path) if btf is None else btf, reads, (), start_events=()).values
 
 
@@ -182,18 +204,40 @@ def open_btf(path: str = BTF_PATH) -> Btf:
         raise LayoutError(str(exc)) from None
 
 
+def _with_scopes(reads: contract.KernelReads, own: dict[str, contract.KernelReads],
+                 events: Iterable[str]) -> contract.KernelReads:
+    """`reads` and the reads of those of `events` that have their own (KSCOPE(block, <event>))."""
+    for event in events:
+        if event in own:
+            reads = reads.merged(own[event])
+    return reads
+
+
 def load(events: Iterable[str], path: str = BTF_PATH, reads: contract.KernelReads | None = None,
          btf: Btf | None = None, start_events: tuple[str, ...] = START_EVENTS,
-         optional: Iterable[str] = ()) -> Layout:
+         optional: Iterable[str] = (), firsts: tuple[tuple[str, ...], ...] = ()) -> Layout:
     """The layout of the running kernel for the raw tracepoints `events` and the table `reads` (the
     block-layer programs' by default), one-bit fields included; LayoutError if it cannot be had.
     `btf`: one already read (else the file at `path` is); `optional`: raw tracepoints looked for too,
-    those present in Layout.present."""
-    reads = contract.load().kernel if reads is None else reads
+    those present in Layout.present; `firsts`: groups of alternative raw tracepoints, newest first, of
+    which the first this kernel has is taken with `events` (Layout.firsts; the newest, named missing,
+    where it has none)."""
+    c = contract.load()
+    own = {} if reads is not None else c.kernel_events     # KSCOPE(block, <event>): the default table's
+    reads = c.kernel if reads is None else reads
     btf = open_btf(path) if btf is None else btf
-    layout = resolve(btf, reads, events, start_events)
+    taken = tuple((present_events(btf, reads, group) or group)[0] for group in firsts)
+    events = (*events, *taken)
+    layout = replace(resolve(btf, _with_scopes(reads, own, events), events, start_events), firsts=taken)
     if optional:
-        layout = replace(layout, present=present_events(btf, reads, optional))
+        values, present = dict(layout.values), []
+        for event in present_events(btf, reads, optional):
+            try:     # an optional event whose own reads this kernel lacks is left out with it
+                values.update(resolve(btf, _with_scopes(reads, own, (event,)), (), start_events=()).values)
+            except LayoutError:
+                continue
+            present.append(event)
+        layout = replace(layout, values=values, present=tuple(present))
     if reads.bits:
         layout = replace(layout, values={**layout.values, **resolve_bits(btf, reads)})
     return layout

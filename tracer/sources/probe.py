@@ -54,9 +54,9 @@ RAW_EVENTS = tuple(e.name for e in EVENTS if e.when == "always" and "raw_tp" in 
 RAW_BIO_EVENTS = tuple(e.name for e in EVENTS if e.when == "bio" and "raw_tp" in e.paths)
 # Raw tracepoints attached only where the kernel has them (mm_filemap_get_pages: Linux 6.11+)
 RAW_PRESENT_EVENTS = tuple(e.name for e in EVENTS if e.when == "present" and "raw_tp" in e.paths)
-# A page dirtied, newest name first: the perf-event path takes the first the kernel has, the raw one the newest
+# A page dirtied, newest name first: each path takes the first the kernel has (IOTRACE_DIRTY_PAGE for the older)
 DIRTY_EVENTS = tuple(e.name for e in EVENTS if e.when == "dirty")
-RAW_EVENTS += tuple(e for e in DIRTY_EVENTS[:1] if "raw_tp" in next(x for x in EVENTS if x.name == e).paths)
+RAW_DIRTY_EVENTS = tuple(e.name for e in EVENTS if e.when == "dirty" and "raw_tp" in e.paths)
 
 
 @dataclass
@@ -146,7 +146,8 @@ def start_events() -> tuple[str, ...]:
 def starts_at_bio(start_event: str) -> bool:
     """Whether `start_event` gives a bio, not a request (block_getrq): then the programs carry the start
     from the bio to its request (IOTRACE_START_BIO), and block_getrq names a partition's dev."""
-    return all(want[:1] == ["struct bio *"] for want in contract.load().kernel.raw_tps[start_event])
+    # the bio is the last argument each prototype lists: (bio), or 5.10's (q, bio, rw) read up to it
+    return all(want[-1:] == ["struct bio *"] for want in contract.load().kernel.raw_tps[start_event])
 
 
 # The one start event that sees only the requests passing an I/O scheduler (blind_disks).
@@ -253,7 +254,7 @@ def choose_attach(mode: str, bio: bool) -> tuple[str, kernel.Layout | None, str]
         raise UserError(f"--attach takes auto, {' or '.join(ATTACH_MODES)}, not {mode!r}")
     try:
         return "raw_tp", kernel.load(RAW_EVENTS + (RAW_BIO_EVENTS if bio else ()), start_events=start_events(),
-                                     optional=RAW_PRESENT_EVENTS), ""
+                                     optional=RAW_PRESENT_EVENTS, firsts=(RAW_DIRTY_EVENTS,)), ""
     except kernel.LayoutError as exc:
         if mode == "raw_tp":
             raise UserError(f"--attach raw_tp: this kernel's BTF lacks what iotrace reads: {exc}") from None
@@ -301,6 +302,11 @@ def check_perf_events(bio: bool) -> str:
     dirty = dirty_event()
     check_tracepoints({dirty: next(e.fields for e in EVENTS if e.name == dirty)})
     return choose_start_event()
+
+
+def chosen_dirty_event(layout: kernel.Layout | None) -> str:
+    """The page-dirtied event a run attaches: the raw path's from its layout, the perf-event path's from tracefs."""
+    return layout.firsts[0] if layout is not None and layout.firsts else dirty_event()
 
 
 def dirty_event() -> str:
@@ -387,7 +393,7 @@ def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, s
         cflags.append("-DIOTRACE_NO_CMPXCHG")
     if not bpfobject.has_ancestor_cgroup():
         cflags.append("-DIOTRACE_NO_ANCESTOR_CGROUP")
-    if layout is None and dirty_event() != DIRTY_EVENTS[0]:
+    if chosen_dirty_event(layout) != DIRTY_EVENTS[0]:
         cflags.append("-DIOTRACE_DIRTY_PAGE")
     cflags.append(f"-DIOTRACE_CPUS={max(possible) + 1}")
     for name, value in (("INFLIGHT_SLOTS", opts.inflight_slots), ("HIST_ENTRIES", opts.hist_entries),
@@ -429,8 +435,8 @@ class Probe:
                             + (f"here it is not available: {self.attach_note}" if self.attach_note
                                else "--attach tracepoint cannot tell a split bio's completion"))
         self.start_event = layout.start_event if layout is not None else check_perf_events(bio)
-        # where a traced process dirtying a page is seen (the raw path reads a folio: the newest only)
-        self.dirty_event = DIRTY_EVENTS[0] if layout is not None else dirty_event()
+        # where a traced process dirtying a page is seen (writeback_dirty_page before 5.17)
+        self.dirty_event = chosen_dirty_event(layout)
         layout, stamps_note = choose_stamps(opts.stamps, layout, list(opts.devs.devs))
         self.stamps = "kernel" if layout is not None and layout.stamped else "own"
         # the event table's "present" events this kernel has, attached beside the others (raw path)
