@@ -1,7 +1,8 @@
 """Inside the kernel-matrix guest: how many of fio's requests iotrace records, beside what the kernel says.
 
 One fio job (4 KiB randread, O_DIRECT, libaio, 2 jobs x iodepth 16, 4096 requests in all) on a loop
-device backed by a file on ext4, for each I/O scheduler (none, mq-deadline) and attach path (raw_tp,
+device backed by a file on ext4 (where the loop device takes no scheduler, as on 5.10, the scheduler's
+rows run on a null_blk disk), for each I/O scheduler (none, mq-deadline) and attach path (raw_tp,
 tracepoint), traced by `python -m tracer.cli -j --dev loopN --attach PATH -- fio ...`.  For the same
 run it counts the device's completed requests in /sys/block/loopN/stat and the block tracepoints
 that fired for it (a private tracefs instance, filtered on the device).  This is what the BPF side's
@@ -91,13 +92,29 @@ def fio_cmd(loop: str, out: Path) -> list[str]:
             "--size=128M", "--group_reporting", "--output-format=json", f"--output={out}"]
 
 
+def offers(dev: str, sched: str) -> bool:
+    """Whether /sys/block/DEV/queue/scheduler lists `sched`."""
+    return sched in Path(f"/sys/block/{dev}/queue/scheduler").read_text().replace("[", " ").replace("]", " ").split()
+
+
+def null_disk() -> str:
+    """/dev/nullb0, a null_blk disk with blk-mq (Debian's kernels ship the module): where a loop device takes
+    no I/O scheduler (5.10's offer [none] only), the scheduler rows run on it."""
+    if not Path("/dev/nullb0").exists():
+        sh("modprobe", "null_blk", "nr_devices=1", "queue_mode=2", "gb=1")
+    return "/dev/nullb0"
+
+
 def one_run(src: Path, work: Path, sched: str, attach: str, timeout: float, extra: list[str] = ()) -> dict:
     backing = work / f"fio-{sched}-{attach}.img"
     with open(backing, "wb") as f:
         f.truncate(256 << 20)
     loop = sh("losetup", "--find", "--show", "--direct-io=off", str(backing))
-    dev = os.path.basename(loop)
+    disk = loop if offers(os.path.basename(loop), sched) else null_disk()
+    dev = os.path.basename(disk)
     rec: dict = {"scheduler": sched, "attach": attach, "device": dev}
+    if disk != loop:
+        rec["note"] = f"{os.path.basename(loop)} offers no {sched}: null_blk"
     inst = None
     try:
         qs = Path(f"/sys/block/{dev}/queue/scheduler")
@@ -111,7 +128,7 @@ def one_run(src: Path, work: Path, sched: str, attach: str, timeout: float, extr
         major, minor = (int(x) for x in Path(f"/sys/block/{dev}/dev").read_text().split(":"))
         inst = Instance((major << 20) | minor)
         fio_json = work / f"fio-{sched}-{attach}.json"
-        fio = fio_cmd(loop, fio_json)
+        fio = fio_cmd(disk, fio_json)
         before = stat_ios(dev)
         inst.on(True)
         t0 = time.monotonic()
@@ -158,6 +175,8 @@ def one_run(src: Path, work: Path, sched: str, attach: str, timeout: float, extr
                 pass
         subprocess.run(["losetup", "-d", loop], check=False)
         backing.unlink(missing_ok=True)
+        if disk != loop:
+            subprocess.run(["modprobe", "-r", "null_blk"], check=False)
     return rec
 
 

@@ -405,6 +405,8 @@ def report(results: list[dict]) -> bool:
                 note = "no final dump"
             if note and r.get("iotrace_stderr"):
                 note += ": " + " ".join(r["iotrace_stderr"].strip().splitlines()[-1:])[:120]
+            if r.get("note"):       # the row ran on another device (guest_fio.py null_disk)
+                note = f"{note}; {r['note']}" if note else r["note"]
             rows.append([r["scheduler"], r["attach"], r.get("fio_total_ios", "-"),
                          r.get("diskstats", {}).get("read", "-"), r.get("diskstats", {}).get("read_merges", "-"),
                          r.get("iotrace_recorded", "-"),
