@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, ROOT, evict, read_dumps, run_traced_group, traced_event
+from conftest import PYTHON, ROOT, evict, mount_ext4, read_dumps, run_traced_group, traced_event
 
 bpf = pytest.mark.bpf
 
@@ -50,7 +50,7 @@ def _cold_files(loop, mnt: Path) -> Path:
     subprocess.run(["sync"], check=True)
     # remounting leaves none of the files in the page cache: epoch 1 reads them from the device
     subprocess.run(["umount", str(mnt)], check=True)
-    subprocess.run(["mount", "-o", "noatime,no_prefetch_block_bitmaps", loop.path, str(mnt)], check=True)
+    mount_ext4(loop.path, mnt, "noatime,no_prefetch_block_bitmaps")
     return data
 
 
@@ -69,7 +69,7 @@ def _rows(dumps: list[dict], pids: set[int]) -> list[dict]:
 def _remount(loop, mnt: Path) -> None:
     """Cold again: none of the files left in the page cache."""
     subprocess.run(["umount", str(mnt)], check=True)
-    subprocess.run(["mount", "-o", "noatime,no_prefetch_block_bitmaps", loop.path, str(mnt)], check=True)
+    mount_ext4(loop.path, mnt, "noatime,no_prefetch_block_bitmaps")
 
 
 # the per-process rows' two modes: by default from the page cache's and ext4's events, with --tasks the syscalls'
@@ -105,7 +105,7 @@ def test_epochs_cold_then_warm_against_delay_accounting(ext4_mnt, tmp_path, dela
                                         if toggled else "every cold worker's delay-accounting figure is broken")
               + f" (workers' block-I/O delay {[w['blkio_ns'] / 1e9 for w in read_dumps(results)]} s)")
         subprocess.run(["umount", str(mnt)], check=True)     # cold again
-        subprocess.run(["mount", "-o", "noatime,no_prefetch_block_bitmaps", loop.path, str(mnt)], check=True)
+        mount_ext4(loop.path, mnt, "noatime,no_prefetch_block_bitmaps")
     else:
         pytest.fail("no usable delay-accounting reference in 3 runs (see the captured output)")
     assert "no per-process rows" not in stderr, stderr
