@@ -184,7 +184,13 @@ enum iotrace_reason {
  * as -DIOTRACE_K_<NAME>=<value>.  The block is never compiled: it is read
  * by tracer/contract.py, one entry per line.
  *   KMEMBER(NAME, struct, member[.member], bytes)  byte offset of a member the
- *                                                  programs read as `bytes`
+ *                                                  programs read as `bytes`.  A
+ *                                                  NAME listed again: an older
+ *                                                  kernel's form of it, the first
+ *                                                  the kernel has is taken and
+ *                                                  IOTRACE_K_<NAME>_ERA says which
+ *                                                  (0 the first); a KHEAD spans
+ *                                                  only the forms in its struct
  *   KENUM(NAME, enumerator)                        an enumerator's value
  *   KHEAD(NAME, struct, MEMBER_NAME...)            bytes from the struct's start
  *                                                  to the end of the last of
@@ -208,6 +214,9 @@ enum iotrace_reason {
  *                                                  entries that follow, up to
  *                                                  the next KSCOPE
  * KSCOPE(block) (the start): the block-layer programs' (raw_tp.bpf.c);
+ * KSCOPE(block, <event>): that event's program's own, resolved only where it
+ * is attached (a kernel without them loses that program's feature: the bio
+ * programs fall back to the perf-event path, an optional event is left out);
  * KSCOPE(block, stamps) theirs too, only with --stamps kernel (IOTRACE_KERNEL_STAMPS):
  * a kernel without one keeps iotrace's own stamps, said at start.
  * KSCOPE(tasks): read by the per-process programs (tracer/sources/tasks.py)
