@@ -216,7 +216,8 @@ enum iotrace_reason {
  * KSCOPE(block) (the start): the block-layer programs' (raw_tp.bpf.c);
  * KSCOPE(block, <event>): that event's program's own, resolved only where it
  * is attached (a kernel without them loses that program's feature: the bio
- * programs fall back to the perf-event path, an optional event is left out);
+ * programs fall back to the perf-event path, an optional event is left out;
+ * an optional event's are resolved alone, so its KHEADs name its own members);
  * KSCOPE(block, stamps) theirs too, only with --stamps kernel (IOTRACE_KERNEL_STAMPS):
  * a kernel without one keeps iotrace's own stamps, said at start.
  * KSCOPE(tasks): read by the per-process programs (tracer/sources/tasks.py)

@@ -60,8 +60,8 @@ def _spelled(wants: list[list[str]]) -> str:
     return " or ".join(f"({', '.join(want)})" for want in wants)
 
 
-def _member_problem(btf: Btf, struct: str, path: str, size: int) -> str | None:
-    """Why `struct`'s member `path` cannot be read as `size` bytes on this kernel, or None when it can."""
+def _member_offset(btf: Btf, struct: str, path: str, size: int) -> int | str:
+    """The byte offset of `struct`'s member `path`, read as `size` bytes; or why this kernel has it not so."""
     try:
         m = btf.member(struct, path)
     except BtfError as exc:
@@ -69,7 +69,7 @@ def _member_problem(btf: Btf, struct: str, path: str, size: int) -> str | None:
     if m.bitfield_size or m.size != size:
         return (f"struct {struct} member {path} is {m.size} bytes"
                 f"{' (a bitfield)' if m.bitfield_size else ''}; iotrace reads {size}")
-    return None
+    return m.offset
 
 
 def _last_flag(event: str, wants: list[list[str]], want: list[str]) -> dict[str, int]:
@@ -90,18 +90,19 @@ def resolve(btf: Btf, reads: contract.KernelReads, events: Iterable[str],
     taken: dict[str, tuple[str, str, int]] = {}     # NAME -> the form of it this kernel has
     for name, newest in reads.members.items():
         forms = [newest, *reads.older.get(name, ())]
-        problems = []
+        problems: list[str] = []
         for era, (struct, path, size) in enumerate(forms):
-            problem = _member_problem(btf, struct, path, size)
-            if problem is None:
-                values[name] = btf.member(struct, path).offset
-                taken[name] = forms[era]
-                if len(forms) > 1:
-                    values[f"{name}_ERA"] = era
-                break
-            problems.append(problem)
+            got = _member_offset(btf, struct, path, size)
+            if isinstance(got, str):
+                problems.append(got)
+                continue
+            values[name] = got
+            taken[name] = forms[era]
+            if len(forms) > 1:
+                values[f"{name}_ERA"] = era
+            break
         else:
-            missing.append(" and ".join(problems) if len(problems) == 1 else f"{name}: {' nor '.join(problems)}")
+            missing.append(problems[0] if len(problems) == 1 else f"{name}: {' nor '.join(problems)}")
     for name, enumerator in reads.enums.items():
         try:
             values[name] = btf.enumerator(enumerator)
@@ -232,10 +233,11 @@ def load(events: Iterable[str], path: str = BTF_PATH, reads: contract.KernelRead
     if optional:
         values, present = dict(layout.values), []
         for event in present_events(btf, reads, optional):
-            try:     # an optional event whose own reads this kernel lacks is left out with it
-                values.update(resolve(btf, _with_scopes(reads, own, (event,)), (), start_events=()).values)
-            except LayoutError:
-                continue
+            if event in own:     # its own reads alone (the table's are resolved above); lacking them, left out
+                try:
+                    values.update(resolve(btf, own[event], (), start_events=()).values)
+                except LayoutError:
+                    continue
             present.append(event)
         layout = replace(layout, values=values, present=tuple(present))
     if reads.bits:
