@@ -259,6 +259,15 @@ def read_dumps(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def read_stats(name: str) -> tuple[int, int]:
+    """(reads completed, ms spent reading) of a disk, from /proc/diskstats."""
+    for line in open("/proc/diskstats"):
+        f = line.split()
+        if f[2] == name:
+            return int(f[3]), int(f[6])
+    raise AssertionError(f"{name} not in /proc/diskstats")
+
+
 def fio_cmd(filename: str, name: str = "job", **opts) -> list[str]:
     """A fio command line with --output-format=json; options as keyword arguments."""
     base = {"rw": "randread", "bs": "4k", "size": "16M", "direct": 1, "ioengine": "psync"}

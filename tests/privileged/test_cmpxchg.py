@@ -13,7 +13,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import PYTHON, ROOT, TIMEOUT_SCALE, assert_count, fio_cmd, read_dumps, series_of
+from conftest import PYTHON, ROOT, TIMEOUT_SCALE, assert_count, fio_cmd, read_dumps, read_stats, series_of
 
 from tracer.sources import bpfobject
 
@@ -46,24 +46,16 @@ def test_the_cmpxchg_probe_agrees_with_the_kernel_version():
     assert bpfobject.has_cmpxchg() == (kernel_version() >= (5, 12))
 
 
-def read_ios(name: str) -> int:
-    for line in open("/proc/diskstats"):
-        f = line.split()
-        if f[2] == name:
-            return int(f[3])
-    raise AssertionError(f"{name} not in /proc/diskstats")
-
-
 @bpf
 @pytest.mark.parametrize("attach", ["raw_tp", "tracepoint"])
 def test_emulated_claims_record_every_request(attach, loop, tmp_path):
     out = tmp_path / "run.jsonl"
-    before = read_ios(loop.name)
+    before = read_stats(loop.name)[0]
     r = subprocess.run([PYTHON, "-c", NO_CMPXCHG, "--attach", attach, "--no-tasks", "--dev", loop.name,
                         "-o", str(out), "--", *fio_cmd(loop.path, size="32M", ioengine="libaio", iodepth=16,
                                                        numjobs=2, group_reporting=1)],
                        cwd=ROOT, capture_output=True, text=True, timeout=180 * TIMEOUT_SCALE)
-    reads = read_ios(loop.name) - before
+    reads = read_stats(loop.name)[0] - before
     assert r.returncode == 0, r.stderr
     assert "-DIOTRACE_NO_CMPXCHG" in r.stderr, r.stderr
     fio = json.loads(r.stdout[r.stdout.index("{"):r.stdout.rindex("}") + 1])["jobs"][0]["read"]

@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import assert_count, fio_cmd, read_dumps, reaped, run_iotrace, series_of, skipped_by_kernel
+from conftest import assert_count, fio_cmd, read_dumps, read_stats, reaped, run_iotrace, series_of, skipped_by_kernel
 from unit.test_core import finish, start_tracer
 
 from tracer.sources.probe import USER_DROPS
@@ -56,15 +56,6 @@ JOB = {"size": "64M", "ioengine": "libaio", "iodepth": 32, "iodepth_batch_submit
 # of the total (860 ms of 865), and 4.8 us in a TCG guest (6.12: 16246 ms of 16324, 0.5% too); iotrace's
 # own stamps fall 15% short (786 of 925), so a bound of 1.5% tells the two apart on either
 END_GAP = 0.015
-
-
-def read_stats(name: str) -> tuple[int, int]:
-    """(reads completed, ms spent reading) of a disk, from /proc/diskstats."""
-    for line in open("/proc/diskstats"):
-        f = line.split()
-        if f[2] == name:
-            return int(f[3]), int(f[6])
-    raise AssertionError(f"{name} not in /proc/diskstats")
 
 
 def traced_fio(loop, tmp_path, stamps: str) -> tuple[dict, dict, int, int]:
