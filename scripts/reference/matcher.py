@@ -22,7 +22,7 @@ Matching, per request (the semantics iotrace promises, done exactly):
               used to tell which of two requests at one sector was issued)
   write-back  a request started by a thread between writeback_single_inode_start
               and writeback_single_inode of an inode (bdi name, ino) is that
-              inode's last dirtier's (writeback_dirty_folio, not by a thread
+              inode's last dirtier's (writeback_dirty_folio or _page, not by a thread
               writing back), unless the dirtier's process is the thread's own:
               Request.dirtier; the comparison charges it to the dirtier where
               the dirtier is in its scope (comparison.compare), marked wb
@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tracer import contract
+from tracer.sources import probe
 
 from .events import DEFAULT_START, Event, Stamp
 
@@ -212,7 +213,7 @@ class Truth:
                 continue
             if ev.name.startswith("writeback_"):
                 tgid = ev.tgid if ev.tgid is not None else ev.pid
-                if ev.name == "writeback_dirty_folio":
+                if ev.name in probe.DIRTY_EVENTS:
                     if ev.pid not in writing:     # a flusher dirtying as it writes back is no writer
                         dirtiers[(f["name"], f["ino"])] = (tgid, ev.pid, f.get("comm", ""))
                 elif ev.name == "writeback_single_inode_start":

@@ -7,7 +7,8 @@ block_rq_merge, block_bio_frontmerge, block_rq_requeue and the start event
 iotrace uses (iotrace_start_event(): block_io_start on Linux 6.5+, block_getrq
 before it, or what $IOTRACE_START_EVENT forces), filtered to the devices given,
 sched_process_fork (to know a command's process tree) and
-writeback_dirty_folio, writeback_single_inode_start, writeback_single_inode
+the page-dirtied event iotrace uses (writeback_dirty_folio; writeback_dirty_page
+before Linux 5.17), writeback_single_inode_start, writeback_single_inode
 (filtered to the devices' bdi names: whose write-back a flusher's request is).
 The devices are whole disks: block_getrq's dev is the bio's, a partition's
 where the bio was sent to one, so on a partition the filter would drop its
@@ -50,8 +51,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tracer import contract
 from tracer.errors import UserError
-from tracer.sources import bpfobject, probe
+from tracer.sources import bpfobject, kernel, probe
 from tracer.sources.devices import kdev
 
 from .events import DEFAULT_START, DISTURBED_NS, Event, Stamp, TruthError, stamped
@@ -61,7 +63,8 @@ from .matcher import Truth
 OTHER_BLOCK_EVENTS = ("block_rq_issue", "block_rq_complete", "block_rq_merge", "block_bio_frontmerge",
                       "block_rq_requeue")
 FORK_EVENT = ("sched", "sched_process_fork")
-WRITEBACK_EVENTS = ("writeback_dirty_folio", "writeback_single_inode_start", "writeback_single_inode")
+#: After the page-dirtied event (probe.dirty_event(): writeback_dirty_folio, or writeback_dirty_page before 5.17)
+WRITEBACK_EVENTS = ("writeback_single_inode_start", "writeback_single_inode")
 DEFAULT_BUFFER_KB = 64 * 1024          # per CPU
 
 
@@ -246,6 +249,23 @@ STAMP_PER_CPU = 1 << 18
 
 
 
+#: What a block_getrq start's stamp reads of its bio besides iotrace's BIO_SECTOR: its device, as
+#: block_getrq's dev field gives it: bi_bdev's bd_dev, or before Linux 5.12 (no bi_bdev) the disk's
+#: (bi_disk: its major and first minor, IOTRACE_K_BIO_BDEV_ERA 1; the partition is remapped by then)
+BIO_READS = contract.KernelReads(
+    members={"BIO_BDEV": ("bio", "bi_bdev", 8), "BDEV_DEV": ("block_device", "bd_dev", 4)},
+    enums={}, heads={}, raw_tps={}, older={"BIO_BDEV": [("bio", "bi_disk", 8)]})
+
+
+def bio_cflags() -> list[str]:
+    """BIO_READS resolved in the running kernel's BTF, as -DIOTRACE_K_<NAME>=<value> flags."""
+    try:
+        values = kernel.resolve(kernel.open_btf(), BIO_READS, (), start_events=()).values
+    except kernel.LayoutError as exc:
+        raise TruthError(f"the stamper cannot read a bio on this kernel: {exc}") from None
+    return [f"-DIOTRACE_K_{name}={value}" for name, value in sorted(values.items())]
+
+
 class Stamper:
     """stamps.bpf.c twice: attach_before() ahead of iotrace, attach_after() once iotrace is attached.
 
@@ -256,16 +276,16 @@ class Stamper:
     def __init__(self, devs: Sequence[int], per_cpu: int = STAMP_PER_CPU, attach: str = "auto"):
         bpfobject.preflight()
         self._bcc = bpfobject.import_bcc()
-        # the way iotrace attaches (probe.ATTACH_MODES): programs run in attach order only among their kind
-        # bio=True: the layout with the bio's own members (KSCOPE(block, block_bio_queue)), which a
-        # block_getrq start's stamp reads
-        self.attach, layout, _ = probe.choose_attach(attach, bio=True)
+        # the way iotrace attaches without --bio (probe.ATTACH_MODES): programs run in attach order only
+        # among their kind
+        self.attach, layout, _ = probe.choose_attach(attach, bio=False)
         # the start iotrace will use (iotrace_start_event): the stamps' first program
         self.start_event = layout.start_event if layout is not None else probe.choose_start_event()
         self.stamped = stamped(self.start_event)
         self._cflags = ["-DSTAMP_RAW_TP", *layout.cflags()] if layout else []
         if layout and probe.starts_at_bio(self.start_event):
-            self._cflags.append("-DSTAMP_START_BIO")     # its argument is the bio, not the request
+            # its argument is the bio, not the request: what the stamp reads of it, resolved here
+            self._cflags += ["-DSTAMP_START_BIO", *bio_cflags()]
         self.devs = list(devs)
         self.per_cpu = per_cpu
         self.ncpu = max(self._bcc.utils.get_possible_cpus()) + 1
@@ -409,6 +429,7 @@ class TruthRecorder:
         # the start iotrace will use: recorded and matched as the request's start
         self.start_event = self.stamper.start_event if self.stamper else iotrace_start_event(attach)
         self.block_events = block_events(self.start_event)
+        self.writeback_events = (probe.dirty_event(), *WRITEBACK_EVENTS)
         self.buffer_kb = buffer_kb
         try:
             self.tracefs = Path(tracefs) if tracefs is not None else probe.tracefs()   # the one iotrace uses
@@ -462,7 +483,7 @@ class TruthRecorder:
         self._write(f"events/{FORK_EVENT[0]}/{FORK_EVENT[1]}/enable", "1")
         # a disk's bdi is named "major:minor"
         bdi = " || ".join(f'name == "{d >> 20}:{d & 0xFFFFF}"' for d in self.devs)
-        for ev in WRITEBACK_EVENTS:
+        for ev in self.writeback_events:
             if bdi:
                 self._write(f"events/writeback/{ev}/filter", bdi)
             self._write(f"events/writeback/{ev}/enable", "1")
@@ -508,7 +529,7 @@ class TruthRecorder:
             for ev in self.block_events:
                 (self.dir / f"events/block/{ev}/enable").write_text("0")
             (self.dir / f"events/{FORK_EVENT[0]}/{FORK_EVENT[1]}/enable").write_text("0")
-            for ev in WRITEBACK_EVENTS:
+            for ev in self.writeback_events:
                 (self.dir / f"events/writeback/{ev}/enable").write_text("0")
         except OSError:
             pass
@@ -522,7 +543,7 @@ class TruthRecorder:
     def _formats(self) -> dict[int, EventFormat]:
         out = {}
         for system, name in [("block", e) for e in self.block_events] + [FORK_EVENT] + \
-                [("writeback", e) for e in WRITEBACK_EVENTS]:
+                [("writeback", e) for e in self.writeback_events]:
             fmt = EventFormat.parse(system, name, (self.dir / "events" / system / name / "format").read_text())
             out[fmt.id] = fmt
         return out

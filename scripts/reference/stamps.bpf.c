@@ -30,8 +30,9 @@
  * writes its name for STAMP_START_EVENT): block_io_start (Linux 6.5+), or
  * block_getrq before it, whose argument is the struct bio (STAMP_START_BIO):
  * its device and sector are read from the bio as block_getrq's own fields
- * are (bi_bdev->bd_dev: on a partition, the partition's dev; bi_sector:
- * already the whole disk's), and the bio's address is recorded instead of
+ * are (bi_bdev->bd_dev: on a partition, the partition's dev; before 5.12
+ * bi_disk's major and first minor, the whole disk's; bi_sector: already
+ * the whole disk's), and the bio's address is recorded instead of
  * the request's; the issue then records rq->bio and the bio after it (a
  * front merge puts another first), which is how the matcher finds the
  * start of the request issued, as iotrace does; the request's address
@@ -144,8 +145,17 @@ static __always_inline int stamp_bio(u64 now, u8 event, u64 bio)
 
 	bpf_probe_read_kernel(&bdev, sizeof(bdev), (void *)(bio + IOTRACE_K_BIO_BDEV));
 	bpf_probe_read_kernel(&sector, sizeof(sector), (void *)(bio + IOTRACE_K_BIO_SECTOR));
+#if IOTRACE_K_BIO_BDEV_ERA
+	/* before 5.12: bi_disk, the whole disk (block_getrq's dev): its major and first minor */
+	u32 mm[2] = {};
+
+	if (bdev)
+		bpf_probe_read_kernel(mm, sizeof(mm), (void *)(bdev + IOTRACE_K_DISK_MAJOR));
+	dev = (mm[0] << 20) | mm[1];
+#else
 	if (bdev)
 		bpf_probe_read_kernel(&dev, sizeof(dev), (void *)(bdev + IOTRACE_K_BDEV_DEV));
+#endif
 	return stamp(now, event, dev, sector, 0, bio, 0);
 }
 
