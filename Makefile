@@ -1,5 +1,5 @@
 # iotrace developer entry points; `make test` and `make demo` set the machine up first.
-.PHONY: setup setup-tf setup-torch test test-unit test-kernels bench-nullblk lint demo bench man clean
+.PHONY: setup setup-tf setup-torch test test-unit test-kernels bench-nullblk lint demo bench man contract clean
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
@@ -40,10 +40,12 @@ test-kernels:
 bench-nullblk:
 	$(AS_ROOT) python3 scripts/kernels/run.py --tests "" --no-fio --nullblk $(KERNELS_ARGS)
 
-# Lint with ruff, and check the package's layers with import-linter (both configured in pyproject.toml).
+# Lint with ruff, check the package's layers with import-linter (both configured in pyproject.toml), and
+# that the headers written from bpf/contract.toml are current.
 lint:
 	.venv/bin/ruff check tracer tests scripts
 	.venv/bin/lint-imports
+	$(PY) -m tracer.contract --check
 
 # Run the demo.
 demo: setup
@@ -70,6 +72,11 @@ bench:
 # (tests/unit/test_manpage.py fails while the committed page differs). Read it: man -l docs/iotrace.8
 man:
 	$(PY) -m tracer.cli.manpage -o docs/iotrace.8
+
+# The C definitions the BPF programs include (bpf/iotrace_defs.h, bpf/tasks_defs.h), written from the one
+# table both sides read, bpf/contract.toml (tests/unit/test_contract_syntax.py fails while they differ).
+contract:
+	$(PY) -m tracer.contract
 
 # Remove the venv and every cache.
 clean:

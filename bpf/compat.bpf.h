@@ -74,7 +74,7 @@
  * five limits (thresh, bg_thresh, dirty, bdi_thresh, bdi_dirty) with one
  * struct dirty_throttle_control *; it was taken into 6.14-stable in April
  * 2025 (the mainline release: version not confirmed).  Debian 12's 6.1 has
- * the old one.  iotrace.h lists both prototypes up to pause and
+ * the old one.  contract.toml lists both prototypes up to pause and
  * tracer/sources/kernel.py passes IOTRACE_K_BALANCE_DIRTY_PAGES_LAST, the
  * index of pause in the one this kernel has.
  */
@@ -82,7 +82,7 @@
 
 /*
  * Raw tracepoints only some kernels have, each program under
- * IOTRACE_HAVE_<EVENT> (iotrace.h's EVENT table, "present"; per-process
+ * IOTRACE_HAVE_<EVENT> (contract.toml's events, "present"; per-process
  * rows: tracer/sources/tasks.py choose_sources): the #ifdefs stay at the
  * programs (raw_tp.bpf.c, files.bpf.h, pagecache.bpf.h).
  *   mm_filemap_get_pages(mapping, index, last_index): from the patch
@@ -163,7 +163,7 @@ static __always_inline bool tag_cas(u64 *p, u64 old, u64 new)
 /*
  * A request's disk: rq->q->disk, or before it rq->rq_disk (Debian 11's
  * 5.10 has rq_disk and no request_queue.disk, 6.1 the reverse; the
- * releases that moved it: version not confirmed).  iotrace.h lists both
+ * releases that moved it: version not confirmed).  contract.toml lists both
  * forms of RQ_DISK and the loader says which this kernel has in
  * IOTRACE_K_RQ_DISK_ERA (tracer/sources/kernel.py resolve()).
  * rq_disk_of(h): the disk where the request's head holds it (era 1: the
@@ -178,7 +178,7 @@ static __always_inline bool tag_cas(u64 *p, u64 old, u64 new)
 
 /*
  * block_getrq's bio: (bio) on newer kernels, (q, bio, rw) on 5.10 (the
- * queue argument went soon after, version not confirmed).  iotrace.h
+ * queue argument went soon after, version not confirmed).  contract.toml
  * lists both prototypes up to the bio, and the
  * loader passes IOTRACE_K_BLOCK_GETRQ_LAST, the bio's index, when the
  * start is block_getrq.
@@ -196,20 +196,20 @@ static __always_inline bool tag_cas(u64 *p, u64 old, u64 new)
  * before it, (preempt, prev, next), and
  * tasks.bpf.c reads prev's state itself: task_struct.__state (4 bytes), or
  * on 5.10 task_struct.state (a long: IOTRACE_K_TASK_STATE_ERA 1).
- * iotrace.h lists both prototypes, and the loader passes
+ * contract.toml lists both prototypes, and the loader passes
  * IOTRACE_K_SCHED_SWITCH_LAST (3 with prev_state).  Stays in tasks.bpf.c
  * (switch_prev_state()): it reads with the per-process programs' kread.
  */
 
 /*
- * Not handled: iotrace.h's KERNEL_TABLE lists one prototype, so on the raw
+ * Not handled: contract.toml's [[iotrace.kernel]] lists one prototype, so on the raw
  * paths tracer/sources/kernel.py refuses such a kernel at load, naming it:
  *   - block_rq_* taking (q, rq): older kernels passed the request queue
  *     first; version not confirmed (Debian's 5.10 already takes (rq)).
  *     block_bio_complete still takes (q, bio).
  * writeback_dirty_page, renamed writeback_dirty_folio by upstream
  * b9b0ff61eef5 ("mm/writeback: Convert tracing writeback_page_template to
- * folios"), is handled: iotrace.h's 'dirty' events, IOTRACE_DIRTY_PAGE.
+ * folios"), is handled: contract.toml's 'dirty' events, IOTRACE_DIRTY_PAGE.
  */
 
 #endif /* IOTRACE_COMPAT_BPF_H */

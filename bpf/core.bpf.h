@@ -22,7 +22,7 @@
  * tracer/sources/probe.py; everything else that goes wrong is counted here in the
  * reasons map.  User space flips the generation, waits out programs still
  * running on the old one, then drains it: intervals are exact and nothing
- * races a delete.  Keys, values and codes live in iotrace.h.
+ * races a delete.  Keys and values live in iotrace.h, codes and sizes in contract.toml.
  *
  * The loader defines IOTRACE_BIO_LEVEL when a bio-based disk is to be
  * traced, IOTRACE_HAVE_GROUP_DEAD where sched_process_exit says whether
@@ -273,7 +273,7 @@ static __always_inline u32 log2_u64(u64 v)
 	return r | (v >> 1);
 }
 
-/* The bucket scheme of iotrace.h, which is HdrHistogram's counts index. */
+/* The bucket scheme of contract.toml, which is HdrHistogram's counts index. */
 static __always_inline u16 bucket_of(u64 ns)
 {
 	const u64 top = (1ULL << (IOTRACE_HIST_MAX_MSB + 1)) - 1;

@@ -24,7 +24,7 @@
  * The programs get the tracepoint's own arguments (ctx->args[]) and read
  * the kernel structs behind them at the offsets, and compare with the enum
  * values, that tracer/sources/kernel.py took from the running kernel's BTF and
- * passed as IOTRACE_K_* (the list is IOTRACE_KERNEL_TABLE in iotrace.h): bcc
+ * passed as IOTRACE_K_* (the list is [[iotrace.kernel]] in contract.toml): bcc
  * applies no CO-RE relocation, and its header tree may be another
  * kernel's.  A raw tracepoint program has a recursion guard of its own,
  * so no other BPF program running on the CPU makes the kernel skip it.
@@ -337,7 +337,7 @@ static __always_inline void bios_of(u64 rq, u32 nr_bytes, u64 now)
 	if (kread(&q, sizeof(q), rq + IOTRACE_K_RQ_Q, IOTRACE_DROP_KERNEL_READ) ||
 	    kread(&part, sizeof(part), rq + IOTRACE_K_RQ_PART, IOTRACE_DROP_KERNEL_READ))
 		return;
-	dev = queue_dev(q, part, 0, now);	/* --bio: kernels whose queue has the disk (KSCOPE(block, block_bio_queue)) */
+	dev = queue_dev(q, part, 0, now);	/* --bio: kernels whose queue has the disk (scope ["block", "block_bio_queue"]) */
 	bd = dev ? bio_devs.lookup(&dev) : 0;
 	if (bd && bd->mark && !kread(&bio, sizeof(bio), rq + IOTRACE_K_RQ_BIO, IOTRACE_DROP_KERNEL_READ))
 		bios_complete(bio, nr_bytes, now);
@@ -633,7 +633,7 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 
 #ifndef IOTRACE_NO_WRITEBACK
 #ifdef IOTRACE_DIRTY_PAGE
-/* writeback_dirty_page(page, mapping), before 5.17 (iotrace.h's 'dirty' events): a page at a time */
+/* writeback_dirty_page(page, mapping), before 5.17 (contract.toml's 'dirty' events): a page at a time */
 RAW_TRACEPOINT_PROBE(writeback_dirty_page)
 {
 	u64 inode = 0;

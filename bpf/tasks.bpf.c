@@ -13,7 +13,7 @@
  *                     and to throttle_ns when balance_dirty_pages put it there
  *   balance_dirty_pages  pause > 0: the thread's next I/O wait is throttling
  *                     (IOTRACE_TASKS_THROTTLE: where the kernel has one of
- *                     the event's prototypes iotrace.h lists)
+ *                     the event's prototypes contract.toml lists)
  *   sched_process_fork / exit  the pid filter follows forks; a process's
  *                     exit is stamped, and user space deletes it once read
  *
@@ -52,7 +52,7 @@
  * own --attach tracepoint path) no events, though not less per syscall.
  *
  * Kernel structs are read only at offsets from the running kernel's BTF
- * (IOTRACE_K_*, from iotrace.h's IOTRACE_KERNEL_TABLE, resolved by
+ * (IOTRACE_K_*, from contract.toml's [[iotrace.kernel]], resolved by
  * tracer/sources/kernel.py).  fentry/fexit would be cheaper for the syscalls and
  * vfs_read, but tracing programs are refused on the machines measured.
  * Counters are cumulative; user space takes differences at each drain.
@@ -228,7 +228,7 @@ RAW_TRACEPOINT_PROBE(sched_wakeup)
 /*
  * balance_dirty_pages(wb, dtc, dirty_ratelimit, task_ratelimit, dirtied,
  * period, pause, start_time); before the dtc argument (Debian 12's 6.1) the
- * limits came one by one and pause was the 11th.  iotrace.h lists both
+ * limits came one by one and pause was the 11th.  contract.toml lists both
  * prototypes up to pause: IOTRACE_K_BALANCE_DIRTY_PAGES_LAST is its index
  * (compat.bpf.h bdp_pause).
  */

@@ -2,54 +2,18 @@
 /*
  * tasks.h - the contract between bpf/tasks.bpf.c (per-process I/O wait, file
  * reads, page-cache misses, fsync and dirty-page throttling; its page-cache
- * and ext4 handlers in bpf/pagecache.bpf.h) and tracer/sources/tasks.py.
- *
- * Same rules as iotrace.h, whose parser (tracer/contract.py) reads this file
- * too: constants are "#define IOTRACE_NAME <integer>", enums list
- * "NAME = <integer>," one per line and end with a *_COUNT.  The kernel
- * members and raw tracepoints these programs read are in iotrace.h's
- * IOTRACE_KERNEL_TABLE (under KSCOPE(tasks); each event source's own
- * entries under KSCOPE(tasks, <source>), each group resolved apart: a
- * kernel without one loses that counter only).
+ * and ext4 handlers in bpf/pagecache.bpf.h) and tracer/sources/tasks.py: the
+ * maps' layouts.  The constants and reason codes are bpf/contract.toml's
+ * [tasks] part (tasks_defs.h); the kernel members and raw tracepoints these
+ * programs read are its [[iotrace.kernel]] scopes ["tasks"] and
+ * ["tasks", <source>], each group resolved apart: a kernel without one loses
+ * that counter only.
  */
 #ifndef IOTRACE_TASKS_H
 #define IOTRACE_TASKS_H
 
 #include "readpos.h"	/* one read's pages from the page cache's event, shared with the per-file rows */
-
-#define IOTRACE_TASKS_ENTRIES 16384	/* processes with counters (exited ones go at the next drain) */
-#define IOTRACE_TASKS_THREADS 65536	/* threads with a wait in progress, or that had one */
-#define IOTRACE_TASKS_PIDS 65536	/* the traced processes, when a pid filter is set */
-#define IOTRACE_TASKS_COMM_LEN 16
-#define IOTRACE_TASKS_S_IFMT 0xF000	/* inode mode: file type bits (stat.h, fixed by POSIX) */
-#define IOTRACE_TASKS_S_IFREG 0x8000	/* regular file */
-
-/* Thread flags (struct iotrace_thread.flags). */
-#define IOTRACE_TASKS_THROTTLE_NEXT 1	/* balance_dirty_pages said it will sleep: the next I/O wait is throttling */
-#define IOTRACE_TASKS_THROTTLED 2	/* the I/O wait in progress is dirty-page throttling */
-#define IOTRACE_TASKS_READING 4	/* in a read syscall on a regular file */
-#define IOTRACE_TASKS_WAITED 8	/* blocked in I/O wait since its last read batch (page-cache source: readpos.h) */
-
-/* The page cache's own numbers (fixed by the kernel's folio layout, include/linux/mm.h folio_order) */
-#define IOTRACE_TASKS_FOLIO_ORDER_MASK 0xff	/* folio._flags_1: the order of a large folio */
-
-/*
- * x86_64: thread_info.status bit of a task inside a 32-bit (ia32) syscall,
- * whose number is from the 32-bit table (arch/x86/include/asm/thread_info.h
- * TS_COMPAT; a #define, so not in BTF; 0x0002 since 2.6.x).  The raw
- * sys_enter program skips such syscalls, as the perf-event syscall
- * tracepoints do (trace_get_syscall_nr() is -1 for them).
- */
-#define IOTRACE_TASKS_X86_TS_COMPAT 0x0002
-
-/* What could not be recorded, each counted (per CPU, never reset). */
-enum iotrace_tasks_reason {
-	IOTRACE_TASKS_DROP_TASKS_FULL = 0,	/* no room for a process: its counters lost */
-	IOTRACE_TASKS_DROP_THREADS_FULL = 1,	/* no room for a thread: a wait or fsync lost */
-	IOTRACE_TASKS_DROP_PIDS_FULL = 2,	/* a forked child could not join the filter */
-	IOTRACE_TASKS_DROP_KERNEL_READ = 3,	/* a read of a kernel struct failed: its event lost */
-	IOTRACE_TASKS_REASON_COUNT = 4,
-};
+#include "tasks_defs.h"	/* the constants and reason codes, written from bpf/contract.toml [tasks] */
 
 /* Global switches, written by user space: array map of one entry. */
 struct iotrace_tasks_config {

@@ -328,7 +328,7 @@ static __always_inline u64 wb_inode_key(const char *name, u64 ino)
 	return (h ^ (h >> 32)) | 1;
 }
 
-/* a page dirtied: the event's name before Linux 5.17 where the loader defines IOTRACE_DIRTY_PAGE (iotrace.h) */
+/* a page dirtied: the event's name before Linux 5.17 where the loader defines IOTRACE_DIRTY_PAGE (contract.toml) */
 #ifdef IOTRACE_DIRTY_PAGE
 TRACEPOINT_PROBE(writeback, writeback_dirty_page)
 #else

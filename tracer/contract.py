@@ -1,34 +1,37 @@
-"""The kernel/user contract, read from bpf/iotrace.h.
+"""The kernel/user contract, read from bpf/contract.toml.
 
-bpf/iotrace.h is the single source of truth for the bucket scheme, the op,
-phase and drop-reason codes and the map sizes.  This module parses its
-``#define IOTRACE_*`` constants and ``enum iotrace_*`` members so that no
-number is typed twice; struct layouts come from bcc, which compiles the
-header.  Pure Python: importable without root, bcc or numpy.
+bpf/contract.toml is the single source of truth for the bucket scheme, the
+op, phase and drop-reason codes, the map sizes, the kernel members and raw
+tracepoints the programs read and the events they attach to.  This module
+reads it with tomllib (no number is typed twice) and writes from it the C
+definitions the BPF programs include (render_header; `make contract`, i.e.
+``python -m tracer.contract``); struct layouts come from bcc, which compiles
+bpf/iotrace.h.  Pure Python: importable without root, bcc or numpy.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import os
-import re
+import sys
+import tokenize
+import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-# within one line: a bare #define (the include guard) must not take the next line as its value
-_DEFINE = re.compile(r"^[ \t]*#define[ \t]+(IOTRACE_\w+)[ \t]+(.+?)[ \t]*(?:/\*.*)?$", re.M)
-_ENUM = re.compile(r"enum\s+(iotrace_\w+)\s*\{(.*?)\};", re.S)
-_MEMBER = re.compile(r"^\s*(IOTRACE_\w+)\s*=\s*(\d+)\s*,", re.M)
-_EVENT_TABLE = re.compile(r"^#ifdef IOTRACE_EVENT_TABLE\b(.*?)^#endif", re.M | re.S)
-_EVENT_ENTRY = re.compile(r"^EVENT\(([^)]*)\)\s*(?:/\*.*\*/)?\s*$")
 EVENT_WHEN = ("always", "start", "bio", "present", "dirty")
-_KERNEL_TABLE = re.compile(r"^#ifdef IOTRACE_KERNEL_TABLE\b(.*?)^#endif", re.M | re.S)
-_KERNEL_ENTRY = re.compile(r"^(KMEMBER|KENUM|KHEAD|KRAWTP|KBIT|KSCOPE)\((.*?)\)\s*(?:/\*.*\*/)?\s*$")
-# KSCOPE(tasks, <source>): one event source of the per-process programs, resolved apart
+# ["tasks", <source>]: one event source of the per-process programs, resolved apart
 TASK_SOURCES = ("reads", "cache", "fsync", "throttled")
-_OVERRIDE_TABLE = re.compile(r"^#ifdef IOTRACE_OVERRIDE_TABLE\b(.*?)^#endif", re.M | re.S)
-_OVERRIDE_ENTRY = re.compile(r"^(TUNABLE|SET_BY_USER)\((\w+)\)\s*(?:/\*.*\*/)?\s*$")
+OVERRIDES = ("tunable", "set_by_user")
+# the parts of contract.toml: each one generated header, included by the header named after the part
+PARTS = ("iotrace", "tasks")
+CONTRACT_FILE = "contract.toml"
+
+
+class ContractError(ValueError):
+    """bpf/contract.toml says something this module cannot take (one line: where, and what)."""
 
 
 ENV_BPF_DIR = "IOTRACE_BPF_DIR"
@@ -57,22 +60,109 @@ def bpf_dir() -> Path:
     return installed if (installed / "iotrace.h").is_file() else here.parent / "bpf"
 
 
-def _eval_int(expr: str, known: dict[str, int]) -> int:
-    """Evaluate a C integer expression made of literals, known names and + - << >> * ( )."""
-    text = re.sub(r"\b(IOTRACE_\w+)\b", lambda m: str(known[m.group(1)]), expr)
-    text = re.sub(r"\b(0[xX][0-9a-fA-F]+|\d+)[uUlL]+\b", r"\1", text)
-    tree = ast.parse(text, mode="eval")
-    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub,
-               ast.Mult, ast.LShift, ast.RShift, ast.USub, ast.FloorDiv)
-    for node in ast.walk(tree):
-        if not isinstance(node, allowed):
-            raise ValueError(f"unsupported expression in iotrace.h: {expr!r}")
-    return int(eval(compile(tree, "<iotrace.h>", "eval")))  # noqa: S307 - vetted AST above
+def header_file(part: str) -> str:
+    """The generated header of a part of contract.toml, e.g. iotrace_defs.h."""
+    return f"{part}_defs.h"
+
+
+# ---- constants: an integer, or a C expression of literals and earlier names --------------------------
+
+_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b,
+           ast.Div: lambda a, b: a // b, ast.LShift: lambda a, b: a << b, ast.RShift: lambda a, b: a >> b}
+
+
+def _expression(name: str, text: str) -> ast.expr:
+    try:
+        return ast.parse(text, mode="eval").body
+    except SyntaxError:
+        raise ContractError(f"{CONTRACT_FILE}: {name}: {text!r} is not an expression") from None
+
+
+def _evaluate(name: str, node: ast.expr, known: dict[str, int]) -> int:
+    """The value of a constant's expression: integer literals, names defined before it, + - * / << >>."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in known:
+            raise ContractError(f"{CONTRACT_FILE}: {name} uses {node.id}, not a constant defined before it")
+        return known[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_evaluate(name, node.operand, known)
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        return _BINOPS[type(node.op)](_evaluate(name, node.left, known), _evaluate(name, node.right, known))
+    raise ContractError(f"{CONTRACT_FILE}: {name}: {ast.unparse(node)!r} is not an integer expression "
+                        f"(literals, earlier constants, + - * / << >>)")
+
+
+def _c_text(written: str, prefix: str) -> str:
+    """A constant's expression as C: as written in contract.toml, its names prefixed (read by Python's
+    tokenizer: the operators and parentheses left as the author wrote them, which C reads alike)."""
+    out, last = [], 0
+    for tok in tokenize.generate_tokens(io.StringIO(written).readline):
+        if tok.type == tokenize.NAME:
+            out += [written[last:tok.start[1]], prefix + tok.string]
+            last = tok.end[1]
+    return "".join(out) + written[last:]
 
 
 @dataclass(frozen=True)
+class Constant:
+    """One entry of [<part>.constants]."""
+
+    name: str            # without the prefix: HIST_BUCKETS
+    value: int
+    c_text: str          # the value as the generated header writes it
+    doc: str = ""
+    override: str = ""   # "", or one of OVERRIDES: defined under #ifndef
+
+
+def _constants(table: dict, prefix: str) -> list[Constant]:
+    out: list[Constant] = []
+    known: dict[str, int] = {}
+    for name, entry in table.items():
+        entry = entry if isinstance(entry, dict) else {"value": entry}
+        unknown = set(entry) - {"value", "doc", "suffix", "override"}
+        if unknown or "value" not in entry:
+            raise ContractError(f"{CONTRACT_FILE}: constant {name}: takes value, doc, suffix, override "
+                                f"(not {sorted(unknown) or 'without a value'})")
+        raw, override, suffix = entry["value"], entry.get("override", ""), entry.get("suffix", "")
+        if override and override not in OVERRIDES:
+            raise ContractError(f"{CONTRACT_FILE}: constant {name}: override is one of {', '.join(OVERRIDES)}, "
+                                f"not {override!r}")
+        if suffix not in ("", "U", "UL", "ULL"):
+            raise ContractError(f"{CONTRACT_FILE}: constant {name}: suffix {suffix!r} is not U, UL or ULL")
+        node = _expression(name, raw.strip()) if isinstance(raw, str) else ast.Constant(raw)
+        value = _evaluate(name, node, known)
+        text = _c_text(raw.strip(), prefix) if isinstance(raw, str) else str(raw)
+        if suffix and not isinstance(node, ast.Constant):
+            raise ContractError(f"{CONTRACT_FILE}: constant {name}: a suffix goes on a literal, not {text}")
+        if "*/" in entry.get("doc", ""):
+            raise ContractError(f"{CONTRACT_FILE}: constant {name}: its doc would end the header's comment")
+        known[name] = value
+        out.append(Constant(name, value, text + suffix, entry.get("doc", ""), override))
+    return out
+
+
+def _enums(table: dict, prefix: str) -> dict[str, tuple[list[tuple[str, str]], str]]:
+    """enum name -> ([(member, doc)], count name), members numbered in order."""
+    out = {}
+    for name, entry in table.items():
+        members, count = entry.get("members"), entry.get("count")
+        if not isinstance(count, str) or not count.endswith("_COUNT") or not isinstance(members, list) \
+                or not all(isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m) for m in members):
+            raise ContractError(f"{CONTRACT_FILE}: enum {name}: members = [[NAME, doc], ...] and count = "
+                                f"\"<NAME>_COUNT\"")
+        if any("*/" in doc for _, doc in members):
+            raise ContractError(f"{CONTRACT_FILE}: enum {name}: a doc would end the header's comment")
+        out[name] = ([(m, doc) for m, doc in members], count)
+    return out
+
+
+# ---- the kernel reads and the events: read by user space only --------------------------------------
+
+@dataclass(frozen=True)
 class KernelReads:
-    """What the raw-tracepoint programs read of the kernel (iotrace.h's IOTRACE_KERNEL_TABLE)."""
+    """What the raw-tracepoint programs read of the kernel (contract.toml's [[iotrace.kernel]])."""
 
     members: dict[str, tuple[str, str, int]]   # NAME -> (struct, member path, bytes read)
     enums: dict[str, str]                      # NAME -> enumerator
@@ -98,24 +188,24 @@ class Contract:
     defines: dict[str, int]
     enums: dict[str, dict[str, int]]
     kernel: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
-    # the entries under KSCOPE(tasks): read by the per-process programs only, so a kernel that
+    # the entries under scope ["tasks"]: read by the per-process programs only, so a kernel that
     # lacks one costs the block-layer programs nothing
     kernel_tasks: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
-    # the entries under KSCOPE(tasks, syscalls[, arch]): the per-process programs' raw sys_enter/sys_exit
+    # the entries under scope ["tasks", "syscalls"[, arch]]: the per-process programs' raw sys_enter/sys_exit
     # variant only, by architecture ("" for every one; else platform.machine(), e.g. "x86_64")
     kernel_syscalls: dict[str, KernelReads] = field(default_factory=dict)
-    # the entries under KSCOPE(tasks, reads|cache|fsync|throttled): one source each of the per-process programs
+    # the entries under scope ["tasks", reads|cache|fsync|throttled]: one source each of the per-process programs
     # (page-cache, ext4 and write-back events), resolved apart: a kernel without one loses that counter only
     kernel_sources: dict[str, KernelReads] = field(default_factory=dict)
-    # the entries under KSCOPE(block, stamps): read by the block-layer programs only with --stamps kernel (the
+    # the entries under scope ["block", "stamps"]: read by the block-layer programs only with --stamps kernel (the
     # request's own start_time_ns / io_start_time_ns), resolved apart: a kernel without them keeps iotrace's stamps
     kernel_stamps: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
-    # IOTRACE_EVENT_TABLE: the block-layer programs' events, in the table's order
+    # [iotrace] events: the block-layer programs' events, in the table's order
     events: tuple[Event, ...] = ()
-    # IOTRACE_OVERRIDE_TABLE: the constants user space may set, NAME (without IOTRACE_) -> "tunable" (a map
+    # the constants user space may set (their override), NAME (without IOTRACE_) -> "tunable" (a map
     # size an option may change) or "set_by_user" (a fact of the running machine)
     overrides: dict[str, str] = field(default_factory=dict)
-    # the entries under KSCOPE(block, <event>): read by that event's block-layer program only, resolved with
+    # the entries under scope ["block", <event>]: read by that event's block-layer program only, resolved with
     # it where it is attached (a kernel without the event, or with another of its group, needs none of them)
     kernel_events: dict[str, KernelReads] = field(default_factory=dict)
 
@@ -178,78 +268,72 @@ class Contract:
         return self.const("HIST_BUCKETS")
 
 
-def _parse_kernel(text: str) -> tuple[KernelReads, KernelReads, dict[str, KernelReads], dict[str, KernelReads],
-                                       KernelReads, dict[str, KernelReads]]:
-    """(the block-layer programs' reads: KSCOPE(block), the table's start; the per-process programs':
-    KSCOPE(tasks); their raw-syscall variant's by architecture: KSCOPE(tasks, syscalls[, arch]), "" for
-    every one; their event sources' by source: KSCOPE(tasks, reads|cache|fsync|throttled); the kernel
-    stamps' extra reads: KSCOPE(block, stamps); one block-layer program's own: KSCOPE(block, <event>))."""
+_READ_ARITY = {"member": 4, "enum": 2, "bit": 3}
+
+
+def _scope(scope: list[str], block: KernelReads, tasks: KernelReads, syscalls: dict[str, KernelReads],
+           sources: dict[str, KernelReads], stamps: KernelReads, events: dict[str, KernelReads]) -> KernelReads:
+    """The reads a [[iotrace.kernel]] scope = [program, part, arch] puts its entries in."""
+    if scope == ["block"]:
+        return block
+    if scope == ["block", "stamps"]:
+        return stamps
+    if len(scope) == 2 and scope[0] == "block" and scope[1].isidentifier() and scope[1].islower():
+        return events.setdefault(scope[1], KernelReads({}, {}, {}, {}))
+    if scope == ["tasks"]:
+        return tasks
+    if scope[:2] == ["tasks", "syscalls"] and len(scope) <= 3 and all(s.isidentifier() for s in scope):
+        return syscalls.setdefault(scope[2] if len(scope) == 3 else "", KernelReads({}, {}, {}, {}))
+    if len(scope) == 2 and scope[0] == "tasks" and scope[1] in TASK_SOURCES:
+        return sources.setdefault(scope[1], KernelReads({}, {}, {}, {}))
+    raise ContractError(f"{CONTRACT_FILE}: unknown kernel scope {scope}")
+
+
+def _add_read(reads: KernelReads, entry: list, scope: list[str]) -> None:
+    kind, args = (entry[0], entry[1:]) if entry and isinstance(entry, list) else ("", [])
+    if kind not in ("member", "enum", "head", "raw_tp", "bit") or len(args) < 2 \
+            or (kind in _READ_ARITY and len(args) != _READ_ARITY[kind]) \
+            or not all(isinstance(a, int if (kind == "member" and i == 3) else str) for i, a in enumerate(args)):
+        raise ContractError(f"{CONTRACT_FILE}: kernel scope {scope}: bad read {entry!r}")
+    name = args[0]
+    if kind == "member" and name in reads.members:
+        reads.older.setdefault(name, []).append((args[1], args[2], args[3]))
+    elif kind == "member":
+        reads.members[name] = (args[1], args[2], args[3])
+    elif kind == "enum":
+        reads.enums[name] = args[1]
+    elif kind == "head":
+        reads.heads[name] = (args[1], list(args[2:]))
+    elif kind == "bit":
+        reads.bits[name] = (args[1], args[2])
+    else:
+        reads.raw_tps.setdefault(name, []).append(list(args[1:]))
+
+
+def _kernel(scopes: list) -> tuple[KernelReads, KernelReads, dict[str, KernelReads], dict[str, KernelReads],
+                                   KernelReads, dict[str, KernelReads]]:
+    """(the block-layer programs' reads: ["block"]; the per-process programs': ["tasks"]; their
+    raw-syscall variant's by architecture: ["tasks", "syscalls"[, arch]], "" for every one; their event
+    sources' by source: ["tasks", reads|cache|fsync|throttled]; the kernel stamps' extra reads:
+    ["block", "stamps"]; one block-layer program's own: ["block", <event>])."""
     block, tasks, stamps = KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {})
     syscalls: dict[str, KernelReads] = {}
     sources: dict[str, KernelReads] = {}
     events: dict[str, KernelReads] = {}
-    reads = block
-    table = _KERNEL_TABLE.search(text)
-    for line in (table.group(1).splitlines() if table else ()):
-        if not line.strip():
-            continue
-        m = _KERNEL_ENTRY.match(line.strip())
-        if not m:
-            raise ValueError(f"iotrace.h: bad line in IOTRACE_KERNEL_TABLE: {line.strip()!r}")
-        kind, args = m.group(1), [a.strip() for a in m.group(2).split(",")]
-        if kind == "KSCOPE":
-            reads = _scope(args, line, block, tasks, syscalls, sources, stamps, events)
-        elif kind == "KMEMBER" and args[0] in reads.members:
-            reads.older.setdefault(args[0], []).append((args[1], args[2], int(args[3])))
-        elif kind == "KMEMBER":
-            reads.members[args[0]] = (args[1], args[2], int(args[3]))
-        elif kind == "KENUM":
-            reads.enums[args[0]] = args[1]
-        elif kind == "KHEAD":
-            reads.heads[args[0]] = (args[1], args[2:])
-        elif kind == "KBIT":
-            reads.bits[args[0]] = (args[1], args[2])
-        else:
-            reads.raw_tps.setdefault(args[0], []).append(args[1:])
+    for entry in scopes:
+        scope = entry.get("scope")
+        if not isinstance(scope, list) or not all(isinstance(s, str) for s in scope) \
+                or not isinstance(entry.get("reads"), list) or set(entry) != {"scope", "reads"}:
+            raise ContractError(f"{CONTRACT_FILE}: a [[iotrace.kernel]] is scope = [...] and reads = [...]")
+        reads = _scope(scope, block, tasks, syscalls, sources, stamps, events)
+        for read in entry["reads"]:
+            _add_read(reads, read, scope)
     return block, tasks, syscalls, sources, stamps, events
-
-
-def _scope(args: list[str], line: str, block: KernelReads, tasks: KernelReads,
-           syscalls: dict[str, KernelReads], sources: dict[str, KernelReads], stamps: KernelReads,
-           events: dict[str, KernelReads]) -> KernelReads:
-    """The reads a KSCOPE(program[, part[, arch]]) line puts the entries after it in."""
-    if args == ["block"]:
-        return block
-    if args == ["block", "stamps"]:
-        return stamps
-    if len(args) == 2 and args[0] == "block" and re.fullmatch(r"[a-z]\w+", args[1]):
-        return events.setdefault(args[1], KernelReads({}, {}, {}, {}))
-    if args == ["tasks"]:
-        return tasks
-    if args[:2] == ["tasks", "syscalls"] and len(args) <= 3 and all(re.fullmatch(r"\w+", a) for a in args):
-        return syscalls.setdefault(args[2] if len(args) == 3 else "", KernelReads({}, {}, {}, {}))
-    if len(args) == 2 and args[0] == "tasks" and args[1] in TASK_SOURCES:
-        return sources.setdefault(args[1], KernelReads({}, {}, {}, {}))
-    raise ValueError(f"iotrace.h: bad KSCOPE in IOTRACE_KERNEL_TABLE: {line.strip()!r}")
-
-
-def _parse_overrides(text: str, defines: dict[str, int]) -> dict[str, str]:
-    """IOTRACE_OVERRIDE_TABLE: NAME -> "tunable" or "set_by_user"; each must name a #define of the header."""
-    table = _OVERRIDE_TABLE.search(text)
-    out: dict[str, str] = {}
-    for line in (table.group(1).splitlines() if table else ()):
-        if not line.strip():
-            continue
-        m = _OVERRIDE_ENTRY.match(line.strip())
-        if not m or "IOTRACE_" + m.group(2) not in defines or m.group(2) in out:
-            raise ValueError(f"iotrace.h: bad line in IOTRACE_OVERRIDE_TABLE: {line.strip()!r}")
-        out[m.group(2)] = m.group(1).lower()
-    return out
 
 
 @dataclass(frozen=True)
 class Event:
-    """One line of IOTRACE_EVENT_TABLE: a tracepoint the block-layer programs attach to."""
+    """One of contract.toml's events: a tracepoint the block-layer programs attach to."""
 
     name: str                   # block_rq_issue
     category: str               # its tracefs category: block, sched
@@ -260,44 +344,99 @@ class Event:
     fields: tuple[str, ...]     # the tracepoint format fields the perf-event program reads
 
 
-def _parse_events(text: str) -> tuple[Event, ...]:
-    table = _EVENT_TABLE.search(text)
+_EVENT_KEYS = {"name", "category", "short", "paths", "when", "fields"}
+
+
+def _events(entries: list) -> tuple[Event, ...]:
     out = []
-    for line in (table.group(1).splitlines() if table else ()):
-        if not line.strip():
-            continue
-        m = _EVENT_ENTRY.match(line.strip())
-        args = [a.strip() for a in m.group(1).split(",")] if m else []
-        if len(args) != 6 or args[4] not in EVENT_WHEN:
-            raise ValueError(f"iotrace.h: bad line in IOTRACE_EVENT_TABLE: {line.strip()!r}")
-        name, category, short, paths, when, fields = args
-        out.append(Event(name, category, short, tuple(paths.split()), when,
-                         () if fields == "-" else tuple(fields.split())))
+    for e in entries:
+        if not isinstance(e, dict) or set(e) != _EVENT_KEYS or e["when"] not in EVENT_WHEN \
+                or not all(isinstance(e[k], str) for k in ("name", "category", "short", "when")) \
+                or not all(isinstance(e[k], list) for k in ("paths", "fields")):
+            raise ContractError(f"{CONTRACT_FILE}: bad event {e!r}: each has {', '.join(sorted(_EVENT_KEYS))}, "
+                                f"when one of {', '.join(EVENT_WHEN)}")
+        out.append(Event(e["name"], e["category"], e["short"], tuple(e["paths"]), e["when"], tuple(e["fields"])))
     return tuple(out)
 
 
-def parse(text: str) -> Contract:
-    defines: dict[str, int] = {}
-    for name, expr in _DEFINE.findall(text):
-        try:
-            defines[name] = _eval_int(expr, defines)
-        except (KeyError, SyntaxError, ValueError):
-            continue  # not an integer constant (e.g. the include guard)
-    enums = {name: {m: int(v) for m, v in _MEMBER.findall(body)} for name, body in _ENUM.findall(text)}
-    for name, members in enums.items():
-        count = [v for m, v in members.items() if m.endswith("_COUNT")]
-        if not count or sorted(v for m, v in members.items() if not m.endswith("_COUNT")) != list(range(count[0])):
-            raise ValueError(f"enum {name} in iotrace.h must number its members 0..N-1 and end with *_COUNT = N")
-    block, tasks, syscalls, sources, stamps, event_reads = _parse_kernel(text)
-    events = _parse_events(text)
+# ---- the contract of one part -------------------------------------------------------------------------
+
+def _part(text: str, part: str) -> dict:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ContractError(f"{CONTRACT_FILE}: {exc}") from None
+    got = doc.get(part)
+    if not isinstance(got, dict) or not isinstance(got.get("prefix"), str):
+        raise ContractError(f"{CONTRACT_FILE}: no [{part}] with its prefix")
+    unknown = set(got) - {"prefix", "constants", "enums", "kernel", "events"}
+    if unknown:
+        raise ContractError(f"{CONTRACT_FILE}: [{part}] has {', '.join(sorted(unknown))}, which nothing reads")
+    return got
+
+
+def parse(text: str, part: str = "iotrace") -> Contract:
+    """The contract of one part ([iotrace] or [tasks]) of contract.toml's text."""
+    doc = _part(text, part)
+    prefix = doc["prefix"]
+    constants = _constants(doc.get("constants", {}), prefix)
+    defines = {prefix + c.name: c.value for c in constants}
+    enums = {}
+    for name, (members, count) in _enums(doc.get("enums", {}), prefix).items():
+        enums["iotrace_" + name] = {**{prefix + m: i for i, (m, _) in enumerate(members)}, prefix + count: len(members)}
+    block, tasks, syscalls, sources, stamps, event_reads = _kernel(doc.get("kernel", []))
+    events = _events(doc.get("events", []))
     stray = set(event_reads) - {e.name for e in events}
     if stray:
-        raise ValueError(f"iotrace.h: KSCOPE(block, <event>) for events not in IOTRACE_EVENT_TABLE: {sorted(stray)}")
-    return Contract(defines, enums, block, tasks, syscalls, sources, stamps, events,
-                    _parse_overrides(text, defines), event_reads)
+        raise ContractError(f"{CONTRACT_FILE}: kernel scopes [\"block\", <event>] for events not in its "
+                            f"events: {sorted(stray)}")
+    overrides = {c.name: c.override for c in constants if c.override}
+    return Contract(defines, enums, block, tasks, syscalls, sources, stamps, events, overrides, event_reads)
 
 
-@lru_cache(maxsize=1)
-def load() -> Contract:
-    """The contract of the installed BPF sources."""
-    return parse((bpf_dir() / "iotrace.h").read_text())
+def render_header(text: str, part: str) -> str:
+    """The C definitions of one part of contract.toml's text: what `make contract` writes to its header."""
+    doc = _part(text, part)
+    prefix = doc["prefix"]
+    guard = f"{prefix}DEFS_H" if part != "iotrace" else "IOTRACE_DEFS_H"
+    out = ["/* SPDX-License-Identifier: GPL-2.0 */",
+           f"/* Written by `make contract` from bpf/{CONTRACT_FILE} [{part}], where each value is explained:",
+           " * edit that file, not this one (tests/unit/test_contract_syntax.py compares the two). */",
+           f"#ifndef {guard}", f"#define {guard}", ""]
+    for c in _constants(doc.get("constants", {}), prefix):
+        line = f"#define {prefix}{c.name} {c.c_text}" + (f"\t/* {c.doc} */" if c.doc else "")
+        out += [f"#ifndef {prefix}{c.name}", line, "#endif"] if c.override else [line]
+    for name, (members, count) in _enums(doc.get("enums", {}), prefix).items():
+        out += ["", f"enum iotrace_{name} {{"]
+        out += [f"\t{prefix}{m} = {i}," + (f"\t/* {d} */" if d else "") for i, (m, d) in enumerate(members)]
+        out += [f"\t{prefix}{count} = {len(members)},", "};"]
+    return "\n".join([*out, "", f"#endif /* {guard} */", ""])
+
+
+@lru_cache(maxsize=len(PARTS))
+def load(part: str = "iotrace") -> Contract:
+    """The contract of the installed BPF sources: one part of their contract.toml."""
+    return parse((bpf_dir() / CONTRACT_FILE).read_text(), part)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`make contract`: write each part's header next to contract.toml (or, with --check, say which differ)."""
+    args = sys.argv[1:] if argv is None else argv
+    src = bpf_dir()
+    text = (src / CONTRACT_FILE).read_text()
+    stale = []
+    for part in PARTS:
+        path, want = src / header_file(part), render_header(text, part)
+        if path.is_file() and path.read_text() == want:
+            continue
+        stale.append(path.name)
+        if "--check" not in args:
+            path.write_text(want)
+    if stale and "--check" in args:
+        print(f"contract: {', '.join(stale)} differ from {CONTRACT_FILE}: run `make contract`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

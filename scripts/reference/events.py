@@ -68,7 +68,7 @@ class Stamp:
         return None
 
 
-#: The request's start: iotrace's start events, newest first (bpf/iotrace.h's event table).  The
+#: The request's start: iotrace's start events, newest first (bpf/contract.toml's events).  The
 #: reference records and stamps the one iotrace uses (recorder.iotrace_start_event(), the choice
 #: iotrace makes, $IOTRACE_START_EVENT included): block_io_start on Linux 6.5+, block_getrq before.
 START_EVENTS = kernel.START_EVENTS

@@ -1,6 +1,6 @@
 """Every program the loader attaches, on each path and with the bio programs, reports its skipped events.
 
-A program missing from iotrace.h's IOTRACE_EVENT_TABLE would run with its
+A program missing from contract.toml's events would run with its
 recursion misses unreported: the loaded object is checked against the table.
 """
 

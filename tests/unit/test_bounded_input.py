@@ -65,10 +65,10 @@ def test_a_line_just_under_the_limit_is_still_read(tmp_path, capsys):
 
 def test_iotrace_bpf_dir_is_refused_under_sudo(tmp_path):
     """Under sudo (SUDO_UID set), $IOTRACE_BPF_DIR would have root compile the user's BPF source: one line,
-    exit 2, before anything is read from that directory (its iotrace.h here would be a parse error)."""
+    exit 2, before anything is read from that directory (its contract.toml here would be a parse error)."""
     import os
 
-    (tmp_path / "iotrace.h").write_text("#define IOTRACE_X (\n")
+    (tmp_path / "contract.toml").write_text("[iotrace\n")
     env = {**os.environ, "IOTRACE_BPF_DIR": str(tmp_path), "SUDO_UID": "65534", "SUDO_GID": "65534"}
     r = subprocess.run([sys.executable, "-m", "tracer.cli", "-d", "1"], cwd=ROOT, capture_output=True, text=True,
                        timeout=60, env=env)

@@ -322,7 +322,7 @@ KERNEL_MEMBERS = [
     ("request", "__data_len"),
     ("request", "__sector"),
     ("request", "part"),
-    ("request_queue", "disk", "request", "rq_disk"),   # a request's disk; 5.10's (iotrace.h: RQ_DISK's forms)
+    ("request_queue", "disk", "request", "rq_disk"),   # a request's disk; 5.10's (contract.toml: RQ_DISK's forms)
     ("gendisk", "major"),
     ("gendisk", "first_minor"),
     ("bio", "bi_bdev", "bio", "bi_disk"),               # 5.10's bio names its disk
@@ -476,7 +476,7 @@ def test_kernel_struct_sizes(kernel_btf, bpftool_dump):
 def test_kernel_block_rq_complete_proto(kernel_btf):
     assert kernel_btf.func_proto("btf_trace_block_rq_complete") in (
         ["void *", "struct request *", "blk_status_t", "unsigned int"],
-        ["void *", "struct request *", "int", "unsigned int"],      # 5.10 (iotrace.h lists both)
+        ["void *", "struct request *", "int", "unsigned int"],      # 5.10 (contract.toml lists both)
     )
 
 

@@ -1,4 +1,4 @@
-"""The values other modules take from tracer.contract, derived from bpf/iotrace.h."""
+"""The values other modules take from tracer.contract, derived from bpf/contract.toml."""
 
 from __future__ import annotations
 

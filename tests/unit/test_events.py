@@ -1,4 +1,4 @@
-"""iotrace.h's IOTRACE_EVENT_TABLE is the one list of the block-layer programs' events: each attach path's
+"""contract.toml's events is the one list of the block-layer programs' events: each attach path's
 source has a program for exactly the events the table gives it, and Python derives the rest."""
 
 from __future__ import annotations
@@ -55,18 +55,21 @@ def test_derived_lists():
     assert all(e.name in raw for e in probe.EVENTS if "raw_tp" in e.paths)
 
 
-@pytest.mark.parametrize("line", [
-    "EVENT(block_rq_issue, block, issue, raw_tp, sometimes, dev)",      # an unknown "when"
-    "EVENT(block_rq_issue, block, issue, raw_tp)",                      # too few columns
-    "EVENTS(block_rq_issue, block, issue, raw_tp, always, dev)",
+@pytest.mark.parametrize("entry", [
+    '{ name = "block_rq_issue", category = "block", short = "issue", paths = ["raw_tp"], when = "sometimes", '
+    'fields = ["dev"] }',                                                            # an unknown "when"
+    '{ name = "block_rq_issue", category = "block", short = "issue", paths = ["raw_tp"] }',   # too few keys
+    '{ name = "block_rq_issue", category = "block", short = "issue", paths = "raw_tp", when = "always", '
+    'fields = ["dev"] }',                                                            # paths not a list
+    '["block_rq_issue", "block", "issue", ["raw_tp"], "always", ["dev"]]',         # not a table
 ])
-def test_a_bad_table_line_is_named(line):
-    text = f"#ifdef IOTRACE_EVENT_TABLE\n{line}\n#endif\n"
-    with pytest.raises(ValueError, match="IOTRACE_EVENT_TABLE"):
+def test_a_bad_event_is_named(entry):
+    text = f'[iotrace]\nprefix = "IOTRACE_"\nevents = [\n  {entry},\n]\n'
+    with pytest.raises(ValueError, match="bad event"):
         contract.parse(text)
 
 
-def test_a_table_line_parses():
-    [e] = contract.parse("#ifdef IOTRACE_EVENT_TABLE\nEVENT(x_y, block, xy, raw_tp tracepoint, bio, -)\n#endif\n"
-                         ).events
+def test_an_event_parses():
+    [e] = contract.parse('[iotrace]\nprefix = "IOTRACE_"\nevents = [{ name = "x_y", category = "block", short = "xy", '
+                         'paths = ["raw_tp", "tracepoint"], when = "bio", fields = [] }]\n').events
     assert e == contract.Event("x_y", "block", "xy", ("raw_tp", "tracepoint"), "bio", ())

@@ -1,4 +1,4 @@
-"""tracer.sources.kernel: iotrace.h's kernel table resolved against a BTF, and every gap named (no root)."""
+"""tracer.sources.kernel: contract.toml's kernel reads resolved against a BTF, and every gap named (no root)."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_older_start_event_and_no_group_dead():
 def test_a_start_event_with_other_arguments_is_passed_over():
     fake = complete_btf()
     fake.protos.pop("btf_trace_block_io_start")
-    fake.protos["btf_trace_block_getrq"] = ["void *", "struct request_queue *", "int"]     # no form iotrace.h lists
+    fake.protos["btf_trace_block_getrq"] = ["void *", "struct request_queue *", "int"]     # no form contract.toml lists
     assert kernel.resolve(fake, READS, EVENTS).start_event == "block_rq_insert"
 
 
@@ -146,12 +146,12 @@ def test_the_running_kernel():
         assert layout.values[name] == btf.enumerator(enumerator)
 
 
-# An event whose arguments moved between kernels: iotrace.h lists it once a prototype (bpf/iotrace.h, KRAWTP)
-ERAS = contract.parse("#ifdef IOTRACE_KERNEL_TABLE\n"
-                      "KRAWTP(moved, struct a *, struct b *, long int)\t/* newer */\n"
-                      "KRAWTP(moved, struct a *, long unsigned int, long unsigned int, long int)\t/* older */\n"
-                      "KRAWTP(plain, struct a *)\n"
-                      "#endif\n").kernel
+# An event whose arguments moved between kernels: contract.toml lists it once a prototype (raw_tp reads)
+ERAS = contract.parse('[iotrace]\nprefix = "IOTRACE_"\n[[iotrace.kernel]]\nscope = ["block"]\nreads = [\n'
+                      '  ["raw_tp", "moved", "struct a *", "struct b *", "long int"],  # newer\n'
+                      '  ["raw_tp", "moved", "struct a *", "long unsigned int", "long unsigned int", "long int"],\n'
+                      '  ["raw_tp", "plain", "struct a *"],\n'
+                      ']\n').kernel
 
 
 @pytest.mark.parametrize("args, last", [

@@ -269,7 +269,7 @@ def test_each_page_cache_source_is_chosen_where_the_kernel_has_it_else_said_unav
 ])
 @pytest.mark.parametrize("hooks", [False, True])
 def test_throttling_reads_pause_where_the_kernel_s_prototype_puts_it(bdp, want, hooks):
-    """Either prototype iotrace.h lists is taken, and the flag says which argument is pause; in both modes."""
+    """Either prototype contract.toml lists is taken, and the flag says which argument is pause; in both modes."""
     sources, flags = choose_sources(SourcesBtf(bdp=bdp), contract.load(), syscall_hooks=hooks, syscalls="raw_tp")
     if isinstance(want, str):
         assert sources["throttled"].startswith(want), sources["throttled"]

@@ -3,7 +3,7 @@
 This module owns everything iotrace does with a latency distribution once the
 kernel has bucketed it:
 
-* the bucket scheme of bpf/iotrace.h, vectorised (``bucket_index``,
+* the bucket scheme of bpf/contract.toml, vectorised (``bucket_index``,
   ``bucket_lower``, ``bucket_upper``, ``bucket_value``), with every constant
   taken from ``tracer.contract``;
 * ``Histogram``, a sparse, immutable set of (bucket, count) pairs with exact
@@ -67,7 +67,7 @@ def hdr_bucket_count(highest: int, half_magnitude: int, unit_magnitude: int) -> 
 if (hdr_half_count_magnitude(SIGFIGS) != SUB_BITS
         or (hdr_bucket_count(HDR_HIGHEST, SUB_BITS, 0) + 1) << SUB_BITS != BUCKETS):
     raise ImportError(
-        f"bpf/iotrace.h: HIST_SUB_BITS={SUB_BITS}, HIST_MAX_MSB={MAX_MSB}, HIST_BUCKETS={BUCKETS} "
+        f"bpf/contract.toml: HIST_SUB_BITS={SUB_BITS}, HIST_MAX_MSB={MAX_MSB}, HIST_BUCKETS={BUCKETS} "
         f"and HDR_SIGFIGS={SIGFIGS} no longer describe one HdrHistogram layout")
 
 _I64 = np.int64

@@ -16,7 +16,7 @@ maps to fill) stays with them; what is the same is here:
   tracer falls back from raw syscall tracepoints to perf-event ones); bcc
   attaches every program the text defines by its name
   (TRACEPOINT_PROBE / RAW_TRACEPOINT_PROBE), which is how the event table
-  (iotrace.h's IOTRACE_EVENT_TABLE) decides what is attached: the source
+  (contract.toml's events) decides what is attached: the source
   defines a program for exactly its table events (tests/unit/test_events.py);
 - its programs' statistics from the kernel (BPF_OBJ_GET_INFO_BY_FD: runs, run
   time, recursion misses) and the events skipped since the last look, per

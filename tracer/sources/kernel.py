@@ -1,6 +1,6 @@
 """The kernel layout the raw-tracepoint programs read, from the running kernel's BTF.
 
-Owns one step: turning bpf/iotrace.h's IOTRACE_KERNEL_TABLE (struct members,
+Owns one step: turning bpf/contract.toml's [[iotrace.kernel]] (struct members,
 enum values, one-read struct heads, raw tracepoints and their arguments, an
 event's prototype per kernel era where its arguments moved) into the
 compiler flags ``-DIOTRACE_K_<NAME>=<value>``, or a LayoutError that names
@@ -23,7 +23,7 @@ BTF_PATH = "/sys/kernel/btf/vmlinux"
 # A head is read into the program's stack in one go: keep it small (5.10's request head, which reaches
 # rq_disk and part, is 176 bytes; its stamped head, which no 5.10 run compiles, 200)
 MAX_HEAD_BYTES = 208
-# The request start: the first of these the kernel has (iotrace.h's EVENT table, when "start":
+# The request start: the first of these the kernel has (contract.toml's events, when "start":
 # block_io_start from 6.5 on, else block_getrq), if its arguments fit
 START_EVENTS = tuple(e.name for e in contract.load().events if e.when == "start")
 
@@ -43,7 +43,7 @@ class Layout:
 
     @property
     def stamped(self) -> bool:
-        """Whether the kernel stamps' reads (KSCOPE(block, stamps)) are resolved in: --stamps kernel."""
+        """Whether the kernel stamps' reads (scope ["block", "stamps"]) are resolved in: --stamps kernel."""
         return "RQ_STAMPED_HEAD_LEN" in self.values
 
     def cflags(self) -> list[str]:
@@ -51,7 +51,7 @@ class Layout:
 
 
 def _which(proto: list[str] | None, wants: list[list[str]]) -> list[str] | None:
-    """The first of an event's prototypes (iotrace.h's entries for it) that the kernel's `proto` begins with."""
+    """The first of an event's prototypes (contract.toml's raw_tp reads of it) that the kernel's `proto` begins with."""
     # proto[0] is the tracepoint's private data pointer, which ctx->args[] does not hold
     return next((want for want in wants if proto and proto[1:1 + len(want)] == want), None)
 
@@ -190,7 +190,7 @@ def present_events(btf: Btf, reads: contract.KernelReads, events: Iterable[str])
 
 
 def load_stamps(path: str = BTF_PATH, btf: Btf | None = None) -> dict[str, int]:
-    """The values the kernel stamps read (KSCOPE(block, stamps), with the block members its head spans), or a
+    """The values the kernel stamps read (scope ["block", "stamps"], with the block members its head spans), or a
     LayoutError naming what this kernel lacks (on 6.1 the enumerator __RQF_STATS: RQF_* were #defines)."""
     c = contract.load()
     reads = c.kernel_stamps.merged(contract.KernelReads(c.kernel.members, {}, {}, {}, older=c.kernel.older))
@@ -207,7 +207,7 @@ def open_btf(path: str = BTF_PATH) -> Btf:
 
 def _with_scopes(reads: contract.KernelReads, own: dict[str, contract.KernelReads],
                  events: Iterable[str]) -> contract.KernelReads:
-    """`reads` and the reads of those of `events` that have their own (KSCOPE(block, <event>))."""
+    """`reads` and the reads of those of `events` that have their own (scope ["block", <event>])."""
     for event in events:
         if event in own:
             reads = reads.merged(own[event])
@@ -224,7 +224,7 @@ def load(events: Iterable[str], path: str = BTF_PATH, reads: contract.KernelRead
     which the first this kernel has is taken with `events` (Layout.firsts; the newest, named missing,
     where it has none)."""
     c = contract.load()
-    own = {} if reads is not None else c.kernel_events     # KSCOPE(block, <event>): the default table's
+    own = {} if reads is not None else c.kernel_events     # scope ["block", <event>]: the default table's
     reads = c.kernel if reads is None else reads
     btf = open_btf(path) if btf is None else btf
     taken = tuple((present_events(btf, reads, group) or group)[0] for group in firsts)

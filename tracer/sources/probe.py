@@ -32,7 +32,7 @@ from tracer.sources.ledger import PROGRAMS as PROGRAMS
 from tracer.sources.ledger import USER_DROPS as USER_DROPS
 from tracer.sources.ledger import Ledger
 
-# The events, their attach paths and the fields they read: iotrace.h's IOTRACE_EVENT_TABLE, and
+# The events, their attach paths and the fields they read: contract.toml's events, and
 # what is derived from it.  The start is the first "start" event the kernel has (block_io_start
 # fires in the submitter's context, Linux 6.5+; block_rq_insert is the closest older equivalent).
 EVENTS = contract.load().events
@@ -332,7 +332,7 @@ def choose_stamps(asked: str, layout: kernel.Layout | None, devs: list[int],
     is computed from it), and its issue from rq->io_start_time_ns where
     RQF_STATS is set: no program on the issue, one clock read fewer.
     Where the raw path, block_io_start, the members in BTF (`stamped`: the
-    layout with KSCOPE(block, stamps)) or a traced request-based disk's
+    layout with scope ["block", "stamps"]) or a traced request-based disk's
     stamps (`keeps`; every disk in use without --dev) are missing, iotrace
     keeps its own stamps and says why.  (A request that finds no stamp all
     the same, its disk's iostats turned off since, is timed from the start
@@ -358,7 +358,7 @@ def choose_stamps(asked: str, layout: kernel.Layout | None, devs: list[int],
 
 
 def _stamped_layout(layout: kernel.Layout) -> kernel.Layout:
-    """`layout` with the kernel stamps' reads (KSCOPE(block, stamps)) resolved in too."""
+    """`layout` with the kernel stamps' reads (scope ["block", "stamps"]) resolved in too."""
     return replace(layout, values={**layout.values, **kernel.load_stamps()})
 
 
@@ -459,7 +459,7 @@ class Probe:
         cflags = compile_flags(opts, layout, bio, self.start_event, possible)
         text = program_text(self.attach, self.start_event)
         check_sizes(opts, self.contract)
-        # --bio: the longest walk of a request's bios this kernel's verifier takes (BIO_WALKS, iotrace.h)
+        # --bio: the longest walk of a request's bios this kernel's verifier takes (BIO_WALKS, contract.toml)
         variants = ([Variant(self.attach, cflags + (f"-DIOTRACE_BIO_WALK={n}",)) for n in BIO_WALKS]
                     if opts.submitted else [Variant(self.attach, cflags)])
         self.bpf: BpfObject | None = BpfObject(text, variants, "the BPF programs")

@@ -33,7 +33,7 @@ What is measured, and where (the kernel's own accounting points):
 - throttled: I/O waits that balance_dirty_pages began (it traces a pause
   > 0, then sleeps in io_schedule_timeout); also counted in io_wait.  The
   event's arguments changed (Linux 6.1 passes the limits one by one, newer
-  kernels a struct): iotrace.h lists both prototypes, the kernel's is taken.
+  kernels a struct): contract.toml lists both prototypes, the kernel's is taken.
 
 Which source each counter came from is the dump's "tasks_sources"
 (`TaskTracer.sources`): an event, the syscalls, or "unavailable: why" where
@@ -68,8 +68,8 @@ SYNC_SYSCALLS = ("fsync", "fdatasync", "sync_file_range")
 SYSCALL_EVENTS = ("sys_enter", "sys_exit")
 SYSCALL_MODES = ("raw_tp", "tracepoint")
 # The event sources, each taken where the running kernel has its events (choose_sources): source -> (its
-# tracepoints as category:name, compile flag); their kernel reads are iotrace.h's entries under
-# KSCOPE(tasks, <source>).  The default mode's (bpf/pagecache.bpf.h), which --tasks' syscall hooks replace:
+# tracepoints as category:name, compile flag); their kernel reads are contract.toml's reads under the
+# scope ["tasks", <source>].  The default mode's (bpf/pagecache.bpf.h), which --tasks' syscall hooks replace:
 PAGECACHE_SOURCES = {
     "reads": (("filemap:mm_filemap_get_pages",), "-DIOTRACE_TASKS_PC_READS"),
     "cache": (("filemap:mm_filemap_add_to_page_cache",), "-DIOTRACE_TASKS_PC_CACHE"),
@@ -82,19 +82,19 @@ FIXED_SOURCES = {"io_wait": "sched:sched_switch+sched_wakeup"}
 UNAVAILABLE = "unavailable"
 # Per architecture (platform.machine()): the uapi header that numbers its syscalls, and where it is,
 # relative to the kernel header tree bcc compiles against, then to /usr/include (linux-libc-dev).
-# The pt_regs members are iotrace.h's, under KSCOPE(tasks, syscalls, <arch>).
+# The pt_regs members are contract.toml's, under the scope ["tasks", "syscalls", <arch>].
 UNISTD = {"x86_64": ("arch/x86/include/generated/uapi/asm/unistd_64.h",
                      "x86_64-linux-gnu/asm/unistd_64.h", "asm/unistd_64.h")}
 _NR = re.compile(r"^#define\s+__NR_(\w+)\s+(\d+)\s*$", re.M)
 
 
 def header() -> contract.Contract:
-    """bpf/tasks.h's constants and reason codes."""
-    return contract.parse((contract.bpf_dir() / "tasks.h").read_text())
+    """The per-process programs' constants and reason codes (bpf/contract.toml's [tasks])."""
+    return contract.load("tasks")
 
 
 def reason_names() -> list[str]:
-    """The drop reasons of tasks.h, e.g. 'tasks_full'."""
+    """The drop reasons of the per-process programs, e.g. 'tasks_full'."""
     return header().names("tasks_reason", "IOTRACE_TASKS_DROP_")
 
 
@@ -182,7 +182,7 @@ def choose_syscalls(mode: str, btf, con: contract.Contract, headers: Path,
 
     raw_tp: the raw sys_enter/sys_exit tracepoints, which run for every
     syscall and return at once for any other number; they need the raw
-    tracepoints, the struct pt_regs members of iotrace.h's entries for this
+    tracepoints, the struct pt_regs members of contract.toml's reads for this
     architecture and the syscall numbers (syscall_numbers).  tracepoint: the
     syscalls' own perf-event tracepoints, which need nothing of the kernel's
     layout but share the perf-event and kprobe programs' per-CPU recursion
@@ -201,7 +201,7 @@ def choose_syscalls(mode: str, btf, con: contract.Contract, headers: Path,
         if regs is None or arch not in UNISTD:
             known = sorted(a for a in con.kernel_syscalls if a and a in UNISTD)
             raise kernel.LayoutError(f"iotrace has no struct pt_regs mapping for {arch} "
-                                     f"(bpf/iotrace.h and tracer/sources/tasks.py's UNISTD have one for "
+                                     f"(bpf/contract.toml and tracer/sources/tasks.py's UNISTD have one for "
                                      f"{', '.join(known) or 'none'})")
         reads = con.kernel_syscalls.get("", contract.KernelReads({}, {}, {}, {})).merged(regs)
         layout = kernel.load(SYSCALL_EVENTS, reads=reads, btf=btf, start_events=())
