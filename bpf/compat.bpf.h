@@ -46,9 +46,9 @@
 
 /*
  * sched_process_exit's group_dead: the tracepoint took (task) only, until
- * the patch "exit: move and extend sched_process_exit() tracepoint"
- * (posted April 2025; the first release with it: version not confirmed)
- * added (task, bool group_dead), and the field of the same name.  The loader
+ * upstream 3e816361e94a ("sched/tracepoints: Move and extend the
+ * sched_process_exit() tracepoint"), Linux 6.16, added (task, bool
+ * group_dead), and the field of the same name.  The loader
  * defines IOTRACE_HAVE_GROUP_DEAD from the BTF prototype (raw paths,
  * tracer/sources/kernel.py resolve()) or the format file (perf-event path).
  *
@@ -72,9 +72,8 @@
  * balance_dirty_pages' prototype: upstream f1ab2831e2a4 ("writeback: let
  * trace_balance_dirty_pages() take struct dtc as parameter") replaced the
  * five limits (thresh, bg_thresh, dirty, bdi_thresh, bdi_dirty) with one
- * struct dirty_throttle_control *; it was taken into 6.14-stable in April
- * 2025 (the mainline release: version not confirmed).  Debian 12's 6.1 has
- * the old one.  contract.toml lists both prototypes up to pause and
+ * struct dirty_throttle_control *: Linux 6.15 (and 6.14-stable from April
+ * 2025, as a dependency of a fix).  Debian 12's 6.1 has the old one.  contract.toml lists both prototypes up to pause and
  * tracer/sources/kernel.py passes IOTRACE_K_BALANCE_DIRTY_PAGES_LAST, the
  * index of pause in the one this kernel has.
  */
@@ -85,20 +84,21 @@
  * IOTRACE_HAVE_<EVENT> (contract.toml's events, "present"; per-process
  * rows: tracer/sources/tasks.py choose_sources): the #ifdefs stay at the
  * programs (raw_tp.bpf.c, files.bpf.h, pagecache.bpf.h).
- *   mm_filemap_get_pages(mapping, index, last_index): from the patch
- *     "filemap: add trace events for get_pages, map_pages, and fault"
- *     (posted June 2024); Linux 6.11 by the loader's notes, version not
- *     confirmed here.  Without it: no page-cache bytes (files, tasks).
- *   iomap_dio_rw_begin(iocb, iter, dio_flags, done_before): from the patch
- *     "iomap: Add trace points for DIO path" (posted April 2023; version
- *     not confirmed).  Without it: no O_DIRECT bytes in the file rows.
+ *   mm_filemap_get_pages(mapping, index, last_index): from upstream
+ *     b6273b55d885 ("filemap: add trace events for get_pages, map_pages, and
+ *     fault"), Linux 6.12 (in the MM pull for 6.12-rc1; the hash from a
+ *     bisection report).  Without it: no page-cache bytes (files, tasks).
+ *   iomap_dio_rw_begin(iocb, iter, dio_flags, done_before): from upstream
+ *     3fd41721cd5c ("iomap: Add DIO tracepoints"), Linux 6.4.  Without it:
+ *     no O_DIRECT bytes in the file rows.
  *   ext4_sync_file_exit(inode, ret): ext4's, present wherever ext4 is built.
  */
 
 /*
  * Large folios' order.  folio_order() reads the low byte of the first tail
- * page's flags, folio._flags_1, when PG_head is set; older kernels kept it
- * in a field of its own (_folio_order): version not confirmed.  Both are
+ * page's flags, folio._flags_1, when PG_head is set; before upstream
+ * ebc1baf5c9b4 ("mm: free up a word in the first tail page"), Linux 6.6,
+ * it was a field of its own (_folio_order).  Both are
  * read at BTF offsets (IOTRACE_K_WB_FOLIO_FLAGS_1, IOTRACE_K_FOLIO_FLAGS_1),
  * so a kernel without _flags_1 fails the layout check by name.  The reads
  * stay where they are (raw_tp.bpf.c writeback_dirty_folio, pagecache.bpf.h
@@ -146,8 +146,9 @@ static __always_inline bool tag_cas(u64 *p, u64 old, u64 new)
 
 /*
  * --cgroup's test.  bpf_get_current_ancestor_cgroup_id() (helper of Linux
- * 5.7) is there for tracing programs on Debian 12's 6.1 but refused on
- * Debian 11's 5.10 (the change that allowed it: version not confirmed); the loader defines
+ * 5.7) was opened to tracing programs by upstream 95b861a7935b ("bpf: Allow
+ * bpf_get_current_ancestor_cgroup_id for tracing"), Linux 5.14: Debian 12's
+ * 6.1 has it there, Debian 11's 5.10 refuses it; the loader defines
  * IOTRACE_NO_ANCESTOR_CGROUP where the verifier refuses it
  * (tracer/sources/bpfobject.py has_ancestor_cgroup()), and says that
  * --cgroup then traces the threads directly in the cgroup only.
@@ -161,9 +162,12 @@ static __always_inline bool tag_cas(u64 *p, u64 old, u64 new)
 #endif
 
 /*
- * A request's disk: rq->q->disk, or before it rq->rq_disk (Debian 11's
- * 5.10 has rq_disk and no request_queue.disk, 6.1 the reverse; the
- * releases that moved it: version not confirmed).  contract.toml lists both
+ * A request's disk: rq->q->disk, or before it rq->rq_disk.  Upstream
+ * d152c682f03c ("block: add an explicit ->disk backpointer to the
+ * request_queue"), Linux 5.15, added the first; f3fa33acca9f ("block:
+ * remove the ->rq_disk field in struct request"), Linux 5.17, removed the
+ * second (Debian 11's 5.10 has rq_disk and no request_queue.disk, 6.1 the
+ * reverse).  contract.toml lists both
  * forms of RQ_DISK and the loader says which this kernel has in
  * IOTRACE_K_RQ_DISK_ERA (tracer/sources/kernel.py resolve()).
  * rq_disk_of(h): the disk where the request's head holds it (era 1: the
@@ -177,8 +181,9 @@ static __always_inline bool tag_cas(u64 *p, u64 old, u64 new)
 #endif
 
 /*
- * block_getrq's bio: (bio) on newer kernels, (q, bio, rw) on 5.10 (the
- * queue argument went soon after, version not confirmed).  contract.toml
+ * block_getrq's bio: (bio) since upstream e8a676d61c07 ("block: simplify
+ * and extend the block_bio_merge tracepoint class"), Linux 5.11; (q, bio,
+ * rw) before, as on Debian 11's 5.10.  contract.toml
  * lists both prototypes up to the bio, and the
  * loader passes IOTRACE_K_BLOCK_GETRQ_LAST, the bio's index, when the
  * start is block_getrq.
@@ -191,11 +196,12 @@ static __always_inline bool tag_cas(u64 *p, u64 old, u64 new)
 
 /*
  * sched_switch's prev_state: passed as its fourth argument by the patch
- * "sched/tracing: Don't re-read p->state when emitting sched_switch event"
- * (posted January 2022; version not confirmed; 6.1 has it, 5.10 not);
- * before it, (preempt, prev, next), and
- * tasks.bpf.c reads prev's state itself: task_struct.__state (4 bytes), or
- * on 5.10 task_struct.state (a long: IOTRACE_K_TASK_STATE_ERA 1).
+ * upstream fa2c3254d7cf ("sched/tracing: Don't re-read p->state when
+ * emitting sched_switch event"), Linux 5.18; before it, (preempt, prev,
+ * next), and tasks.bpf.c reads prev's state itself: task_struct.__state (4
+ * bytes, since 2f064a59a11f "sched: Change task_struct::state", Linux
+ * 5.14), or before it task_struct.state (a long, as on 5.10:
+ * IOTRACE_K_TASK_STATE_ERA 1).
  * contract.toml lists both prototypes, and the loader passes
  * IOTRACE_K_SCHED_SWITCH_LAST (3 with prev_state).  Stays in tasks.bpf.c
  * (switch_prev_state()): it reads with the per-process programs' kread.
@@ -204,8 +210,10 @@ static __always_inline bool tag_cas(u64 *p, u64 old, u64 new)
 /*
  * Not handled: contract.toml's [[iotrace.kernel]] lists one prototype, so on the raw
  * paths tracer/sources/kernel.py refuses such a kernel at load, naming it:
- *   - block_rq_* taking (q, rq): older kernels passed the request queue
- *     first; version not confirmed (Debian's 5.10 already takes (rq)).
+ *   - block_rq_* taking (q, rq): the request queue went with upstream
+ *     a54895fa057c ("block: remove the request_queue to argument request
+ *     based tracepoints"), Linux 5.11, backported to 5.10-stable in 2022
+ *     (Debian's 5.10 takes (rq)); an older 5.10.y or earlier is refused.
  *     block_bio_complete still takes (q, bio).
  * writeback_dirty_page, renamed writeback_dirty_folio by upstream
  * b9b0ff61eef5 ("mm/writeback: Convert tracing writeback_page_template to

@@ -8,7 +8,7 @@
  *                           page-cache page: bytes from disk or written,
  *                           its latency, under the request's process
  *                           (write-back: the dirtier's, wb_charge)
- *   mm_filemap_get_pages    (Linux 6.11+, IOTRACE_HAVE_MM_FILEMAP_GET_PAGES)
+ *   mm_filemap_get_pages    (Linux 6.12+, IOTRACE_HAVE_MM_FILEMAP_GET_PAGES)
  *                           in the reader's context: the pages a read asks
  *                           of the page cache, clipped at EOF, once per read
  *                           (readpos.h, as the per-process rows count them)

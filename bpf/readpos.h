@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * readpos.h - where one buffered read begins and ends, from the page
- * cache's own event filemap:mm_filemap_get_pages (Linux 6.11+), for both
+ * cache's own event filemap:mm_filemap_get_pages (Linux 6.12+), for both
  * programs that count reads through the page cache: the per-file rows
  * (files.bpf.h, the block-layer object) and the per-process rows
  * (pagecache.bpf.h, the per-process object).  Each keeps a struct

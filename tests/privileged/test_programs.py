@@ -27,7 +27,7 @@ def test_every_attached_program_is_in_the_table_and_its_skips_are_reported(attac
     # the start event the kernel has, and every event of this path that is not bio-only
     wanted = {e.name for e in probemod.EVENTS if attach in e.paths and e.when == "always"} | {p.start_event}
     wanted.add(p.dirty_event)       # the page-dirtied event this kernel has (writeback_dirty_page before 5.17)
-    wanted |= set(p.present)        # the optional ones this kernel has (mm_filemap_get_pages: 6.11+)
+    wanted |= set(p.present)        # the optional ones this kernel has (mm_filemap_get_pages: 6.12+)
     assert attached == wanted
     for event in attached:
         short = probemod.PROGRAMS[event]

@@ -55,7 +55,7 @@ def _cold_files(loop, mnt: Path) -> Path:
 
 
 def _reads_counted(dumps: list[dict]) -> bool:
-    """Whether the default mode's rows count reads: the kernel has the page cache's read event (6.11+), or the
+    """Whether the default mode's rows count reads: the kernel has the page cache's read event (6.12+), or the
     dumps name the one it lacks."""
     reads = {d["tasks_sources"]["reads"] for d in dumps}
     assert reads in ({"filemap:mm_filemap_get_pages"}, {"unavailable: raw tracepoint mm_filemap_get_pages"}), reads
@@ -111,7 +111,7 @@ def test_epochs_cold_then_warm_against_delay_accounting(ext4_mnt, tmp_path, dela
     assert "no per-process rows" not in stderr, stderr
     dumps = read_dumps(out)
     assert all(isinstance(d.get("tasks"), list) for d in dumps)
-    # a kernel without the page cache's read event (before 6.11) counts no reads by default, and says so
+    # a kernel without the page cache's read event (before 6.12) counts no reads by default, and says so
     reads_counted = mode == "syscalls" or _reads_counted(dumps)
     assert not any(k.startswith("tasks_") and n for d in dumps for k, n in d["dropped"].items()), \
         [d["dropped"] for d in dumps]
@@ -216,7 +216,7 @@ def _compare_with_the_syscall_rows(rows: dict, srows: dict, did: dict, sdid: dic
     report = {"default": rows, "syscalls": srows}
     whole = FILES * FILE_MB * MiB
     if sources["reads"] != "filemap:mm_filemap_get_pages":
-        # Linux before 6.11 (Debian 12's 6.1): no page-cache read event, so no reads and no misses by default,
+        # Linux before 6.12 (Debian 12's 6.1): no page-cache read event, so no reads and no misses by default,
         # said in the dump; what the kernel has is compared below all the same
         assert sources["reads"] == "unavailable: raw tracepoint mm_filemap_get_pages", sources
         assert sources["cache"].startswith("unavailable: needs filemap:mm_filemap_get_pages"), sources

@@ -179,7 +179,7 @@ def test_page_cache_hits_count_pages_when_the_rows_have_them_else_bytes():
 
 
 def test_rows_that_could_not_count_reads_make_no_disk_share_of_disk_bytes_alone():
-    # a kernel before 6.11 (Debian 12's 6.1) has no page-cache read event: the rows' read_bytes are 0 by
+    # a kernel before 6.12 (Debian 12's 6.1) has no page-cache read event: the rows' read_bytes are 0 by
     # default, not because nothing was read; the disk's bytes alone must not become "100% from disk"
     waiting = trainer_and_workers(0.8, read=0, disk=64 * MiB)      # loaders in I/O wait 8% of the window
     counted = judge(10.0, loop(3.0), waiting, TRAINER)

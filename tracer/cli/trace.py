@@ -137,7 +137,7 @@ def trace_parser() -> argparse.ArgumentParser:
     rows.add_argument("--tasks", action="store_true",
                       help="per-process rows (\"tasks\", on by default) with reads and fsyncs timed at the system "
                            "calls instead of the page cache's and ext4's events: what a kernel without those events "
-                           "needs (before 6.11: no mm_filemap_get_pages; the dump's tasks_sources says), and the "
+                           "needs (before 6.12: no mm_filemap_get_pages; the dump's tasks_sources says), and the "
                            "baseline they are checked against. Costs while on (scripts/bench_tasks.py): ~0.06-0.2 us "
                            "on every system call of the machine, ~0.3-0.9 us per traced file read; without it no "
                            "system call pays anything")

@@ -3,7 +3,7 @@ docs/training.md, "Files: which files the I/O was for").
 
 A row names the file (its filesystem's device, inode number and a path),
 its process (pid, comm, container), the bytes it read through the page cache
-(None where the kernel has no mm_filemap_get_pages: Linux before 6.11, or the
+(None where the kernel has no mm_filemap_get_pages: Linux before 6.12, or the
 perf-event path), the bytes of its read requests (from disk) and of its
 write requests (write-back included, charged to the dirtier), and its
 requests' count and total-latency buckets (IOTRACE_FILE_HIST_SUB_BITS: 4 a

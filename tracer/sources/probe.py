@@ -52,7 +52,7 @@ SOURCES = {"raw_tp": "raw_tp.bpf.c", "tracepoint": "tracepoint.bpf.c"}
 # Raw tracepoints of the raw_tp path, beside the start event (bio ones only for bio-based disks)
 RAW_EVENTS = tuple(e.name for e in EVENTS if e.when == "always" and "raw_tp" in e.paths)
 RAW_BIO_EVENTS = tuple(e.name for e in EVENTS if e.when == "bio" and "raw_tp" in e.paths)
-# Raw tracepoints attached only where the kernel has them (mm_filemap_get_pages: Linux 6.11+)
+# Raw tracepoints attached only where the kernel has them (mm_filemap_get_pages: Linux 6.12+)
 RAW_PRESENT_EVENTS = tuple(e.name for e in EVENTS if e.when == "present" and "raw_tp" in e.paths)
 # A page dirtied, newest name first: each path takes the first the kernel has (IOTRACE_DIRTY_PAGE for the older)
 DIRTY_EVENTS = tuple(e.name for e in EVENTS if e.when == "dirty")
@@ -182,7 +182,7 @@ def blind_disks(start_event: str, devs: list[int]) -> list[str]:
 # What each optional source gives, for the "unavailable" line and dump field (unavailable()): the raw path's
 # "present" events, each a part of the per-file rows
 PRESENT_GIVES = {
-    "mm_filemap_get_pages": "per-file rows count no page-cache reads (cache_read_bytes absent; Linux 6.11+)",
+    "mm_filemap_get_pages": "per-file rows count no page-cache reads (cache_read_bytes absent; Linux 6.12+)",
     "iomap_dio_rw_begin": "per-file rows count no O_DIRECT bytes as asked (direct_bytes 0)",
 }
 

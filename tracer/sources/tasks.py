@@ -220,7 +220,7 @@ def choose_sources(btf, con: contract.Contract, syscall_hooks: bool, syscalls: s
 
     Without `syscall_hooks` (the default): each of PAGECACHE_SOURCES whose
     tracepoints the running kernel's BTF has with the arguments read, and
-    its kernel members, else "unavailable: why" (a kernel before 6.11 has
+    its kernel members, else "unavailable: why" (a kernel before 6.12 has
     no mm_filemap_get_pages; "cache" needs "reads": a miss is paired with
     the read batch that follows it).  With them (--tasks): reads and fsync
     on the syscalls (`syscalls`: the variant choose_syscalls took), no

@@ -52,5 +52,5 @@ def render_files(d, out: TextIO, rows: int = DEFAULT_ROWS, title: str = "files")
                   f"{_size(r.cache_read_bytes):>9} {fmt_size(r.disk_read_bytes):>9} "
                   f"{fmt_size(r.written_bytes):>9} {r.requests:>6} {_us(r.p_us(0.5)):>8} {_us(r.p_us(0.99)):>8}\n")
     if any(r.cache_read_bytes is None for r in shown if r.path != OTHER and not r.path.startswith("(")):
-        out.write("CACHE n/a: this kernel has no filemap:mm_filemap_get_pages (Linux 6.11+) or the perf-event "
+        out.write("CACHE n/a: this kernel has no filemap:mm_filemap_get_pages (Linux 6.12+) or the perf-event "
                   "path was used\n")

@@ -28,7 +28,7 @@ cover):
 - from disk: disk_read_bytes / read_bytes over trainer and loaders (capped
   at 100%: readahead may read more than was asked for; all of it when bytes
   came from disk but none through read(), as with mmap); unknown where the
-  rows could not count reads (tasks_sources: a kernel before 6.11 has no
+  rows could not count reads (tasks_sources: a kernel before 6.12 has no
   page-cache read event, and the rows were not timed at the syscalls), so
   that no share is made up of disk bytes alone;
 - page-cache hits: 1 - missed_pages / read_pages over trainer and loaders
