@@ -326,6 +326,7 @@ class _Server:
         self.app = make_wsgi_app(registry)      # rendering per request: name[] filters, other methods
         encoder, content_type = choose_encoder("")
         self.wanted = {(content_type, False): encoder}     # the bodies asked for: rendered anew at each change
+        self.answers: dict[tuple[str, bool], tuple[bytes, bytes]] = {}     # (format, gzip) -> (body, its answer)
         wake_r, wake_w = socket.socketpair()
         self.wake = wake_r
         self.renderer = _Renderer(wake_w)
@@ -545,10 +546,17 @@ class _Server:
             self.wanted.setdefault(key, encoder)
         self._wait(c, lambda: self._metrics(key, self.cache.body(content_type, encoder, gzipped), head))
 
-    @staticmethod
-    def _metrics(key: tuple[str, bool], body: bytes, head: bool) -> bytes:
+    def _metrics(self, key: tuple[str, bool], body: bytes, head: bool) -> bytes:
+        """The answer carrying a cached body: made once per body and format (a body is hundreds of KB, and
+        joining it to its head for every scrape was most of a scrape's CPU), then the same bytes each time."""
         headers = [("Content-Type", key[0])] + ([("Content-Encoding", "gzip")] if key[1] else [])
-        return _response("200 OK", headers, body, head)
+        if head:
+            return _response("200 OK", headers, body, head)
+        made = self.answers.get(key)
+        if made is None or made[0] is not body:
+            made = (body, _response("200 OK", headers, body))
+            self.answers[key] = made        # written by this thread or the renderer's: one dict store
+        return made[1]
 
     def _app(self, environ, head: bool) -> bytes:
         got = {}
