@@ -415,8 +415,17 @@ def render_header(text: str, part: str) -> str:
 
 @lru_cache(maxsize=len(PARTS))
 def load(part: str = "iotrace") -> Contract:
-    """The contract of the installed BPF sources: one part of their contract.toml."""
-    return parse((bpf_dir() / CONTRACT_FILE).read_text(), part)
+    """The contract of the installed BPF sources: one part of their contract.toml (a ContractError naming the
+    file if it cannot be read or taken)."""
+    path = bpf_dir() / CONTRACT_FILE
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ContractError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        return parse(text, part)
+    except ContractError as exc:
+        raise ContractError(f"{path.parent}/{exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,6 +76,28 @@ def test_iotrace_bpf_dir_is_refused_under_sudo(tmp_path):
     assert r.stderr.splitlines() == [r.stderr.strip()] and "IOTRACE_BPF_DIR is not honoured under sudo" in r.stderr
 
 
+@pytest.mark.parametrize("contract_text, says", [("[iotrace\n", "contract.toml: Expected ']'"),
+                                                 (None, "cannot read")])
+def test_a_bpf_dir_whose_contract_is_broken_or_missing_is_one_line(tmp_path, contract_text, says):
+    """$IOTRACE_BPF_DIR (outside sudo) at a tree whose contract.toml is malformed or absent: one line naming
+    the file, exit 2, no traceback."""
+    import os
+    import shutil
+
+    from tracer import contract
+
+    for src in contract.bpf_dir().iterdir():
+        if src.name != contract.CONTRACT_FILE:
+            shutil.copy(src, tmp_path / src.name)
+    if contract_text is not None:
+        (tmp_path / contract.CONTRACT_FILE).write_text(contract_text)
+    env = {k: v for k, v in os.environ.items() if k not in ("SUDO_UID", "SUDO_GID")}
+    r = subprocess.run([sys.executable, "-m", "tracer.cli", "-d", "1"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env={**env, "IOTRACE_BPF_DIR": str(tmp_path)})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.splitlines() == [r.stderr.strip()] and says in r.stderr and str(tmp_path) in r.stderr
+
+
 def test_bcc_kernel_source_is_refused_under_sudo(tmp_path, monkeypatch):
     """bcc reads $BCC_KERNEL_SOURCE itself: under sudo root would compile against headers the user chose."""
     from tracer.errors import UserError

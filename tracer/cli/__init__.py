@@ -15,7 +15,7 @@ import os
 import sys
 
 from tracer.cli.common import COMMANDS
-from tracer.contract import RefusedEnvironment
+from tracer.contract import ContractError, RefusedEnvironment
 from tracer.errors import UserError
 from tracer.text import safe
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"iotrace: {safe(exc)}", file=sys.stderr)     # it may quote a path, a label, a comm
         return exc.exit_code
-    except RefusedEnvironment as exc:
+    except (RefusedEnvironment, ContractError) as exc:     # the latter: a BPF source tree that is not whole
         print(f"iotrace: {safe(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
