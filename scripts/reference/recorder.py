@@ -249,21 +249,22 @@ STAMP_PER_CPU = 1 << 18
 
 
 
-#: What a block_getrq start's stamp reads of its bio besides iotrace's BIO_SECTOR: its device, as
-#: block_getrq's dev field gives it: bi_bdev's bd_dev, or before Linux 5.12 (no bi_bdev) the disk's
-#: (bi_disk: its major and first minor, IOTRACE_K_BIO_BDEV_ERA 1; the partition is remapped by then)
-BIO_READS = contract.KernelReads(
-    members={"BIO_BDEV": ("bio", "bi_bdev", 8), "BDEV_DEV": ("block_device", "bd_dev", 4)},
-    enums={}, heads={}, raw_tps={}, older={"BIO_BDEV": [("bio", "bi_disk", 8)]})
+#: The older form of iotrace's BIO_BDEV a block_getrq start's stamp reads where the kernel lacks bi_bdev
+#: (before Linux 5.12): bi_disk, the whole disk (block_getrq's dev there; the partition is remapped by then),
+#: read as its major and first minor (IOTRACE_K_BIO_BDEV_ERA 1)
+BIO_DISK = ("bio", "bi_disk", 8)
 
 
 def bio_cflags() -> list[str]:
-    """BIO_READS resolved in the running kernel's BTF, as -DIOTRACE_K_<NAME>=<value> flags."""
+    """The bio's device as block_getrq's dev field gives it: iotrace's BIO_BDEV and BDEV_DEV (its --bio
+    programs' reads), or BIO_DISK, resolved in the running kernel's BTF as -DIOTRACE_K_<NAME>=<value> flags."""
+    own = contract.load().kernel_events["block_bio_queue"]
+    reads = contract.KernelReads({n: own.members[n] for n in ("BIO_BDEV", "BDEV_DEV")}, {}, {}, {},
+                                 older={"BIO_BDEV": [BIO_DISK]})
     try:
-        values = kernel.resolve(kernel.open_btf(), BIO_READS, (), start_events=()).values
+        return kernel.resolve(kernel.open_btf(), reads, (), start_events=()).cflags()
     except kernel.LayoutError as exc:
         raise TruthError(f"the stamper cannot read a bio on this kernel: {exc}") from None
-    return [f"-DIOTRACE_K_{name}={value}" for name, value in sorted(values.items())]
 
 
 class Stamper:
