@@ -36,8 +36,10 @@
 
 /* [0] -> struct iotrace_config, written by user space */
 BPF_ARRAY(config, struct iotrace_config, 1);
-/* slot index -> u64 tag: odd fingerprint of the slot's (dev, sector), 0 when free */
-BPF_ARRAY(tags, u64, IOTRACE_INFLIGHT_SLOTS);
+/* group -> struct iotrace_tags: the tags of the group's slots, one cache line (see struct slot_ref) */
+BPF_ARRAY(tags, struct iotrace_tags, IOTRACE_INFLIGHT_GROUPS);
+/* slot index -> u32: lives started in the slot; only starts read or write it (see struct slot_ref) */
+BPF_ARRAY(lives, u32, IOTRACE_INFLIGHT_SLOTS);
 /* slot index -> struct iotrace_slot: requests between start and completion */
 BPF_ARRAY(inflight, struct iotrace_slot, IOTRACE_INFLIGHT_SLOTS);
 /* group -> u32: requests whose home is this group that sit in their second group */
@@ -76,13 +78,18 @@ BPF_ARRAY(wb_busy, u32, 1);
 BPF_HASH(bio_devs, u32, struct iotrace_bio_dev, IOTRACE_DEV_ENTRIES);
 #endif
 
-static __always_inline void count_reason(u32 reason)
+static __always_inline void count_reasons(u32 reason, u64 events)
 {
 	u64 *n = reasons.lookup(&reason);
 
 	/* another program may interrupt this one on the same CPU */
 	if (n)
-		__sync_fetch_and_add(n, 1);
+		__sync_fetch_and_add(n, events);
+}
+
+static __always_inline void count_reason(u32 reason)
+{
+	count_reasons(reason, 1);
 }
 
 static __always_inline struct iotrace_config *get_config(void)
@@ -113,13 +120,40 @@ static __always_inline void count_unmatched(bool flush_tail)
  * A request's slot is found through its tag, 0 when free: the request's
  * own address on the raw-tracepoint path, a 64-bit odd fingerprint of
  * (dev, sector) on the tracepoint path.  Its probe window is the 8 tags of
- * one aligned group, a single cache line, so a lookup reads one line of
- * tags and then only the slot that matches, not 8 slots; and the second
- * group's line only when its home group has spilled there.
+ * one aligned group, a single cache line (one map value), so a lookup
+ * reads one line of tags and then only the slot that matches, not 8 slots;
+ * and the second group's line only when its home group has spilled there.
+ *
+ * Who writes what, since a line one CPU writes and another then reads
+ * costs a transfer between their caches.  Measured (scripts/bench_cost.py,
+ * fio on a loop device, 2 CPUs): a start cost 140 ns when its completion,
+ * often on the other CPU, had cleared the request's tag in the group the
+ * next start scans, and 75 ns when nothing did; compare-and-swap or not
+ * made no difference.  A start that read and wrote a count the completion
+ * also read cost 140 ns again (the line moves to the reader for good: one
+ * read and one write of a line look like a line that migrates); a read
+ * alone or a write alone, 77-79 ns.  So:
+ * - a request object's slot keeps its key, the object's address, from one
+ *   life of the object to the next (the kernel reuses its requests: a few
+ *   per CPU and queue at a time).  The tags are written only when a key
+ *   takes a slot, and a start of an object seen before finds its slot in
+ *   a line no other CPU wrote.
+ * - a slot is taken while the count of lives started that its start wrote
+ *   into it (`life`, from the lives map, which only starts read or write)
+ *   differs from the count of lives ended (`ended`, written by whatever
+ *   ends a life).  A start reads nothing a completion wrote: a life it
+ *   replaces that never ended (the kernel ran no completion program for
+ *   it) is counted where the next life ends.
+ * - keys of one life (a bio's, | 1; a block_getrq start's bio, | 2; the
+ *   perf-event path's fingerprints, odd) are cleared when the life ends.
+ * A kept key's slot whose last life ended is as good as free to another
+ * key (claim_taken): the kernel may cycle through more request objects
+ * than the table has slots.
  */
 struct slot_ref {
 	struct iotrace_slot *s;
 	u64 *tag;
+	u32 *lives;
 	u32 idx;
 };
 
@@ -156,12 +190,37 @@ static __always_inline u32 *spill_count(u32 home)
 	return spills.lookup(&g);
 }
 
-static __always_inline bool ref_at(u32 idx, struct slot_ref *r)
+/* A key its slot keeps between lives: a request's address (its low bits clear: requests are cache-line aligned). */
+static __always_inline bool key_kept(u64 tag)
 {
-	r->tag = tags.lookup(&idx);
+	return (tag & 3) == 0;
+}
+
+/* The tags of the group whose first slot is `base`, or 0. */
+static __always_inline u64 *group_tags(u32 base)
+{
+	u32 g = base / IOTRACE_INFLIGHT_PROBES;
+	struct iotrace_tags *t = tags.lookup(&g);
+
+	return t ? t->tag : 0;
+}
+
+/* Slot `i` of the group at `base`, whose tags are `t`. */
+static __always_inline bool ref_at(u64 *t, u32 base, u32 i, struct slot_ref *r)
+{
+	u32 idx = base + i;
+
+	r->tag = &t[i];
 	r->s = inflight.lookup(&idx);
+	r->lives = lives.lookup(&idx);
 	r->idx = idx;
-	return r->tag && r->s;
+	return r->s && r->lives;
+}
+
+/* Whether the slot holds a life not ended. */
+static __always_inline bool slot_taken(const struct slot_ref *r)
+{
+	return r->s->life != r->s->ended;
 }
 
 static __always_inline u64 slot_hash(const struct slot_ref *r);
@@ -180,8 +239,60 @@ static __always_inline void unspill(struct slot_ref *r)
 		__sync_fetch_and_add(sp, -1);	/* BPF has no atomic sub */
 }
 
+/*
+ * A new life of `key`, which the slot holds: nothing read that a
+ * completion wrote.  A key starts on one CPU at a time (a request object
+ * starts again once its last life is over), but another key may be taking
+ * its slot over right now (claim_taken): the count goes up first, with a
+ * full barrier, then the tag is read again, and claim_taken reads the
+ * count again after its swap, so at least one of the two sees the other.
+ * False: the slot is another's; this life is not recorded (its completion
+ * counts it).
+ */
+static __always_inline bool slot_restart(struct slot_ref *r, u64 key, u64 now)
+{
+	u32 n;
+
+	/* a line only starts write: no wait for another CPU (an add whose old value is not used: any kernel) */
+	__sync_fetch_and_add(r->lives, 1);
+	n = *(volatile u32 *)r->lives;
+	if (*(volatile u64 *)r->tag != key)
+		return false;
+	r->s->start_ns = now;
+	r->s->issue_ns = 0;
+	r->s->life = n;
+	return true;
+}
+
+/* The first life of a key in a slot just claimed: lives not ended before it are no longer its to count. */
+static __always_inline void slot_begin(struct slot_ref *r, u64 now)
+{
+	u32 n;
+
+	__sync_fetch_and_add(r->lives, 1);
+	n = *(volatile u32 *)r->lives;
+
+	r->s->start_ns = now;
+	r->s->issue_ns = 0;
+	r->s->ended = n - 1;
+	/* times first: a slot that looks taken has its new start (claim_taken) */
+	asm volatile("" ::: "memory");
+	r->s->life = n;
+}
+
+/*
+ * The slot's life ends: the lives before it that never ended are counted
+ * lost, and a key of one life leaves the slot.
+ */
 static __always_inline void slot_release(struct slot_ref *r)
 {
+	u32 unseen = r->s->life - r->s->ended - 1;
+
+	if (unseen && unseen < IOTRACE_INFLIGHT_SLOTS)
+		count_reasons(IOTRACE_DROP_LOST_COMPLETION, unseen);
+	r->s->ended = r->s->life;
+	if (key_kept(slot_tag(r)))
+		return;
 	unspill(r);
 	tag_clear(r->tag, slot_tag(r));
 }
@@ -189,44 +300,67 @@ static __always_inline void slot_release(struct slot_ref *r)
 /* Claim a free slot of the group starting at `base` for `tag`. */
 static __always_inline bool claim_free(u32 base, u64 tag, struct slot_ref *r)
 {
+	u64 *t = group_tags(base);
+
+	if (!t)
+		return false;
 #pragma unroll
 	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
-		if (!ref_at(base + i, r))
-			return false;
 		/* two CPUs may race for the same slot: one wins */
-		if (*r->tag == 0 && tag_cas(r->tag, 0, tag))
+		if (t[i] == 0 && ref_at(t, base, i, r) && tag_cas(r->tag, 0, tag))
 			return true;
 	}
 	return false;
 }
 
 /*
- * Claim a slot of the group at `base` busy for over IOTRACE_STALE_NS: its
- * completion was skipped by the kernel (user space has counted it lost) or
- * will never come.
+ * Take over a slot of the group at `base` from its key: a kept key whose
+ * last life ended, or a life older than IOTRACE_STALE_NS (its completion
+ * was skipped by the kernel, and user space has counted it lost, or it
+ * will never come).  A kept key's slot whose key copy is not its tag is
+ * being claimed right now: left alone.  A start of the old key racing the
+ * take-over shows in the lives count, read again once the tag is ours
+ * (slot_restart): then the slot goes back to it.  (That start's count
+ * stays, so the key's next life counts one lost completion too many:
+ * counted, never hidden.)
  */
-static __always_inline bool claim_stale(u32 base, u64 tag, u64 now, struct slot_ref *r)
+static __always_inline bool claim_taken(u32 base, u64 tag, u64 now, struct slot_ref *r)
 {
+	u64 *t = group_tags(base);
+
+	if (!t)
+		return false;
 #pragma unroll
 	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
-		u64 old;
+		u64 old = t[i], start;
+		u32 seen;
+		bool taken;
 
-		if (!ref_at(base + i, r))
-			return false;
-		old = *r->tag;
+		if (!old || !ref_at(t, base, i, r))
+			continue;
+		seen = *r->lives;
+		taken = slot_taken(r);
+		start = r->s->start_ns;
 		/* a start_ns after `now` is a slot another CPU is filling in right now: not stale */
-		if (old && r->s->start_ns < now && now - r->s->start_ns > IOTRACE_STALE_NS &&
-		    tag_cas(r->tag, old, tag)) {
-			unspill(r);	/* the old request's key is still in the slot */
-			count_reason(IOTRACE_NOTE_RECLAIMED);
-			return true;
+		if (taken && (start >= now || now - start <= IOTRACE_STALE_NS))
+			continue;
+		if (!taken && (!key_kept(old) || slot_tag(r) != old))
+			continue;
+		if (!tag_cas(r->tag, old, tag))
+			continue;
+		if (!taken && *(volatile u32 *)r->lives != seen) {
+			tag_cas(r->tag, tag, old);	/* its key started again meanwhile: it keeps the slot */
+			continue;
 		}
+		unspill(r);	/* the old key is still in the slot */
+		count_reason(taken ? IOTRACE_NOTE_RECLAIMED : IOTRACE_NOTE_REBOUND);
+		return true;
 	}
 	return false;
 }
 
 /* Claim a slot of the second group, counting the spill first: a lookup that finds it looks there. */
-static __always_inline bool claim_spill(u32 home, u32 other, u64 tag, u64 now, bool stale,
+static __always_inline bool claim_spill(u32 home, u32 other, u64 tag, u64 now, bool taken,
 					struct slot_ref *r)
 {
 	u32 *sp = spill_count(home);
@@ -234,7 +368,7 @@ static __always_inline bool claim_spill(u32 home, u32 other, u64 tag, u64 now, b
 	if (other == home || !sp)
 		return false;
 	__sync_fetch_and_add(sp, 1);
-	if (stale ? claim_stale(other, tag, now, r) : claim_free(other, tag, r))
+	if (taken ? claim_taken(other, tag, now, r) : claim_free(other, tag, r))
 		return true;
 	__sync_fetch_and_add(sp, -1);	/* BPF has no atomic sub */
 	return false;
@@ -242,20 +376,17 @@ static __always_inline bool claim_spill(u32 home, u32 other, u64 tag, u64 now, b
 
 /*
  * Take a free slot for `tag` in the home group of hash `h`, else in its
- * second group, else a stale one in either.  Returns false when none is
- * left.  The caller fills in the key's fields.
+ * second group, else one taken over in either.  Returns false when none is
+ * left.  The caller fills in the key's fields, its copy of the key last.
  */
 static __always_inline bool slot_claim(u64 h, u64 tag, u64 now, struct slot_ref *r)
 {
 	u32 home = group_of(h), other = second_group_of(h);
 
 	if (!claim_free(home, tag, r) && !claim_spill(home, other, tag, now, false, r) &&
-	    !claim_stale(home, tag, now, r) && !claim_spill(home, other, tag, now, true, r))
+	    !claim_taken(home, tag, now, r) && !claim_spill(home, other, tag, now, true, r))
 		return false;
-	/* times before the key, so a CPU that sees the new key sees them too (in store
-	 * order, as on x86; elsewhere the window is a few instructions wide) */
-	r->s->start_ns = now;
-	r->s->issue_ns = 0;
+	slot_begin(r, now);
 	return true;
 }
 
@@ -601,13 +732,16 @@ static __always_inline void slot_fill(struct iotrace_slot *s, u64 now, u64 id, u
 	wb_charge(s, (u32)id);
 }
 
-/* A request moving to another slot (`to`, freshly claimed): all but the key's copy (sector). */
+/* A request moving to another slot (`to`, freshly claimed): all but the key's copy (sector) and its lives. */
 static __always_inline void slot_copy(struct iotrace_slot *to, const struct iotrace_slot *from)
 {
 	u64 key = to->sector;
+	u32 life = to->life, ended = to->ended;
 
 	__builtin_memcpy(to, from, sizeof(*to));
 	to->sector = key;
+	to->life = life;
+	to->ended = ended;
 }
 
 /* Follow forks of traced processes (the filter's children). */

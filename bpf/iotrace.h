@@ -20,14 +20,22 @@
  */
 #include "iotrace_defs.h"
 
+/* The tags of one group of slots (the tags map's value): what a lookup scans, one cache line. */
+struct iotrace_tags {
+	u64 tag[IOTRACE_INFLIGHT_PROBES];	/* the slot's key (address or fingerprint), 0 when free */
+};
+
 /*
  * One request between its start and its completion.  The in-flight table
  * is an array of these, in groups of IOTRACE_INFLIGHT_PROBES chosen by a
  * hash of the request's key (its address on raw tracepoints, its (dev,
  * sector) on perf-event ones); a parallel array of 64-bit tags (the
- * address, or a fingerprint of (dev, sector); 0 when free) is what a lookup scans, and a slot is claimed with
- * a compare-and-swap on its tag, so the hot path takes no lock and
- * allocates nothing.  A request whose home group is full goes to a second
+ * address, or a fingerprint of (dev, sector); 0 when free) is what a lookup
+ * scans, and a slot is claimed with a compare-and-swap on its tag, so the
+ * hot path takes no lock and allocates nothing.  A request object's address
+ * stays its slot's tag between its lives, and the slot is taken while its
+ * `life` differs from its `ended` (core.bpf.h says why: what a start reads,
+ * no completion writes).  A request whose home group is full goes to a second
  * group chosen by another part of the hash (counted in the spills map, so
  * that lookups look there only when something did): a start is lost only
  * when both groups are full.  With N requests in flight among G groups that
@@ -49,6 +57,8 @@ struct iotrace_slot {
 	u32 tid;		/* submitter's thread */
 	u32 remaining;		/* bytes not yet completed (raw path: bytes at the start) */
 	u32 done;		/* bytes completed so far */
+	u32 life;		/* the slot's count of lives started (its lives entry) as of this one */
+	u32 ended;		/* lives of the slot ended: it is taken while this differs from life */
 	char comm[IOTRACE_COMM_LEN];	/* submitter's comm */
 };
 

@@ -99,13 +99,14 @@ enum iotrace_reason {
 	IOTRACE_NOTE_CLOCK_SKEW = 15,	/* two CPUs' clocks disagreed: a phase taken as 0 */
 	IOTRACE_DROP_KERNEL_READ = 16,	/* a read of a kernel struct failed (raw path): its request is lost */
 	IOTRACE_DROP_NESTED = 17,	/* a completion interrupted another's accounting on its CPU */
-	IOTRACE_DROP_LOST_COMPLETION = 18,	/* raw path: a request object started again, its last completion unseen */
+	IOTRACE_DROP_LOST_COMPLETION = 18,	/* raw path: a request object started again, its last completion unseen (counted when its next life ends) */
 	IOTRACE_NOTE_WB_UNKEPT = 19,	/* a dirtier or a flusher's inode not kept (map full, read failed): its write-back stays the flusher's */
 	IOTRACE_DROP_FILES_FULL = 20,	/* a file row not kept (map full): its bytes are in no file row (its request is in its series) */
 	IOTRACE_NOTE_FILE_UNREAD = 21,	/* a file's inode or name could not be read: its request stays in its series, in no file row */
 	IOTRACE_DROP_BIO_WALK = 22,	/* --bio: a request ended more bios than its completion reads (IOTRACE_BIO_WALK): theirs lost */
 	IOTRACE_NOTE_OWN_START = 23,	/* --stamps kernel: a request the kernel gave no start stamp (no RQF_IO_STAT: iostats turned off since), timed from its start event */
-	IOTRACE_REASON_COUNT = 24,
+	IOTRACE_NOTE_REBOUND = 24,	/* a request object's in-flight slot, its last life ended, given to another key */
+	IOTRACE_REASON_COUNT = 25,
 };
 
 #endif /* IOTRACE_DEFS_H */

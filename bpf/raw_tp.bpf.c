@@ -141,18 +141,20 @@ static __always_inline bool dev_filtered_out(u64 rq, u64 now)
 
 static __always_inline bool scan_for(u32 base, u64 addr, struct slot_ref *r)
 {
+	u64 *t = group_tags(base);
+
+	if (!t)
+		return false;
 #pragma unroll
 	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
-		if (!ref_at(base + i, r))
-			return false;
-		if (*r->tag == addr)
-			return true;
+		if (t[i] == addr)
+			return ref_at(t, base, i, r);
 	}
 	return false;
 }
 
-/* The slot of the request (or bio) at `addr`. */
-static __always_inline bool addr_find(u64 addr, struct slot_ref *r)
+/* The slot whose key is `addr`, taken or not. */
+static __always_inline bool addr_slot(u64 addr, struct slot_ref *r)
 {
 	u64 h = key_hash(0, addr);
 	u32 home = group_of(h), other = second_group_of(h), *sp;
@@ -161,6 +163,12 @@ static __always_inline bool addr_find(u64 addr, struct slot_ref *r)
 		return true;
 	sp = spill_count(home);
 	return other != home && sp && *sp && scan_for(other, addr, r);
+}
+
+/* The slot of the request (or bio) at `addr`, if it holds a life of it. */
+static __always_inline bool addr_find(u64 addr, struct slot_ref *r)
+{
+	return addr_slot(addr, r) && slot_taken(r);
 }
 
 /* The slot's key, from its copy in the slot: right even while a stale claim swaps the tag. */
@@ -176,48 +184,52 @@ static __always_inline u64 slot_tag(const struct slot_ref *r)
 }
 
 /*
- * A slot for a starting request.  Its address may still hold a slot: the
- * request object's previous life ended without a completion this program
- * saw.  Measured here: now and then (~1 in 10^4 requests of a loop device
- * over a file on another loop device) the kernel completes a request with
- * no block_rq_complete program run and no recursion miss counted, on both
- * attach paths; the request object is then reused within microseconds.
- * So the new life takes the slot over and the lost one is counted.  One pass over the home group finds either that
- * or the first free slot; the rest of slot_claim() only when the group is full.
+ * A slot for a starting request: most often the one its address kept
+ * from the request object's last life (core.bpf.h, the in-flight table),
+ * found in a line of tags no completion wrote, and written without a
+ * read.  That last life may not have ended: now and then (measured: 0 to
+ * 34 in 2.4M requests of a loop device over a file) the kernel completes
+ * a request with no block_rq_complete program run and no recursion miss
+ * counted, and the object is reused within microseconds; slot_release()
+ * counts it when this life ends.  One pass over the home group finds the
+ * key or the first free slot; the rest of slot_claim() only when the group
+ * is full.  False when no slot is left (counted here) or another key took
+ * the slot over as this life began (counted at its completion).
  */
 static __always_inline bool addr_claim(u64 addr, u64 now, struct slot_ref *r)
 {
 	u64 h = key_hash(0, addr);
-	u32 home = group_of(h), free = IOTRACE_INFLIGHT_SLOTS, *sp;
+	u32 home = group_of(h), free = IOTRACE_INFLIGHT_PROBES, *sp;
+	u64 *t = group_tags(home);
 
+	if (!t)
+		return false;
 #pragma unroll
 	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
-		if (!ref_at(home + i, r))
-			return false;
-		if (*r->tag == addr)
-			goto reclaim;
-		if (*r->tag == 0 && free == IOTRACE_INFLIGHT_SLOTS)
-			free = home + i;
+		if (t[i] == addr) {
+			if (!ref_at(t, home, i, r))
+				return false;
+			goto restart;
+		}
+		if (t[i] == 0 && free == IOTRACE_INFLIGHT_PROBES)
+			free = i;
 	}
 	sp = spill_count(home);
 	if (sp && *sp && scan_for(second_group_of(h), addr, r))
-		goto reclaim;
+		goto restart;
 	/* two CPUs may race for the same free slot: one wins, the other looks further */
-	if (free < IOTRACE_INFLIGHT_SLOTS && ref_at(free, r) && tag_cas(r->tag, 0, addr)) {
-		r->s->start_ns = now;
-		r->s->issue_ns = 0;
-		r->s->sector = addr;	/* the key's copy, for slot_hash() */
-		return true;
-	}
-	if (!slot_claim(h, addr, now, r))
+	if (free < IOTRACE_INFLIGHT_PROBES && ref_at(t, home, free, r) && tag_cas(r->tag, 0, addr)) {
+		slot_begin(r, now);
+	} else if (!slot_claim(h, addr, now, r)) {
+		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		return false;
+	}
+	/* the key's copy, for slot_hash(), last: claim_taken leaves a slot alone until it is the tag */
+	asm volatile("" ::: "memory");
 	r->s->sector = addr;
 	return true;
-reclaim:
-	count_reason(IOTRACE_DROP_LOST_COMPLETION);
-	r->s->start_ns = now;
-	r->s->issue_ns = 0;
-	return true;
+restart:
+	return slot_restart(r, addr, now);
 }
 
 #ifdef IOTRACE_BIO_LEVEL
@@ -251,8 +263,12 @@ static __always_inline void record_once(struct iotrace_slot *s, u64 now)
 #define record_once record
 #endif
 
-/* A bio's own slot (bio-level timing) is keyed at its address + 1, beside a block_getrq start's at its address. */
+/*
+ * Keys of one life (core.bpf.h, key_kept): a bio's own slot (bio-level
+ * timing) at its address + 1, a block_getrq start's at its address + 2.
+ */
 #define BIO_SLOT(bio) ((bio) | 1)
+#define BIO_START(bio) ((bio) | 2)
 
 #ifdef IOTRACE_BIO_SUBMITTED
 /*
@@ -365,10 +381,8 @@ RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 	if (!task_wanted(id >> 32))
 		return 0;
 	bio_request_started(bio, now);
-	if (!addr_claim(bio, now, &r)) {
-		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
+	if (!addr_claim(BIO_START(bio), now, &r))
 		return 0;
-	}
 	slot_fill(r.s, now, id, 0, 0, 0);
 	return 0;
 }
@@ -389,7 +403,7 @@ static __always_inline bool bio_start_of(u64 rq, struct slot_ref *b)
 	for (u32 i = 0; i < IOTRACE_BIO_HOPS; i++) {
 		if (!bio)
 			return false;
-		if (addr_find(bio, b)) {
+		if (addr_find(BIO_START(bio), b)) {
 			if (i)
 				count_reason(IOTRACE_NOTE_FRONT_MERGE);
 			return true;
@@ -412,7 +426,6 @@ static __always_inline void start_from_bio(u64 rq, u64 now)
 		return;
 	}
 	if (!addr_claim(rq, b.s->start_ns, &r)) {
-		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
 		slot_release(&b);
 		return;
 	}
@@ -445,10 +458,8 @@ RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 			bio_request_started(bio, now);
 	}
 #endif
-	if (!addr_claim(rq, now, &r)) {
-		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
+	if (!addr_claim(rq, now, &r))
 		return 0;
-	}
 	slot_fill(r.s, now, id, 0, 0, 0);
 	return 0;
 }
@@ -460,27 +471,33 @@ RAW_TRACEPOINT_PROBE(block_rq_issue)
 	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0];
 	struct slot_ref r;
 
-	if (addr_find(rq, &r)) {
 #ifdef IOTRACE_START_BIO
-		/*
-		 * Issued before and not requeued since: the request object's
-		 * previous life, whose completion the kernel ran no program for
-		 * (see addr_claim); this life's start is its bio's.
-		 */
-		if (r.s->issue_ns) {
-			count_reason(IOTRACE_DROP_LOST_COMPLETION);
-			slot_release(&r);
-			start_from_bio(rq, now);
-			return 0;
-		}
-#endif
-		/* a requeued request is issued again: its device time starts anew */
-		r.s->issue_ns = now;
+	if (!addr_find(rq, &r)) {
+		start_from_bio(rq, now);
 		return 0;
 	}
-#ifdef IOTRACE_START_BIO
-	start_from_bio(rq, now);
+	/*
+	 * Issued before and not requeued since: the request object's
+	 * previous life, whose completion the kernel ran no program for
+	 * (see addr_claim); this life's start is its bio's.
+	 */
+	if (r.s->issue_ns) {
+		count_reason(IOTRACE_DROP_LOST_COMPLETION);
+		slot_release(&r);
+		start_from_bio(rq, now);
+		return 0;
+	}
+#else
+	/*
+	 * The slot the request's address keeps, taken or not: whether it is
+	 * would be read in a line its last completion wrote.  A request no
+	 * filter wanted writes a time its next start resets.
+	 */
+	if (!addr_slot(rq, &r))
+		return 0;
 #endif
+	/* a requeued request is issued again: its device time starts anew */
+	r.s->issue_ns = now;
 	return 0;
 }
 #endif /* !IOTRACE_KERNEL_STAMPS */
@@ -745,10 +762,8 @@ RAW_TRACEPOINT_PROBE(block_bio_queue)
 	bd = bio_devs.lookup(&dev);
 	if (!bd || !dev_wanted(bd->disk) || !task_wanted(id >> 32))
 		return 0;
-	if (!addr_claim(BIO_SLOT(bio), now, &r)) {
-		count_reason(IOTRACE_DROP_INFLIGHT_FULL);
+	if (!addr_claim(BIO_SLOT(bio), now, &r))
 		return 0;
-	}
 	bytes = HEAD_FIELD(&h, u32, IOTRACE_K_BIO_SIZE);
 	slot_fill(r.s, now, id, bd->disk, opf_op(HEAD_FIELD(&h, u32, IOTRACE_K_BIO_OPF), bytes) | bd->mark, bytes);
 	return 0;

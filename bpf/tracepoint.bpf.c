@@ -77,14 +77,18 @@ struct find_state {
 static __always_inline bool scan_group(u32 base, u32 dev, u64 sector, u64 tag, bool zero_bytes, u64 now,
 				       enum pick pick, struct find_state *st)
 {
+	u64 *t = group_tags(base);
 	struct slot_ref c;
 
+	if (!t)
+		return false;
 #pragma unroll
 	for (u32 i = 0; i < IOTRACE_INFLIGHT_PROBES; i++) {
-		if (!ref_at(base + i, &c))
+		if (t[i] != tag)
+			continue;
+		if (!ref_at(t, base, i, &c))
 			break;
-		if (*c.tag != tag || c.s->dev != dev || c.s->sector != sector ||
-		    (c.s->remaining == 0) != zero_bytes)
+		if (c.s->dev != dev || c.s->sector != sector || (c.s->remaining == 0) != zero_bytes)
 			continue;
 		if (c.s->start_ns > now || c.s->issue_ns > now) {
 			if (!st->late.s)

@@ -32,13 +32,17 @@ def probe(loop):
         p.close()
 
 
-def plant(probe: Probe, index: int, dev: int, start_ns: int) -> None:
-    """A taken slot of a request at `dev` that started at `start_ns` and never completed."""
+def plant(probe: Probe, index: int, dev: int, start_ns: int, ended: bool = False) -> None:
+    """A taken slot of a request at `dev` that started at `start_ns` and never completed (`ended`: one that did,
+    its key kept in the slot, as a request object's is between its lives)."""
     slots = probe.bpf["inflight"]
     s = slots.Leaf()
-    s.dev, s.sector, s.start_ns, s.remaining = dev, 8 * index, start_ns, 4096
+    s.dev, s.sector, s.start_ns, s.remaining, s.life, s.ended = dev, 8 * index, start_ns, 4096, 1, int(ended)
     slots[ct.c_int(index)] = s
-    probe.bpf["tags"][ct.c_int(index)] = ct.c_uint64(0xABCD0001 + 2 * index)
+    tags, probes = probe.bpf["tags"], slots.max_entries // probe.bpf["tags"].max_entries
+    group = tags[ct.c_int(index // probes)]
+    group.tag[index % probes] = 0xABCD0001 + 2 * index
+    tags[ct.c_int(index // probes)] = group
 
 
 def lost(raw) -> int:
@@ -107,6 +111,7 @@ def test_raw_path_counts_an_old_slot_at_the_end_only(loop):
     try:
         plant(p, 5, 0, time.monotonic_ns() - 2 * LOST_MIN_AGE_NS)     # the raw path learns the disk at completion
         plant(p, 9, 0, time.monotonic_ns())                           # young: may still be on its way
+        plant(p, 12, 0, time.monotonic_ns() - 2 * LOST_MIN_AGE_NS, ended=True)    # completed: its key kept
         assert lost(p.drain()) == 0                 # an interval: a later start of the object counts it
         # the last drain's count, taken at moments when no disk of the machine is busy: the old slot only
         seen = set()

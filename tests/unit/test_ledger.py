@@ -14,7 +14,7 @@ from tracer.sources import ledger as ledgermod
 from tracer.sources.ledger import LOST_MIN_AGE_NS, USER_DROPS, Ledger, count_new, reason_deltas, stale_slots
 
 NAMES = ("completed", "drop_no_start", "drop_lost_completion")
-SLOT = np.dtype([("dev", "u4"), ("op", "u4"), ("sector", "u8"), ("start_ns", "u8")])
+SLOT = np.dtype([("dev", "u4"), ("op", "u4"), ("sector", "u8"), ("start_ns", "u8"), ("life", "u4"), ("ended", "u4")])
 STALE_NS = 10 * LOST_MIN_AGE_NS
 
 
@@ -25,7 +25,8 @@ class FakeObject:
         self.totals = [0] * len(NAMES)
         self.misses = {"block_rq_issue": 0, "block_rq_complete": 0, "not_in_the_table": 0}
         self.seen: dict[str, int] = {}
-        self.tables = {"inflight": types.SimpleNamespace(max_entries=8, Leaf=SLOT)}
+        self.tables = {"inflight": types.SimpleNamespace(max_entries=8, Leaf=SLOT),
+                       "tags": types.SimpleNamespace(max_entries=1)}
         self.lib = None
 
     def __getitem__(self, name):
@@ -46,9 +47,9 @@ class FakeObject:
         return out
 
 
-def ledger(attach: str, slots: list[tuple[int, int, int]] | None = None, busy: set[int] = frozenset()):
-    """A Ledger over a FakeObject whose in-flight table holds `slots` [(index, dev, start_ns)] and whose
-    devices in `busy` have something in flight."""
+def ledger(attach: str, slots: list[tuple[int, ...]] | None = None, busy: set[int] = frozenset()):
+    """A Ledger over a FakeObject whose in-flight table holds `slots` [(index, dev, start_ns[, lives not
+    ended: 1])] and whose devices in `busy` have something in flight."""
     obj = FakeObject()
     led = Ledger(obj, attach, NAMES, STALE_NS)
     table = {"slots": list(slots or [])}
@@ -57,6 +58,8 @@ def ledger(attach: str, slots: list[tuple[int, int, int]] | None = None, busy: s
         rows = table["slots"]
         sl = np.zeros(len(rows), SLOT)
         sl["dev"], sl["start_ns"] = [r[1] for r in rows], [r[2] for r in rows]
+        sl["ended"] = 7
+        sl["life"] = [7 + (r[3] if len(r) > 3 else 1) for r in rows]
         return np.array([r[0] for r in rows], np.int64), sl
 
     led.taken_slots = taken
@@ -138,6 +141,15 @@ def test_raw_path_counts_lost_slots_only_at_the_end_and_only_on_idle_disks(disks
     assert led.dropped(final=True)["drop_lost_completion"] == 0    # a disk is busy: no count
     led.busy = set()
     assert led.dropped(final=True)["drop_lost_completion"] == 1    # the old slot, not the young one
+
+
+def test_raw_path_counts_every_life_of_a_slot_that_never_ended(disks):
+    """A slot whose last two lives never ended (a request object started again after a completion the kernel
+    ran no program for, and that life's never came either) is two requests lost."""
+    now = time.monotonic_ns()
+    _, led = ledger("raw_tp", [(5, 0, now - 2 * LOST_MIN_AGE_NS, 2), (6, 0, now - 2 * LOST_MIN_AGE_NS)])
+    disks[0] = led
+    assert led.dropped(final=True)["drop_lost_completion"] == 3
 
 
 def test_diskstats_windows_follow_each_other(monkeypatch):

@@ -79,8 +79,10 @@ class Ledger:
     def __init__(self, bpf: BpfObject, attach: str, reasons: Sequence[str], stale_ns: int):
         self.bpf, self.attach, self.names, self.stale_ns = bpf, attach, tuple(reasons), stale_ns
         self._reasons_seen = np.zeros(len(self.names), dtype=np.uint64)
-        slots = bpf["inflight"]
-        self._slot_buffers = (np.zeros(slots.max_entries, np.uint32), np.zeros(slots.max_entries, np.uint64),
+        slots, groups = bpf["inflight"], bpf["tags"]
+        # the tags map holds a group's tags in one value: read as rows of them, a row a group
+        self._slot_buffers = (np.zeros(slots.max_entries, np.uint32),
+                              np.zeros((groups.max_entries, slots.max_entries // groups.max_entries), np.uint64),
                               np.zeros(slots.max_entries, np.dtype(slots.Leaf)))
         self._lost_seen: set[tuple[int, int]] = set()    # (slot, start_ns) already counted lost
         self._diskstats: dict | None = None
@@ -138,11 +140,16 @@ class Ledger:
     # -- stale slots of the in-flight table
 
     def taken_slots(self) -> tuple[np.ndarray, np.ndarray]:
-        """(indices, slots) of the in-flight table's taken slots."""
+        """(indices, slots) of the in-flight table's taken slots: a tag, and a life started that has not ended
+        (a request object's slot keeps its tag between lives: bpf/core.bpf.h, the in-flight table)."""
         idx, tags, slots = self._slot_buffers
         lib = self.bpf.lib
-        t = np.flatnonzero(read_array(self.bpf["tags"], idx, tags, lib))
-        return t, (read_array(self.bpf["inflight"], idx, slots, lib)[t] if len(t) else slots[:0])
+        t = np.flatnonzero(read_array(self.bpf["tags"], idx, tags, lib).reshape(-1))
+        if not len(t):
+            return t, slots[:0]
+        sl = read_array(self.bpf["inflight"], idx, slots, lib)[t]
+        live = sl["life"] != sl["ended"]
+        return t[live], sl[live]
 
     def lost_at_end(self) -> int:
         """Raw path, last drain: slots whose completion never came and whose request object was not
@@ -156,8 +163,10 @@ class Ledger:
         if not idle():
             return 0
         _, sl = self.taken_slots()
-        old = int((sl["start_ns"] < before_ns - LOST_MIN_AGE_NS).sum())
-        return old if old and idle() else 0
+        old = sl["start_ns"] < before_ns - LOST_MIN_AGE_NS
+        # a slot's lives not ended: the last, and any before it whose completion never came either
+        lost = int((sl["life"][old] - sl["ended"][old]).astype(np.uint32).sum())
+        return lost if lost and idle() else 0
 
     def lost_completions(self, final: bool = False) -> int:
         """Requests newly found to have completed without iotrace seeing it.
