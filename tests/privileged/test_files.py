@@ -139,12 +139,21 @@ def test_two_loaders_cold_then_warm(ext4_mnt, tmp_path):
     for m in filter(None, (re.search(r" ino ([0-9a-f]+) .*?ofs=\d+(?: order=(\d+))?", ln) for ln in lines)):
         added[int(m[1], 16)] = added.get(int(m[1], 16), 0) + (1 << int(m[2] or 0))
     warm = read_dumps(warm_out)
+    for d in warm:
+        nothing_lost(d)
+    # as cold: a request merged from two files' re-reads is its first page's file's (one request moves), and one
+    # whose completion the kernel ran no program for (counted: README, Dropped events) is in no row
+    unseen = sum(d["dropped"]["lost_completion"] + d["dropped"].get("skipped_complete", 0) for d in warm)
+    largest = int(Path(f"/sys/block/{Path(loop.path).name}/queue/max_sectors_kb").read_text()) * 1024
     disk, cache = per_file(warm, "disk_read_bytes"), per_file(warm, "cache_read_bytes")
-    print(f"warm: {sum(disk.values())} bytes from disk, {sum(added.values())} pages added back")
+    print(f"warm: {sum(disk.values())} bytes from disk, {sum(added.values())} pages added back, {unseen} unseen")
+    want = {path: added.get(Path(path).stat().st_ino, 0) * PAGE for path in sizes}
     for path, size in sizes.items():
-        assert disk.get(path, 0) == added.get(Path(path).stat().st_ino, 0) * PAGE, (path, disk, added)
+        assert abs(disk.get(path, 0) - want[path]) <= largest * (1 + unseen), (path, disk, want, unseen)
         # without the page cache's read event a warm file leaves nothing to make a row of (6.1)
         assert (cache.get(path) == size) if cache_reads else not cache.get(path), (path, cache)
+    got_all, want_all = sum(disk.get(path, 0) for path in sizes), sum(want.values())
+    assert want_all - unseen * largest <= got_all <= want_all, (got_all, want_all, unseen)
     r = subprocess.run([sys.executable, "-m", "tracer.cli", "report", "--by", "file", str(cold_out)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
