@@ -684,7 +684,8 @@ static __always_inline struct iotrace_who *who_is(u32 tid, u64 now)
 	w = who.lookup(&idx);
 	if (!w)
 		return 0;
-	if (w->tid != tid || w->execs != seen || now - w->ns > IOTRACE_COMM_REUSE_NS) {
+	/* signed: a kernel-stamped request start's time lags a bio start's clock (raw_tp.bpf.c start_clock) */
+	if (w->tid != tid || w->execs != seen || (s64)(now - w->ns) > (s64)IOTRACE_COMM_REUSE_NS) {
 		w->cgroup = bpf_get_current_cgroup_id();
 		bpf_get_current_comm(w->comm, sizeof(w->comm));
 		w->tid = tid;

@@ -192,6 +192,7 @@ struct iotrace_config {
 	u32 cgroup_level;	/* depth of filter_cgroup below the cgroup v2 root */
 	u32 pad;
 	u64 filter_cgroup;	/* non-zero: only I/O submitted in this cgroup v2 or below it */
+	u64 tick_base;		/* IOTRACE_START_TICK_NS: jiffies * tick + this is CLOCK_MONOTONIC (tracer/sources/ticks.py) */
 };
 
 /* Histogram map key -> u64 count (per CPU, one map per generation). */

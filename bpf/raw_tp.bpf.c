@@ -37,11 +37,31 @@
  * after block_io_start fires, on a disk that keeps I/O statistics: iostat's
  * await is computed from it) and its issue rq->io_start_time_ns (stamped at
  * each issue while RQF_STATS is set).  No program runs on block_rq_issue.
- * The start program still reads the clock: its slot's time tells a stale
- * slot and a lost request (user space's ledger), in CLOCK_MONOTONIC; a
+ * The start program still dates its slot: its time tells a stale slot and
+ * a lost request (user space's ledger), in CLOCK_MONOTONIC, from the tick
+ * count where user space calibrated it (start_clock), else the clock; a
  * request the kernel gave no start stamp (iostats turned off since the
  * start) is timed from it, and counted.
  */
+#ifdef IOTRACE_START_TICK_NS
+/*
+ * With the kernel's stamps the start's own time only dates its slot (the
+ * lost-request ledger, a stale slot's take-over) and times the rare
+ * request the kernel gave no start stamp.  The tick count serves: as
+ * CLOCK_MONOTONIC (less than three ticks behind it, never ahead: user
+ * space's calibration, tracer/sources/ticks.py), for a fraction of a clock
+ * read's cost (measured: docs/costs.md).
+ */
+static __always_inline u64 start_clock(void)
+{
+	struct iotrace_config *cfg = get_config();
+
+	return bpf_jiffies64() * IOTRACE_START_TICK_NS + (cfg ? cfg->tick_base : 0);
+}
+#else
+#define start_clock() bpf_ktime_get_ns()
+#endif
+
 #ifdef IOTRACE_KERNEL_STAMPS
 #define RQ_HEAD_BYTES IOTRACE_K_RQ_STAMPED_HEAD_LEN
 #else
@@ -125,9 +145,11 @@ static __always_inline u32 opf_op(u32 opf, u32 bytes)
 /*
  * Whether --dev leaves the request at `rq` out: its disk, read (then
  * cached) only when there is a device filter, so that other disks'
- * requests take no slot.  A failed read is counted and leaves it out.
+ * requests take no slot.  A failed read is counted and leaves it out.  The
+ * cache's age is the clock's, not a start's own time (start_clock: up to
+ * three ticks behind), so that an entry is trusted IOTRACE_QDEV_TTL_NS.
  */
-static __always_inline bool dev_filtered_out(u64 rq, u64 now)
+static __always_inline bool dev_filtered_out(u64 rq)
 {
 	struct iotrace_config *cfg = get_config();
 	struct rq_head h;
@@ -136,7 +158,7 @@ static __always_inline bool dev_filtered_out(u64 rq, u64 now)
 		return false;
 	return kread(&h, sizeof(h), rq, IOTRACE_DROP_KERNEL_READ) ||
 	       !dev_wanted(queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART),
-				     rq_disk_of(&h), now));
+				     rq_disk_of(&h), bpf_ktime_get_ns()));
 }
 
 static __always_inline bool scan_for(u32 base, u64 addr, struct slot_ref *r)
@@ -421,7 +443,7 @@ static __always_inline void start_from_bio(u64 rq, u64 now)
 
 	if (!bio_start_of(rq, &b))
 		return;
-	if (dev_filtered_out(rq, now)) {
+	if (dev_filtered_out(rq)) {
 		slot_release(&b);
 		return;
 	}
@@ -437,7 +459,7 @@ static __always_inline void start_from_bio(u64 rq, u64 now)
 RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 {
 	/* first: every lookup below would otherwise show up as latency */
-	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0], id = bpf_get_current_pid_tgid();
+	u64 now = start_clock(), rq = ctx->args[0], id = bpf_get_current_pid_tgid();
 	struct slot_ref r;
 
 	/*
@@ -448,7 +470,7 @@ RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 	 */
 	if (!task_wanted(id >> 32))
 		return 0;
-	if (dev_filtered_out(rq, now))
+	if (dev_filtered_out(rq))
 		return 0;
 #ifdef IOTRACE_BIO_SUBMITTED
 	{

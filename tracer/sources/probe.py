@@ -22,7 +22,7 @@ import numpy as np
 
 from tracer import contract
 from tracer.errors import UserError
-from tracer.sources import bpfobject, devices, kernel
+from tracer.sources import bpfobject, devices, kernel, ticks
 from tracer.sources.bpfobject import BpfObject, ProgStats, Variant
 from tracer.sources.drain import MapDrain
 from tracer.sources.drain import read_array as read_array  # noqa: F401 - scripts/reference reads through it
@@ -363,9 +363,10 @@ def _stamped_layout(layout: kernel.Layout) -> kernel.Layout:
 
 
 def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, start_event: str,
-                  possible: list[int]) -> tuple[str, ...]:
+                  possible: list[int], tick: ticks.Ticks | None = None) -> tuple[str, ...]:
     """The programs' compiler flags: the shared headers, bio-level programs, the raw path's kernel layout,
-    the start event's kind, the CPUs and the map sizes asked for."""
+    the start event's kind, the start's clock (`tick`: the tick count, with kernel stamps), the CPUs and
+    the map sizes asked for."""
     cflags = [f"-I{contract.bpf_dir()}"]
     if bio:
         cflags.append("-DIOTRACE_BIO_LEVEL")
@@ -387,6 +388,8 @@ def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, s
         cflags.append("-DIOTRACE_NO_WRITEBACK")
     if layout is not None and layout.stamped:
         cflags.append("-DIOTRACE_KERNEL_STAMPS")
+        if tick is not None:
+            cflags.append(f"-DIOTRACE_START_TICK_NS={tick.tick_ns}")
     if starts_at_bio(start_event):
         cflags.append("-DIOTRACE_START_BIO")
     if not bpfobject.has_cmpxchg():
@@ -456,7 +459,9 @@ class Probe:
                                           "traces the threads directly in the cgroup, not those in cgroups below it")
         possible = bpfobject.possible_cpus()
         self.ncpu = len(possible)       # values per key of a per-CPU map
-        cflags = compile_flags(opts, layout, bio, self.start_event, possible)
+        # with the kernel's stamps a start only dates its slot: the tick count does, for less than the clock
+        self.tick = ticks.calibrate() if self.stamps == "kernel" else None
+        cflags = compile_flags(opts, layout, bio, self.start_event, possible, self.tick)
         text = program_text(self.attach, self.start_event)
         check_sizes(opts, self.contract)
         # --bio: the longest walk of a request's bios this kernel's verifier takes (BIO_WALKS, contract.toml)
@@ -531,7 +536,8 @@ class Probe:
         self.bpf.write_config("config", gen=self.maps.gen, filter_pids=1 if opts.pids else 0,
                               follow_children=1 if opts.follow_children else 0,
                               per_thread=1 if opts.per_thread else 0, filter_devs=1 if opts.devs else 0,
-                              filter_cgroup=opts.cgroup_id, cgroup_level=opts.cgroup_level, enabled=1)
+                              filter_cgroup=opts.cgroup_id, cgroup_level=opts.cgroup_level,
+                              tick_base=self.tick.base if self.tick is not None else 0, enabled=1)
         self._opts = opts
         self._partitions: dict[int, int] | None = None     # partition -> its disk, read once (owed_bytes)
 
