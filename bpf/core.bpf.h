@@ -240,6 +240,17 @@ static __always_inline void unspill(struct slot_ref *r)
 }
 
 /*
+ * The slot's count of lives, one more, as read after the add: a line only
+ * starts write, so no wait for another CPU.  (An add whose old value is not
+ * used, then a read: any kernel's verifier takes it.)
+ */
+static __always_inline u32 life_next(struct slot_ref *r)
+{
+	__sync_fetch_and_add(r->lives, 1);
+	return *(volatile u32 *)r->lives;
+}
+
+/*
  * A new life of `key`, which the slot holds: nothing read that a
  * completion wrote.  A key starts on one CPU at a time (a request object
  * starts again once its last life is over), but another key may be taking
@@ -251,11 +262,8 @@ static __always_inline void unspill(struct slot_ref *r)
  */
 static __always_inline bool slot_restart(struct slot_ref *r, u64 key, u64 now)
 {
-	u32 n;
+	u32 n = life_next(r);
 
-	/* a line only starts write: no wait for another CPU (an add whose old value is not used: any kernel) */
-	__sync_fetch_and_add(r->lives, 1);
-	n = *(volatile u32 *)r->lives;
 	if (*(volatile u64 *)r->tag != key)
 		return false;
 	r->s->start_ns = now;
@@ -267,10 +275,7 @@ static __always_inline bool slot_restart(struct slot_ref *r, u64 key, u64 now)
 /* The first life of a key in a slot just claimed: lives not ended before it are no longer its to count. */
 static __always_inline void slot_begin(struct slot_ref *r, u64 now)
 {
-	u32 n;
-
-	__sync_fetch_and_add(r->lives, 1);
-	n = *(volatile u32 *)r->lives;
+	u32 n = life_next(r);
 
 	r->s->start_ns = now;
 	r->s->issue_ns = 0;
