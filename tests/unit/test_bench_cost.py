@@ -1,4 +1,5 @@
-"""scripts/bench_cost.py's gate: this tree's request path against a base revision's, within the noise band."""
+"""scripts/bench_cost.py's verdicts: the gate (this tree's request path against a base revision's, within the noise
+band) and the targets, each beside the least work of its design."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from bench_cost import GATE_BAND, gate  # noqa: E402
+from bench_cost import GATE_BAND, gate, targets  # noqa: E402
 
 
 @pytest.mark.parametrize("mine, base, failed, band", [
@@ -22,3 +23,42 @@ from bench_cost import GATE_BAND, gate  # noqa: E402
 def test_the_gate_fails_only_past_the_noise_band(mine, base, failed, band):
     got_failed, got_band = gate(mine, base)
     assert got_failed is failed and got_band == pytest.approx(band)
+
+
+# medians of one run (ns per request): the floor 240, the peer 1000
+RUN = {"empty_raw": 240.0, "reference": 1000.0, "lean": 590.0, "lean_kernel": 410.0}
+
+
+@pytest.mark.parametrize("ns, want", [
+    # own stamps at 3x, kernel stamps under 2x: one floor target met, both peer targets
+    ({"request": 720.0, "kernel": 470.0},
+     {"request path <= 2.0x the floor": False, "request path <= 0.7x the libbpf-tools design": False,
+      "request path, --stamps kernel <= 2.0x the floor": True,
+      "request path, --stamps kernel <= 0.7x the libbpf-tools design": True}),
+    # exactly at the bounds: met
+    ({"request": 480.0, "kernel": 700.0},
+     {"request path <= 2.0x the floor": True, "request path <= 0.7x the libbpf-tools design": True,
+      "request path, --stamps kernel <= 2.0x the floor": False,
+      "request path, --stamps kernel <= 0.7x the libbpf-tools design": True}),
+    # a run that priced only the request path
+    ({"request": 500.0},
+     {"request path <= 2.0x the floor": False, "request path <= 0.7x the libbpf-tools design": True}),
+])
+def test_targets_are_judged_from_the_same_run(ns, want):
+    got = {what: ok for what, ok, _ in targets({**RUN, **ns})}
+    assert got == want
+
+
+def test_a_target_beneath_the_designs_least_work_says_so():
+    details = {what: detail for what, _, detail in targets({**RUN, "request": 720.0, "kernel": 470.0})}
+    own = details["request path <= 2.0x the floor"]
+    assert own.startswith("720 ns = 3.00x 240") and "lean, this design's least work, 2.46x" in own
+    assert own.endswith("the target is beneath it here)")
+    kern = details["request path, --stamps kernel <= 2.0x the floor"]
+    assert "lean_kernel, this design's least work, 1.71x)" in kern and "beneath" not in kern
+
+
+def test_without_a_floor_or_peer_there_is_nothing_to_judge():
+    assert targets({"request": 700.0}) == []
+    assert [w for w, _, _ in targets({"request": 700.0, "reference": 1000.0})] == [
+        "request path <= 0.7x the libbpf-tools design"]
