@@ -29,6 +29,12 @@ on a loop device over a file in /dev/shm.  In the same run:
   trace       what `iotrace` loads by default: file rows and the
               per-process rows' programs (tracer.sources.tasks) beside
 
+Each program set beside the floor is then priced again on the same requests
+(--pairs runs, attached together with the request path, which attaches first
+alternating): the difference from the request path without the machine's
+drift between rounds, and the request path beside itself for the method's
+own error.
+
 Then the request path as work grows: in-flight depth (1, 32, 256), live
 series (10 and 1,000 fio threads, series per thread), devices (1 and 16).
 Each feature's programs on events of their own (fork, exit, exec, the
@@ -164,15 +170,31 @@ def fio(devices: list[str], ios: int, depth: int = 32, jobs: int = 1) -> dict:
 
 def measure(t: Tracer, devices: list[str], ios: int, depth: int = 32, jobs: int = 1) -> dict:
     """One run: `t`'s programs' run time per request (and per run of each program) while fio runs."""
-    t.start(devices[0])
+    return together([t], devices, ios, depth, jobs)[t.name]
+
+
+def together(tracers: list[Tracer], devices: list[str], ios: int, depth: int = 32, jobs: int = 1) -> dict[str, dict]:
+    """One fio run with every tracer's programs attached at once, in list order (the order the kernel runs a
+    tracepoint's programs in), each charged the run time of its own programs: charge()'s figures by name."""
+    held: dict[str, set[int]] = {}
     try:
-        ids = set(t.prog_ids)
+        for t in tracers:
+            t.start(devices[0])
+            held[t.name] = set(t.prog_ids)
         with BPFStats():
             p0 = bpf_programs()
             job = fio(devices, ios, depth, jobs)
             p1 = bpf_programs()
     finally:
-        t.stop()
+        for t in tracers:
+            if t.name in held:
+                t.stop()
+    return {name: charge(ids, p0, p1, job) for name, ids in held.items()}
+
+
+def charge(ids: set[int], p0: dict, p1: dict, job: dict) -> dict:
+    """The run time of programs `ids` between two readings of every program's statistics, per request of
+    fio's `job`, in all and per program."""
     reqs = job["total_ios"]
     progs = {}
     for i in ids & set(p0) & set(p1):
@@ -197,6 +219,21 @@ BLOCK_EVENTS = ("block_io_start", "block_getrq", "block_rq_insert", "block_rq_is
 def is_block(prog: str) -> bool:
     """Whether a program (by bcc's name, cut at 15 characters by the kernel) is on a block request event."""
     return any(ev in prog or prog == ev[:15] for ev in BLOCK_EVENTS)
+
+
+def in_pairs(base: Tracer, others: list[Tracer], n: int, devices: list[str], ios: int) -> dict[str, list[float]]:
+    """What each of `others` adds to `base` per request, on the same requests: `n` fio runs each with both
+    attached, the one attached first alternating (the first program on a tracepoint pays more for the same
+    work: the cache lines of the request it is the first to touch), so that neither the machine's drift
+    between rounds nor the order is in the difference."""
+    out: dict[str, list[float]] = {}
+    for other in others:
+        out[other.name] = []
+        for r in range(n):
+            m = together([base, other] if r % 2 == 0 else [other, base], devices, ios)
+            out[other.name].append(m[other.name]["ns_per_request"] - m[base.name]["ns_per_request"])
+            print(f"  pair {r + 1}/{n} {other.name:12} {out[other.name][-1]:+7.0f} ns/request", file=sys.stderr)
+    return out
 
 
 def rounds(tracers: list[Tracer], n: int, devices: list[str], ios: int, depth: int = 32, jobs: int = 1,
@@ -230,6 +267,9 @@ def gate(mine: list[float], base: list[float]) -> tuple[bool, float]:
     band = max(GATE_BAND, (max(base) - min(base)) / b)
     return statistics.median(mine) > b * (1 + band), band
 
+
+# the request path priced beside itself: what the pairs' differences are worth
+SAME = "request again"
 
 # the request paths the targets are for, each beside the least work of its design (lean, lean_kernel)
 TARGET_PATHS = (("request", "request path", "lean"), ("kernel", "request path, --stamps kernel", "lean_kernel"))
@@ -296,6 +336,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--ios", type=int, default=100_000, help="fio requests a run (default 100000)")
     p.add_argument("--base", metavar="REV", help="gate: also price REV's request path; exit 1 if this tree's grew")
+    p.add_argument("--pairs", type=int, default=4, metavar="N",
+                   help="fio runs a program set shares with the request path, to price it on the same requests "
+                        "(default 4; 0 skips)")
     p.add_argument("--no-scaling", action="store_true", help="skip the depth, series and devices runs")
     p.add_argument("--quick", action="store_true", help="2 rounds of 30000 requests: a smoke run")
     p.add_argument("--json", metavar="FILE", help="also write every run as JSON")
@@ -333,6 +376,12 @@ def main() -> int:
         print(f"bench_cost: {args.rounds} rounds of {len(tracers)} program sets, {args.ios} requests each",
               file=sys.stderr)
         main_runs = rounds(tracers, args.rounds, devices[:1], args.ios)
+        pairs: dict[str, list[float]] = {}
+        if args.pairs:
+            # the request path beside itself first: the method's own error, which every other difference has
+            again = Config(SAME, {"files": False}, what="the request path again: the pairing's own error")
+            pairs = in_pairs(Loaded(configs[0]), [Loaded(c) for c in [again, *configs[1:]] if c.root == ROOT],
+                             args.pairs, devices[:1], args.ios)
         scaling: dict[str, dict[str, list[dict]]] = {}
         if not args.no_scaling:
             req = [Loaded(configs[0])]
@@ -344,7 +393,7 @@ def main() -> int:
                                                     floor], args.rounds, devices[:1], args.ios // 4, jobs=jobs,
                                                    label=f"{jobs} threads ")
             scaling["devices 16"] = rounds(req + [floor], args.rounds, devices, args.ios, label="16 devices ")
-        return report(args, main_runs, scaling, configs)
+        return report(args, main_runs, scaling, configs, pairs)
     finally:
         for d in devices:
             subprocess.run(["losetup", "-d", d], check=False)
@@ -354,7 +403,7 @@ def main() -> int:
 
 
 def report(args, runs: dict[str, list[dict]], scaling: dict[str, dict[str, list[dict]]],
-           configs: list[Config]) -> int:
+           configs: list[Config], pairs: dict[str, list[float]]) -> int:
     env = environment()
     floor = med(runs["empty_raw"]) if runs.get("empty_raw") else None
     req = med(runs["request"])
@@ -374,6 +423,11 @@ def report(args, runs: dict[str, list[dict]], scaling: dict[str, dict[str, list[
         print(f"{name:14} {ns:10.0f} {added} {x}  {what}")
         rows.append({"programs": name, "ns_per_request": ns, "added": ns - req, "what": what,
                      "rounds": [r["ns_per_request"] for r in runs[name]]})
+    if pairs:
+        print(f"\nwhat each adds on the same requests (attached beside the request path, {args.pairs} fio runs, "
+              "which attaches first alternating): ns/request, median [least, most]")
+        for name, ds in pairs.items():
+            print(f"  {name:14} {statistics.median(ds):+7.0f}  [{min(ds):+.0f}, {max(ds):+.0f}]")
     if runs.get("trace"):
         print("\nper run of a feature's own events (ns, median), in `trace`:")
         for prog, ns in per_event(runs["trace"]).items():
@@ -397,6 +451,7 @@ def report(args, runs: dict[str, list[dict]], scaling: dict[str, dict[str, list[
         print(f"  {'met' if ok else 'NOT MET':8} {what}: {detail}")
     if args.json:
         Path(args.json).write_text(json.dumps({"environment": env, "rows": rows, "runs": runs, "scaling": scaling,
+                                               "pairs": pairs,
                                                "checks": [{"target": w, "met": o, "detail": d}
                                                           for w, o, d in checks]}, indent=1))
     return 1 if gate_failed else 0

@@ -1,14 +1,16 @@
 """scripts/bench_cost.py's verdicts: the gate (this tree's request path against a base revision's, within the noise
-band) and the targets, each beside the least work of its design."""
+band), the targets, each beside the least work of its design, and the pairs' order that cancels its own cost."""
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import bench_cost  # noqa: E402
 from bench_cost import GATE_BAND, gate, targets  # noqa: E402
 
 
@@ -62,3 +64,26 @@ def test_without_a_floor_or_peer_there_is_nothing_to_judge():
     assert targets({"request": 700.0}) == []
     assert [w for w, _, _ in targets({"request": 700.0, "reference": 1000.0})] == [
         "request path <= 0.7x the libbpf-tools design"]
+
+
+class _Named:
+    def __init__(self, name):
+        self.name = name
+
+
+def test_pairs_alternate_which_attaches_first_so_its_extra_cost_cancels(monkeypatch):
+    # a program set's true ns a request, and what attaching first adds to whichever set it is (measured ~100)
+    true, first_extra, orders = {"request": 700.0, "+files": 810.0, "request again": 700.0}, 120.0, []
+
+    def together(tracers, devices, ios, depth=32, jobs=1):
+        orders.append([t.name for t in tracers])
+        return {t.name: {"ns_per_request": true[t.name] + (first_extra if i == 0 else 0.0)}
+                for i, t in enumerate(tracers)}
+
+    monkeypatch.setattr(bench_cost, "together", together)
+    got = bench_cost.in_pairs(_Named("request"), [_Named("request again"), _Named("+files")], 4, ["/dev/loopX"], 1000)
+    assert orders[:4] == [["request", "request again"], ["request again", "request"]] * 2
+    assert statistics.median(got["request again"]) == pytest.approx(0.0)
+    assert statistics.median(got["+files"]) == pytest.approx(110.0)
+    # each single run is off by the order's extra, one way or the other
+    assert sorted(got["+files"]) == pytest.approx([-10.0, -10.0, 230.0, 230.0])
