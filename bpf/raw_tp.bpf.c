@@ -58,8 +58,11 @@ static __always_inline u64 start_clock(void)
 
 	return bpf_jiffies64() * IOTRACE_START_TICK_NS + (cfg ? cfg->tick_base : 0);
 }
+/* The clock at a start whose own time is `now`: read, for `now` is the tick count's. */
+#define clock_at(now) bpf_ktime_get_ns()
 #else
 #define start_clock() bpf_ktime_get_ns()
+#define clock_at(now) (now)
 #endif
 
 #ifdef IOTRACE_KERNEL_STAMPS
@@ -143,13 +146,14 @@ static __always_inline u32 opf_op(u32 opf, u32 bytes)
 }
 
 /*
- * Whether --dev leaves the request at `rq` out: its disk, read (then
- * cached) only when there is a device filter, so that other disks'
- * requests take no slot.  A failed read is counted and leaves it out.  The
- * cache's age is the clock's, not a start's own time (start_clock: up to
- * three ticks behind), so that an entry is trusted IOTRACE_QDEV_TTL_NS.
+ * Whether --dev leaves the request at `rq`, starting at `now`, out: its
+ * disk, read (then cached) only when there is a device filter, so that
+ * other disks' requests take no slot.  A failed read is counted and leaves
+ * it out.  The cache's age is the clock's (clock_at: the start's own time
+ * where that is the clock, else a reading; the tick count's lags up to
+ * three ticks), so that an entry is trusted IOTRACE_QDEV_TTL_NS.
  */
-static __always_inline bool dev_filtered_out(u64 rq)
+static __always_inline bool dev_filtered_out(u64 rq, u64 now)
 {
 	struct iotrace_config *cfg = get_config();
 	struct rq_head h;
@@ -158,7 +162,7 @@ static __always_inline bool dev_filtered_out(u64 rq)
 		return false;
 	return kread(&h, sizeof(h), rq, IOTRACE_DROP_KERNEL_READ) ||
 	       !dev_wanted(queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART),
-				     rq_disk_of(&h), bpf_ktime_get_ns()));
+				     rq_disk_of(&h), clock_at(now)));
 }
 
 static __always_inline bool scan_for(u32 base, u64 addr, struct slot_ref *r)
@@ -443,7 +447,7 @@ static __always_inline void start_from_bio(u64 rq, u64 now)
 
 	if (!bio_start_of(rq, &b))
 		return;
-	if (dev_filtered_out(rq)) {
+	if (dev_filtered_out(rq, now)) {
 		slot_release(&b);
 		return;
 	}
@@ -470,7 +474,7 @@ RAW_TRACEPOINT_PROBE(IOTRACE_START_EVENT)
 	 */
 	if (!task_wanted(id >> 32))
 		return 0;
-	if (dev_filtered_out(rq))
+	if (dev_filtered_out(rq, now))
 		return 0;
 #ifdef IOTRACE_BIO_SUBMITTED
 	{
