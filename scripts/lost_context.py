@@ -240,6 +240,12 @@ def main() -> int:
         except subprocess.CalledProcessError as exc:
             print(f"lost_context: {' '.join(exc.cmd)} failed: {(exc.stderr or '').strip()}", file=sys.stderr)
             return 1
+        except OSError as exc:
+            print(f"lost_context: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("lost_context: interrupted; devices and the tracefs instance removed", file=sys.stderr)
+            return 130
         finally:
             subprocess.run(["rm", "-rf", str(scratch)], check=False)
     return 0
