@@ -32,6 +32,7 @@ from pathlib import Path
 
 SLOTS = 1 << 23           # records a recorder keeps; a run of 8 s makes ~1.5M here
 MATCH_NS = 1_000_000      # a record this near in time, of the same sector, is the event's
+STALL_NS = 50_000_000     # then, for what is left: a stalled vCPU can part the two stamps by more
 INSTANCE_KB = 400_000     # the tracefs instance's buffer a CPU: room for every event of a run
 
 PROG = r"""
@@ -115,23 +116,30 @@ def parse(line: str) -> Completion | None:
                       int(m["s"]) * 1_000_000_000 + int(m["us"]) * 1000, int(m["sector"]))
 
 
-def missed(events: list[Completion], seen: list[tuple[int, int]], within: int = MATCH_NS) -> list[Completion]:
-    """The events no record of `seen` ((sector, ns) pairs) stands for: a record of the same sector within
-    `within` ns, each record standing for one event at most."""
-    by_sector: dict[int, list[int]] = defaultdict(list)
-    for sector, ns in seen:
-        by_sector[sector].append(ns)
-    for times in by_sector.values():
-        times.sort()
+def unmatched(events: list[Completion], times_of: dict[int, list[int]], within: int) -> list[Completion]:
+    """The events with no record (a time in `times_of[sector]`, sorted) within `within` ns; a matched time is
+    taken out, so that it stands for one event only."""
     out = []
     for ev in sorted(events, key=lambda e: e.ns):
-        times = by_sector.get(ev.sector, [])
+        times = times_of.get(ev.sector, [])
         i = bisect.bisect_left(times, ev.ns - within)
         if i < len(times) and times[i] <= ev.ns + within:
             del times[i]
         else:
             out.append(ev)
     return out
+
+
+def missed(events: list[Completion], seen: list[tuple[int, int]], within: int = MATCH_NS,
+           stall: int = STALL_NS) -> list[Completion]:
+    """The events no record of `seen` ((sector, ns) pairs) stands for: a record of the same sector within
+    `within` ns, or, among those left, within `stall` ns."""
+    times_of: dict[int, list[int]] = defaultdict(list)
+    for sector, ns in seen:
+        times_of[sector].append(ns)
+    for times in times_of.values():
+        times.sort()
+    return unmatched(unmatched(events, times_of, within), times_of, stall)
 
 
 def by_task(events: list[Completion]) -> Counter:
@@ -175,7 +183,11 @@ def one_run(seconds: int, scratch: Path) -> dict:
         (inst / "buffer_size_kb").write_text(str(INSTANCE_KB))
         (inst / "trace_clock").write_text("mono")
         (event / "filter").write_text(f"dev == {dev}")
-        b = BPF(text=PROG, cflags=[f"-D{k}={v}" for k, v in {**offsets(), "DEV": dev, "SLOTS": SLOTS}.items()])
+        try:
+            b = BPF(text=PROG, cflags=[f"-D{k}={v}" for k, v in {**offsets(), "DEV": dev, "SLOTS": SLOTS}.items()])
+        except Exception as exc:  # bcc raises a bare Exception when it cannot compile or load
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            raise RuntimeError(f"cannot load the recorders: {why}") from None
         (event / "enable").write_text("1")
         sh("fio", "--name=lost", f"--filename={inner}", "--rw=randread", "--bs=4k", "--direct=1", "--ioengine=libaio",
            "--iodepth=32", f"--runtime={seconds}", "--time_based", "--size=512M", "--output-format=terse")
@@ -240,7 +252,7 @@ def main() -> int:
         except subprocess.CalledProcessError as exc:
             print(f"lost_context: {' '.join(exc.cmd)} failed: {(exc.stderr or '').strip()}", file=sys.stderr)
             return 1
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:
             print(f"lost_context: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:

@@ -38,5 +38,9 @@ def test_a_record_stands_for_one_event_of_its_sector_near_in_time():
     # one record cannot stand for both events of a sector
     assert missed(events, [(8, 1_500_000_000), (16, 1_500_000_000)], within=600_000_000) == [events[1]]
     # a record of another sector, or too far in time, stands for nothing
-    assert missed(events, [(24, 1_000_000_000), (16, 1_503_000_000)]) == sorted(events, key=lambda e: e.ns)
+    assert missed(events, [(24, 1_000_000_000), (16, 1_600_000_000)]) == sorted(events, key=lambda e: e.ns)
+    # a record a stall away stands for the event left without one, not for a nearer one's
+    stalled = [ev(8, 1_000_000_000), ev(8, 1_010_000_000, "tokio-rt-worker"), ev(16, 1_500_000_000)]
+    assert missed(stalled, [(8, 1_009_800_000), (16, 1_503_000_000)]) == [stalled[0]]
+    assert missed(stalled, [(8, 1_009_800_000), (8, 1_030_000_000), (16, 1_500_000_000)]) == []
     assert missed(events, [(8, 1_000_000_000), (8, 2_000_000_000), (16, 1_500_000_000)]) == []
