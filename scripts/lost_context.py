@@ -160,6 +160,18 @@ def offsets() -> dict[str, int]:
             "OFF_DISK_MAJOR": btf.member("gendisk", "major").offset}
 
 
+def own_programs() -> set[int]:
+    """The ids of the BPF programs this process holds (another tool's of the same name are not ours)."""
+    ids = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            info = Path(f"/proc/self/fdinfo/{fd}").read_text()
+        except OSError:
+            continue        # closed meanwhile (the listing's own fd)
+        ids.update(int(line.split()[1]) for line in info.splitlines() if line.startswith("prog_id:"))
+    return ids
+
+
 def one_run(seconds: int, scratch: Path) -> dict:
     """One fio run on a fresh stack of devices, recorded three ways; everything it made is undone."""
     from bcc import BPF  # noqa: PLC0415 - root and bcc only here
@@ -195,9 +207,12 @@ def one_run(seconds: int, scratch: Path) -> dict:
         used = [min(b["cursors"][i].value, SLOTS) for i in (0, 1)]
         recs = {name: [(r.sector, r.ns) for r in (b[table][i] for i in range(n))]
                 for name, table, n in (("raw", "raw_recs", used[0]), ("perf-event", "tp_recs", used[1]))}
+        mine = own_programs()
         progs = {p["name"]: p.get("recursion_misses", 0) for p in json.loads(sh("bpftool", "-j", "prog", "show"))
-                 if p.get("name", "").endswith("block_rq_complete")}
-        overrun = [line for line in (inst / "per_cpu/cpu0/stats").read_text().splitlines() if "overrun" in line]
+                 if p.get("id") in mine}
+        # events the instance's buffer lost, every CPU's: its `trace` is then short, and the report says so
+        overrun = sum(int(line.split(":")[1]) for stats in (inst / "per_cpu").glob("cpu*/stats")
+                      for line in stats.read_text().splitlines() if line.startswith("overrun:"))
         events = [c for c in map(parse, (inst / "trace").read_text().splitlines()) if c]
         b.cleanup()
         return {"events": events, "recs": recs, "full": any(n >= SLOTS for n in used), "misses": progs,
@@ -228,7 +243,7 @@ def report(run: dict) -> None:
               + (f" ({stray} records matched no event)" if stray else ""))
         for ev in lost[:5]:
             print(f"    cpu {ev.cpu} {ev.flags} {ev.comm}-{ev.pid} sector {ev.sector}")
-    print(f"recursion misses (bpf_stats): {run['misses']}; tracefs {run['overrun'][0] if run['overrun'] else ''}"
+    print(f"recursion misses (bpf_stats): {run['misses']}; tracefs buffer overruns: {run['overrun']}"
           + ("; a recorder ran out of room: counts are short" if run["full"] else ""))
 
 
