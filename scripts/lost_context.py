@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import json
 import os
 import re
 import subprocess
@@ -160,21 +159,14 @@ def offsets() -> dict[str, int]:
             "OFF_DISK_MAJOR": btf.member("gendisk", "major").offset}
 
 
-def own_programs() -> set[int]:
-    """The ids of the BPF programs this process holds (another tool's of the same name are not ours)."""
-    ids = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            info = Path(f"/proc/self/fdinfo/{fd}").read_text()
-        except OSError:
-            continue        # closed meanwhile (the listing's own fd)
-        ids.update(int(line.split()[1]) for line in info.splitlines() if line.startswith("prog_id:"))
-    return ids
-
-
 def one_run(seconds: int, scratch: Path) -> dict:
     """One fio run on a fresh stack of devices, recorded three ways; everything it made is undone."""
-    from bcc import BPF  # noqa: PLC0415 - root and bcc only here
+    import numpy as np  # noqa: PLC0415 - the records' reader, as the bench's
+    from bcc import BPF, libbcc  # noqa: PLC0415 - root and bcc only here
+    from overhead.programs import bpf_programs, held_program_ids  # noqa: PLC0415
+
+    from tracer.sources.devices import kdev  # noqa: PLC0415
+    from tracer.sources.drain import read_array  # noqa: PLC0415
 
     outer = inner = None
     mnt = scratch / "mnt"
@@ -190,7 +182,7 @@ def one_run(seconds: int, scratch: Path) -> dict:
         sh("fallocate", "-l", "512M", str(mnt / "inner"))
         inner = sh("losetup", "-f", "--show", "--direct-io=on", str(mnt / "inner"))
         rdev = os.stat(inner).st_rdev
-        dev = (os.major(rdev) << 20) | os.minor(rdev)
+        dev = kdev(os.major(rdev), os.minor(rdev))
         inst.mkdir()
         (inst / "buffer_size_kb").write_text(str(INSTANCE_KB))
         (inst / "trace_clock").write_text("mono")
@@ -205,11 +197,14 @@ def one_run(seconds: int, scratch: Path) -> dict:
            "--iodepth=32", f"--runtime={seconds}", "--time_based", "--size=512M", "--output-format=terse")
         (event / "enable").write_text("0")
         used = [min(b["cursors"][i].value, SLOTS) for i in (0, 1)]
-        recs = {name: [(r.sector, r.ns) for r in (b[table][i] for i in range(n))]
-                for name, table, n in (("raw", "raw_recs", used[0]), ("perf-event", "tp_recs", used[1]))}
-        mine = own_programs()
-        progs = {p["name"]: p.get("recursion_misses", 0) for p in json.loads(sh("bpftool", "-j", "prog", "show"))
-                 if p.get("id") in mine}
+        recs = {}
+        for name, table, n in (("raw", b["raw_recs"], used[0]), ("perf-event", b["tp_recs"], used[1])):
+            got = read_array(table, np.zeros(n, np.uint32), np.zeros(n, np.dtype(table.Leaf)), libbcc.lib)
+            if len(got) != n:
+                raise RuntimeError(f"read {len(got)} of the {name} program's {n} records")
+            recs[name] = list(zip(got["sector"].tolist(), got["ns"].tolist(), strict=True))
+        mine = held_program_ids()
+        progs = {p["name"]: p.get("recursion_misses", 0) for i, p in bpf_programs().items() if i in mine}
         # events the instance's buffer lost, every CPU's: its `trace` is then short, and the report says so
         overrun = sum(int(line.split(":")[1]) for stats in (inst / "per_cpu").glob("cpu*/stats")
                       for line in stats.read_text().splitlines() if line.startswith("overrun:"))
