@@ -56,6 +56,10 @@ source "$T/run.env"
     echo "btf=$([[ -e /sys/kernel/btf/vmlinux ]] && echo yes || echo no)"
     echo "block_events=$(ls /sys/kernel/tracing/events/block | grep -v '^enable$\|^filter$' | xargs)"
     echo "boot_seconds=$(cut -d' ' -f1 /proc/uptime)"
+    # what a wedged guest's timers and idle CPUs ran on (run.py's StallWatch)
+    echo "clocksource=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource)"
+    echo "cpuidle=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)"
+    echo "monitor=$(grep -qw monitor /proc/cpuinfo && echo yes || echo no)"
 } >"$RES/guest.env"
 cat "$RES/guest.env"
 

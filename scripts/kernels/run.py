@@ -132,12 +132,14 @@ class Guest:
         self.console = console
         # TCG: a KVM guest hangs here before the kernel prints anything.  -cpu max: numpy needs
         # instructions qemu's default CPU model lacks.  panic=1 + -no-reboot: a crash ends qemu.
+        # loglevel=5: warnings reach the console, and with them a soft lockup's registers and stack
+        # (`quiet` printed its first line only).
         self.cmd = [
             "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2", "-m", "3G",
             "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),
             "-drive", f"file={overlay},format=qcow2,if=virtio",
             "-drive", f"file={tree},format=raw,if=virtio",
-            "-append", "root=/dev/vda rw console=ttyS0 init=/iotrace-init panic=1 quiet",
+            "-append", "root=/dev/vda rw console=ttyS0 init=/iotrace-init panic=1 loglevel=5",
             "-display", "none", "-monitor", "none", "-serial", f"file:{console}",
             "-no-reboot", "-nic", "none",
         ]
@@ -162,9 +164,49 @@ class Guest:
                 pass
 
 
-def watch(guest: Guest, deadline: float) -> tuple[float | None, bool]:
-    """Follow the console until qemu exits or the deadline passes, echoing the guest's progress lines.
-    Returns (seconds from qemu's start to the guest's first line, whether qemu exited by itself)."""
+# What a guest kernel prints when a CPU stops answering: under qemu's TCG a vCPU now and then misses a
+# kick (a wake-up interrupt or an IPI) and the guest wedges for good, the other CPU spinning on it.  Seen
+# twice on 2026-12-06 (Debian 12's 6.1: "soft lockup - CPU#0 stuck for 48s! [python3:195]" beside
+# "rcu_preempt kthread timer wakeup didn't happen ... on cpu=1", 3,000 s until CI's limit killed it;
+# Debian 11's 5.10: silent for 30 min), where every earlier CI run's guests had run whole.
+LOCKUP = re.compile(r"watchdog: BUG: soft lockup|rcu: INFO: rcu_\w+ (self-detected stall|detected stalls)")
+
+
+class StallWatch:
+    """Decides, from the console's lines and when they came, that a guest has wedged: no progress line
+    (the guest's own `iotrace-guest: ...`, `tcg_budget: ...`, `guest_fio: ...` lines) for `silence`
+    seconds, or for `after_lockup` seconds once the kernel has reported a CPU stuck (LOCKUP).  The
+    guest's own limits (a test's, a fio run's) print a line when they fire, so silence past them is a
+    guest that no longer runs."""
+
+    def __init__(self, silence: float, after_lockup: float, now: float):
+        self.silence, self.after_lockup = silence, after_lockup
+        self.last_progress = now
+        self.lockup: tuple[float, str] | None = None     # (when, the line) since the last progress line
+
+    def feed(self, line: str, progress: bool, now: float) -> None:
+        if progress:
+            self.last_progress, self.lockup = now, None
+        elif self.lockup is None and LOCKUP.search(line):
+            self.lockup = (now, line.strip())
+
+    def hung(self, now: float) -> str | None:
+        """Why the guest counts as wedged now, or None."""
+        quiet = now - self.last_progress
+        if self.lockup is not None and now - self.lockup[0] >= self.after_lockup:
+            return f"its kernel reported a stuck CPU ({self.lockup[1][:120]}) and printed no progress for {quiet:.0f} s"
+        if quiet >= self.silence:
+            return f"it printed no progress line for {quiet:.0f} s"
+        return None
+
+
+PROGRESS = re.compile(r"(iotrace-guest|tcg_budget|iotrace-init|guest_fio|guest_tpmiss): .*")
+
+
+def watch(guest: Guest, deadline: float, stall: StallWatch) -> tuple[float | None, str]:
+    """Follow the console until qemu exits, the deadline passes or the guest wedges (`stall`), echoing
+    the guest's progress lines.  Returns (seconds from qemu's start to the guest's first line, how it
+    ended: "exited", "deadline" or "hung: <why>")."""
     t0 = time.monotonic()
     up = None
     pos = 0
@@ -176,18 +218,24 @@ def watch(guest: Guest, deadline: float) -> tuple[float | None, bool]:
             # only whole lines; the rest is read next time
             cut = chunk.rfind(b"\n") + 1
             pos += cut
+            now = time.monotonic()
             for line in chunk[:cut].decode(errors="replace").splitlines():
                 # pytest's progress dots may stand before a line on the same console
-                m = re.search(r"(iotrace-guest|tcg_budget|iotrace-init|guest_fio|guest_tpmiss): .*", line)
+                m = PROGRESS.search(line)
+                stall.feed(line, m is not None, now)
                 if m:
                     line = m.group(0)
                     print(f"  guest | {line[:200]}", flush=True)
                 if up is None and line.startswith("iotrace-guest: up"):
                     up = time.monotonic() - t0
         if guest.proc.poll() is not None:
-            return up, True
-        if time.monotonic() > deadline:
-            return up, False
+            return up, "exited"
+        now = time.monotonic()
+        if now > deadline:
+            return up, "deadline"
+        why = stall.hung(now)
+        if why:
+            return up, f"hung: {why}"
         time.sleep(1)
 
 
@@ -204,46 +252,65 @@ def fetch_results(tree: Path, dest: Path) -> None:
         (dest / "results").rmdir()
 
 
+def boot(image: Path, run: Path, kernel: str, args, env: dict[str, str], res: dict) -> tuple[Path, str]:
+    """One boot of the image over a fresh overlay and tree disk in `run`: (the tree disk, how it ended:
+    "exited", "deadline" or "hung: <why>")."""
+    run.mkdir()
+    t = time.monotonic()
+    tree = make_tree_disk(run, env)
+    overlay = run / "root.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(image / "root.img"),
+                    str(overlay)], check=True)
+    res["timings"]["prepare"] = f"{time.monotonic() - t:.0f} s"
+    guest = Guest(image, overlay, tree, run / "console.log")
+    # the guest's own limits, plus boot and shutdown
+    limit = (args.boot_timeout + (4 * args.fio_timeout if not args.no_fio else 0)
+             + (900 if args.nullblk else 0) + (4 * args.fio_timeout if args.probe_misses else 0)
+             + args.budget + args.test_timeout + 300)
+    log(f"{kernel}: booting (TCG, -smp 2; at most {limit / 60:.0f} min)")
+    t = time.monotonic()
+    try:
+        guest.start()
+        up, ended = watch(guest, t + limit, StallWatch(args.stall_timeout, args.lockup_timeout, t))
+    finally:
+        guest.stop()
+    res["timings"]["guest"] = f"{time.monotonic() - t:.0f} s"
+    if up is not None:
+        res["timings"]["boot"] = f"{up:.0f} s to init"
+    elif ended == "exited":
+        res["problems"].append("the guest never reached its init (see console.log)")
+    if ended == "deadline":
+        res["problems"].append(f"the guest was still running after {limit:.0f} s: killed")
+    return tree, ended
+
+
 def run_kernel(entry: list[str], args, env: dict[str, str]) -> dict:
     kernel = entry[0]
-    res: dict = {"kernel": kernel, "tests": {}, "fio": None, "timings": {}, "problems": []}
+    res: dict = {"kernel": kernel, "tests": {}, "fio": None, "timings": {}, "problems": [], "notes": []}
     image, took, built = build(entry)
     res["timings"]["build"] = f"{took:.0f} s (built now)" if built else "cached"
     if built:
         res["timings"]["build_seconds"] = round(took)
     keep = CACHE / "logs" / kernel
     run = Path(tempfile.mkdtemp(prefix="iotrace-kernels-run-", dir="/var/tmp"))
-    guest = None
+    wedged: list[Path] = []         # the consoles of boots that wedged and were retried, kept beside the last
     try:
-        t = time.monotonic()
-        tree = make_tree_disk(run, env)
-        overlay = run / "root.qcow2"
-        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(image / "root.img"),
-                        str(overlay)], check=True)
-        res["timings"]["prepare"] = f"{time.monotonic() - t:.0f} s"
-        guest = Guest(image, overlay, tree, run / "console.log")
-        # the guest's own limits, plus boot and shutdown
-        limit = (args.boot_timeout + (4 * args.fio_timeout if not args.no_fio else 0)
-                 + (900 if args.nullblk else 0) + (4 * args.fio_timeout if args.probe_misses else 0)
-                 + args.budget + args.test_timeout + 300)
-        log(f"{kernel}: booting (TCG, -smp 2; at most {limit / 60:.0f} min)")
-        t = time.monotonic()
-        guest.start()
-        up, exited = watch(guest, t + limit)
-        wall = time.monotonic() - t
-        res["timings"]["guest"] = f"{wall:.0f} s"
-        if up is None:
-            res["problems"].append("the guest never reached its init (see console.log)")
-        else:
-            res["timings"]["boot"] = f"{up:.0f} s to init"
-        if not exited:
-            res["problems"].append(f"the guest was still running after {limit:.0f} s: killed")
-        guest.stop()
+        for attempt in range(1, args.attempts + 1):
+            tree, ended = boot(image, run / f"boot{attempt}", kernel, args, env, res)
+            if not ended.startswith("hung"):
+                break
+            why = f"boot {attempt} wedged: {ended.removeprefix('hung: ')}; qemu killed"
+            log(f"{kernel}: {why}")
+            if attempt < args.attempts:
+                wedged.append(run / f"boot{attempt}" / "console.log")
+                res["notes"].append(f"{why}, booted again (console-boot{attempt}.log)")
+            else:
+                res["problems"].append(why)
         fetch_results(tree, keep)
-        shutil.copy(run / "console.log", keep / "console.log")
+        shutil.copy(tree.parent / "console.log", keep / "console.log")
+        for i, console in enumerate(wedged, 1):
+            shutil.copy(console, keep / f"console-boot{i}.log")
     finally:
-        if guest is not None:
-            guest.stop()
         shutil.rmtree(run, ignore_errors=True)
 
     return load_results(res, keep, args)
@@ -437,7 +504,11 @@ def report(results: list[dict]) -> bool:
         print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in res["timings"].items() if not k.endswith("_seconds")))
         g = res.get("guest", {})
         if g:
-            print(f"  guest: btf={g.get('btf')}, block events: {g.get('block_events')}")
+            print(f"  guest: btf={g.get('btf')}, clocksource={g.get('clocksource', '?')}, "
+                  f"cpuidle={g.get('cpuidle', '?')}, monitor={g.get('monitor', '?')}, "
+                  f"block events: {g.get('block_events')}")
+        for n in res.get("notes", []):
+            print(f"  note: {n}")
         for p in res["problems"]:
             print(f"  problem: {p}")
         print(f"  results and console log: {res['logs']}")
@@ -460,6 +531,15 @@ def main() -> int:
                     help="seconds of tests per kernel; tests left after it are reported not run")
     ap.add_argument("--fio-timeout", type=float, default=300, help="seconds for one traced fio run in the guest")
     ap.add_argument("--boot-timeout", type=float, default=180, help="seconds for the guest to reach its init")
+    ap.add_argument("--stall-timeout", type=float,
+                    help="seconds without a progress line from the guest after which it counts as wedged "
+                         "(default: 300 more than the fio and test limits, each of which prints a line when "
+                         "it fires)")
+    ap.add_argument("--lockup-timeout", type=float, default=120,
+                    help="seconds without progress, once the guest's kernel reported a stuck CPU, after which "
+                         "it counts as wedged")
+    ap.add_argument("--attempts", type=int, default=2,
+                    help="boots of a kernel's guest when one wedges (TCG loses a vCPU's wake-up now and then)")
     ap.add_argument("--no-fio", action="store_true", help="skip the fio/tracefs measurement")
     ap.add_argument("--nullblk", action="store_true",
                     help="also measure fio's IOPS on a null_blk disk untraced, under three empty programs and "
@@ -470,6 +550,10 @@ def main() -> int:
     ap.add_argument("--from-logs", action="store_true",
                     help="boot nothing: print the report of the last run saved in the logs")
     args = ap.parse_args()
+    if args.attempts < 1:
+        ap.error("--attempts: at least 1")
+    if args.stall_timeout is None:
+        args.stall_timeout = max(args.fio_timeout, args.test_timeout) + 300
     if args.tests.strip() == "all":
         args.tests = " ".join(DEFAULT_TESTS + MORE_TESTS)
     listed = read_list(HERE / "kernels.list")

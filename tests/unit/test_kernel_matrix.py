@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "kernels"))
-from run import HERE, fio_problems, kernel_entry, read_list, report  # noqa: E402
+from run import HERE, PROGRESS, StallWatch, fio_problems, kernel_entry, read_list, report  # noqa: E402
 
 
 def run(fio=4096, recorded=4096, reads=4096, merges=0, **extra):
@@ -79,3 +79,36 @@ def test_the_report_fails_a_kernel_only_for_what_was_asked(asked, tests, problem
     res = {"kernel": "linux-image-6.1.0-50-cloud-amd64", "tests": tests, "fio": None, "timings": {},
            "problems": problems, "tests_asked": asked, "logs": "/nowhere"}
     assert report([res]) is ok
+
+
+# A wedged TCG guest's console, as Debian 12's 6.1 printed it in a CI run that hung for 3,000 s.
+SOFT_LOCKUP = "[  124.500993] watchdog: BUG: soft lockup - CPU#0 stuck for 48s! [python3:195]"
+RCU_STALL = "[   96.820975] rcu: INFO: rcu_preempt self-detected stall on CPU"
+FIO_LINE = 'guest_fio: {"scheduler": "none", "attach": "raw_tp", "seconds": 59.9}'
+
+
+@pytest.mark.parametrize("lines, now, hung", [
+    ([], 599, None),                                              # quiet, but not for long
+    ([], 600, "no progress line for 600 s"),                      # silence alone (5.10 printed nothing)
+    ([(500, FIO_LINE)], 1099, None),                              # progress restarts the clock
+    ([(500, FIO_LINE)], 1100, "no progress line for 600 s"),
+    ([(100, RCU_STALL)], 219, None),
+    ([(100, RCU_STALL)], 220, "stuck CPU"),                       # a stall report shortens the wait
+    ([(100, SOFT_LOCKUP)], 220, "stuck CPU"),
+    ([(100, SOFT_LOCKUP), (150, "[  152.5] watchdog: BUG: soft lockup - CPU#0 stuck for 75s!")], 220,
+     "stuck CPU"),                                                # timed from the first report
+    ([(100, RCU_STALL), (200, FIO_LINE)], 500, None),             # a guest that went on after a stall
+    ([(100, "  guest | ordinary kernel chatter")], 300, None),
+    ([(100, "tcg_budget: passed 0.0 s tests/unit/test_btf.py::x")], 699, None),
+])
+def test_stall_watch(lines, now, hung):
+    """run.py's watcher calls a guest wedged after --stall-timeout (600) without a progress line, or
+    --lockup-timeout (120) once its kernel reported a stuck CPU; progress clears both."""
+    w = StallWatch(silence=600, after_lockup=120, now=0)
+    for t, line in lines:
+        w.feed(line, PROGRESS.search(line) is not None, t)
+    why = w.hung(now)
+    if hung is None:
+        assert why is None
+    else:
+        assert why is not None and hung in why
