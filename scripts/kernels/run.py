@@ -164,8 +164,8 @@ class Guest:
                 pass
 
 
-# What a guest kernel prints when a CPU stops answering: under qemu's TCG a vCPU now and then misses a
-# kick (a wake-up interrupt or an IPI) and the guest wedges for good, the other CPU spinning on it.  Seen
+# What a guest kernel prints when a CPU stops answering: under qemu's TCG a guest now and then wedges for
+# good, one vCPU apparently no longer running and the other spinning on it (cause not known).  Seen
 # twice on 2026-12-06 (Debian 12's 6.1: "soft lockup - CPU#0 stuck for 48s! [python3:195]" beside
 # "rcu_preempt kthread timer wakeup didn't happen ... on cpu=1", 3,000 s until CI's limit killed it;
 # Debian 11's 5.10: silent for 30 min), where every earlier CI run's guests had run whole.
