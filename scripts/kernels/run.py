@@ -277,7 +277,7 @@ def boot(image: Path, run: Path, kernel: str, args, env: dict[str, str], res: di
     res["timings"]["guest"] = f"{time.monotonic() - t:.0f} s"
     if up is not None:
         res["timings"]["boot"] = f"{up:.0f} s to init"
-    elif ended == "exited":
+    elif not ended.startswith("hung"):     # a wedged boot is run_kernel's to report (retried or not)
         res["problems"].append("the guest never reached its init (see console.log)")
     if ended == "deadline":
         res["problems"].append(f"the guest was still running after {limit:.0f} s: killed")
@@ -539,7 +539,7 @@ def main() -> int:
                     help="seconds without progress, once the guest's kernel reported a stuck CPU, after which "
                          "it counts as wedged")
     ap.add_argument("--attempts", type=int, default=2,
-                    help="boots of a kernel's guest when one wedges (TCG loses a vCPU's wake-up now and then)")
+                    help="boots of a kernel's guest when one wedges (under TCG a guest now and then stops for good)")
     ap.add_argument("--no-fio", action="store_true", help="skip the fio/tracefs measurement")
     ap.add_argument("--nullblk", action="store_true",
                     help="also measure fio's IOPS on a null_blk disk untraced, under three empty programs and "
