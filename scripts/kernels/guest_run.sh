@@ -76,6 +76,8 @@ measure() {
     echo "${name}_seconds=$(($(date +%s) - t0))" >>"$RES/guest.env"
     sync
 }
+[[ ${IOTRACE_TEXT_POKE:-0} -gt 0 ]] &&
+    measure textpoke "attach/detach churn under context switches" guest_textpoke.py "$IOTRACE_TEXT_POKE"
 [[ ${IOTRACE_FIO:-1} == 1 ]] && measure fio "fio measurement" guest_fio.py "$SRC" "$T/tmp/fio"
 [[ ${IOTRACE_PROBE_MISSES:-0} == 1 ]] &&
     measure tpmiss "perf-event skips of block_rq_complete (guest_tpmiss.py)" guest_tpmiss.py "$SRC" "$T/tmp/tpmiss"

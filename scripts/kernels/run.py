@@ -125,17 +125,26 @@ def make_tree_disk(run: Path, env: dict[str, str]) -> Path:
     return img
 
 
+# qemu 7.2's multi-threaded TCG (one host thread per vCPU) did not survive the kernel rewriting its own
+# code while the other vCPU runs it (text_poke_bp, on every tracepoint attach and detach: iotrace's start
+# and exit): guest_textpoke.py's churn crashed Debian 13's 6.12 in three boots of three (an int3 Oops at a
+# patched site, as in a CI run's fio measurement) and wedged Debian 12's 6.1 in one of one
+# (an RCU stall, then silence, as twice in CI), each within 80 s of boot; under thread=single it ran 300 cycles
+# whole on 6.12, 6.1 and 5.10.  docs/kernels.md has the runs.
+TCG_THREAD = "single"
+
+
 class Guest:
     """One qemu process; stop() kills it (and anything in its process group) for certain."""
 
-    def __init__(self, image: Path, overlay: Path, tree: Path, console: Path):
+    def __init__(self, image: Path, overlay: Path, tree: Path, console: Path, tcg_thread: str = TCG_THREAD):
         self.console = console
-        # TCG: a KVM guest hangs here before the kernel prints anything.  -cpu max: numpy needs
-        # instructions qemu's default CPU model lacks.  panic=1 + -no-reboot: a crash ends qemu.
-        # loglevel=5: warnings reach the console, and with them a soft lockup's registers and stack
-        # (`quiet` printed its first line only).
+        # TCG: a KVM guest hangs here before the kernel prints anything.  thread=single (TCG_THREAD):
+        # both vCPUs take turns on one host thread.  -cpu max: numpy needs instructions qemu's default
+        # CPU model lacks.  panic=1 + -no-reboot: a crash ends qemu.  loglevel=5: warnings reach the
+        # console, and with them a lockup's or an Oops' registers and stack.
         self.cmd = [
-            "qemu-system-x86_64", "-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2", "-m", "3G",
+            "qemu-system-x86_64", "-accel", f"tcg,thread={tcg_thread}", "-cpu", "max", "-smp", "2", "-m", "3G",
             "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),
             "-drive", f"file={overlay},format=qcow2,if=virtio",
             "-drive", f"file={tree},format=raw,if=virtio",
@@ -164,12 +173,11 @@ class Guest:
                 pass
 
 
-# What a guest kernel prints when a CPU stops answering: under qemu's TCG a guest now and then wedges for
-# good, one vCPU apparently no longer running and the other spinning on it (cause not known).  Seen
-# twice on 2026-12-06 (Debian 12's 6.1: "soft lockup - CPU#0 stuck for 48s! [python3:195]" beside
-# "rcu_preempt kthread timer wakeup didn't happen ... on cpu=1", 3,000 s until CI's limit killed it;
-# Debian 11's 5.10: silent for 30 min), where every earlier CI run's guests had run whole.
+# What a guest kernel prints when a CPU stops answering.  Should a guest wedge all the same, it is
+# booted again (--attempts) rather than left to hold CI until its limit.
 LOCKUP = re.compile(r"watchdog: BUG: soft lockup|rcu: INFO: rcu_\w+ (self-detected stall|detected stalls)")
+# What it prints when it crashes (panic=1 then ends qemu): the first such line is the report's problem.
+CRASH = re.compile(r"\bOops: |Kernel panic - not syncing|kernel BUG at |BUG: unable to handle|general protection fault")
 
 
 class StallWatch:
@@ -183,12 +191,15 @@ class StallWatch:
         self.silence, self.after_lockup = silence, after_lockup
         self.last_progress = now
         self.lockup: tuple[float, str] | None = None     # (when, the line) since the last progress line
+        self.crash: str | None = None                    # the first line of a kernel crash, if one came
 
     def feed(self, line: str, progress: bool, now: float) -> None:
         if progress:
             self.last_progress, self.lockup = now, None
         elif self.lockup is None and LOCKUP.search(line):
             self.lockup = (now, line.strip())
+        if self.crash is None and not progress and CRASH.search(line):
+            self.crash = line.strip()
 
     def hung(self, now: float) -> str | None:
         """Why the guest counts as wedged now, or None."""
@@ -200,7 +211,7 @@ class StallWatch:
         return None
 
 
-PROGRESS = re.compile(r"(iotrace-guest|tcg_budget|iotrace-init|guest_fio|guest_tpmiss): .*")
+PROGRESS = re.compile(r"(iotrace-guest|tcg_budget|iotrace-init|guest_fio|guest_tpmiss|guest_textpoke): .*")
 
 
 def watch(guest: Guest, deadline: float, stall: StallWatch) -> tuple[float | None, str]:
@@ -262,18 +273,21 @@ def boot(image: Path, run: Path, kernel: str, args, env: dict[str, str], res: di
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(image / "root.img"),
                     str(overlay)], check=True)
     res["timings"]["prepare"] = f"{time.monotonic() - t:.0f} s"
-    guest = Guest(image, overlay, tree, run / "console.log")
+    guest = Guest(image, overlay, tree, run / "console.log", args.tcg_thread)
     # the guest's own limits, plus boot and shutdown
     limit = (args.boot_timeout + (4 * args.fio_timeout if not args.no_fio else 0)
              + (900 if args.nullblk else 0) + (4 * args.fio_timeout if args.probe_misses else 0)
-             + args.budget + args.test_timeout + 300)
-    log(f"{kernel}: booting (TCG, -smp 2; at most {limit / 60:.0f} min)")
+             + args.text_poke + args.budget + args.test_timeout + 300)
+    log(f"{kernel}: booting (TCG thread={args.tcg_thread}, -smp 2; at most {limit / 60:.0f} min)")
     t = time.monotonic()
+    stall = StallWatch(args.stall_timeout, args.lockup_timeout, t)
     try:
         guest.start()
-        up, ended = watch(guest, t + limit, StallWatch(args.stall_timeout, args.lockup_timeout, t))
+        up, ended = watch(guest, t + limit, stall)
     finally:
         guest.stop()
+    if stall.crash:
+        res["problems"].append(f"the guest's kernel crashed: {stall.crash[:160]} (see console.log)")
     res["timings"]["guest"] = f"{time.monotonic() - t:.0f} s"
     if up is not None:
         res["timings"]["boot"] = f"{up:.0f} s to init"
@@ -360,7 +374,7 @@ def load_results(res: dict, keep: Path, args) -> dict:
     if (keep / "guest.env").exists():
         genv = dict(ln.split("=", 1) for ln in (keep / "guest.env").read_text().splitlines() if "=" in ln)
     res["guest"] = genv
-    for k in ("boot_seconds", "fio_seconds", "nullblk_seconds", "pytest_seconds"):
+    for k in ("boot_seconds", "textpoke_seconds", "fio_seconds", "nullblk_seconds", "pytest_seconds"):
         if k in genv:
             res["timings"][k.replace("_seconds", "") + " (guest clock)"] = f"{float(genv[k]):.0f} s"
     if (keep / "fio.json").exists():
@@ -368,6 +382,14 @@ def load_results(res: dict, keep: Path, args) -> dict:
         res["problems"] += fio_problems(res["fio"])
     elif not args.no_fio:
         res["problems"].append("no fio.json: the measurement did not finish (see console.log)")
+
+    if (keep / "textpoke.json").exists():
+        tp = json.loads((keep / "textpoke.json").read_text())
+        res.setdefault("notes", []).append(
+            f"text-poke churn: {tp['cycles']} attach/detach cycles of {', '.join(tp['events'])} under "
+            f"{tp['load']}, {tp['seconds']:.0f} s, the guest alive after it")
+    elif args.text_poke:
+        res["problems"].append("no textpoke.json: the attach/detach churn did not finish (see console.log)")
 
     if (keep / "nullblk.json").exists():
         res["nullblk"] = json.loads((keep / "nullblk.json").read_text())
@@ -539,7 +561,13 @@ def main() -> int:
                     help="seconds without progress, once the guest's kernel reported a stuck CPU, after which "
                          "it counts as wedged")
     ap.add_argument("--attempts", type=int, default=2,
-                    help="boots of a kernel's guest when one wedges (under TCG a guest now and then stops for good)")
+                    help="boots of a kernel's guest when one wedges (a guest that crashes is not booted again)")
+    ap.add_argument("--tcg-thread", choices=("single", "multi"), default=TCG_THREAD,
+                    help="qemu's TCG threads: 'single' runs both vCPUs on one host thread; 'multi' (one each) "
+                         "wedged and crashed guests when the kernel patched its code (default: %(default)s)")
+    ap.add_argument("--text-poke", type=int, default=0, metavar="CYCLES",
+                    help="first attach and detach raw tracepoint programs CYCLES times under context-switch "
+                         "load (guest_textpoke.py; ~0.5 s a cycle under TCG): does the guest survive?")
     ap.add_argument("--no-fio", action="store_true", help="skip the fio/tracefs measurement")
     ap.add_argument("--nullblk", action="store_true",
                     help="also measure fio's IOPS on a null_blk disk untraced, under three empty programs and "
@@ -576,7 +604,8 @@ def main() -> int:
            "IOTRACE_SESSION_BUDGET": str(int(args.budget)), "IOTRACE_FIO": "0" if args.no_fio else "1",
            "IOTRACE_NULLBLK": "1" if args.nullblk else "0",
            "IOTRACE_FIO_TIMEOUT": str(int(args.fio_timeout)),
-           "IOTRACE_PROBE_MISSES": "1" if args.probe_misses else "0", "IOTRACE_PROGRESS": "/dev/console"}
+           "IOTRACE_PROBE_MISSES": "1" if args.probe_misses else "0", "IOTRACE_TEXT_POKE": str(args.text_poke),
+           "IOTRACE_PROGRESS": "/dev/console"}
     t0 = time.monotonic()
     ensure_host_tools()
     results = []

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "kernels"))
-from run import HERE, PROGRESS, StallWatch, fio_problems, kernel_entry, read_list, report  # noqa: E402
+from run import HERE, PROGRESS, TCG_THREAD, Guest, StallWatch, fio_problems, kernel_entry, read_list, report  # noqa: E402
 
 
 def run(fio=4096, recorded=4096, reads=4096, merges=0, **extra):
@@ -112,3 +112,37 @@ def test_stall_watch(lines, now, hung):
         assert why is None
     else:
         assert why is not None and hung in why
+
+
+# Debian 13's 6.12 under multi-threaded TCG, crashed by a tracepoint detach (CI's fio measurement).
+OOPS = "[  167.586411] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI"
+PANIC = "[  167.590823] Kernel panic - not syncing: Fatal exception in interrupt"
+
+
+@pytest.mark.parametrize("lines, crash", [
+    ([FIO_LINE, OOPS, "[  167.586944] CPU: 0 UID: 0 PID: 18 Comm: rcu_preempt", PANIC], OOPS),   # the first line
+    ([PANIC], PANIC),
+    (["[    3.1] kernel BUG at mm/slub.c:441!"], "kernel BUG at"),
+    (["[    3.1] BUG: unable to handle page fault for address: 0000000000000008"], "unable to handle"),
+    ([SOFT_LOCKUP, RCU_STALL], None),                       # a wedge is not a crash: it is booted again
+    ([FIO_LINE, 'guest_fio: {"note": "Oops: in a progress line"}'], None),   # the guest's own words
+    (["tcg_budget: failed 1.0 s tests/privileged/test_x.py::test_oops_is_named"], None),
+])
+def test_stall_watch_names_a_crash(lines, crash):
+    """A guest whose kernel crashed is reported with the crash's first console line."""
+    w = StallWatch(silence=600, after_lockup=120, now=0)
+    for line in lines:
+        w.feed(line, PROGRESS.search(line) is not None, 1)
+    if crash is None:
+        assert w.crash is None
+    else:
+        assert w.crash is not None and crash in w.crash
+
+
+def test_guests_run_single_threaded_tcg(tmp_path):
+    """Multi-threaded TCG crashed and wedged guests when their kernel patched its code (run.py's
+    TCG_THREAD): the guests run on one host thread unless asked otherwise."""
+    args = [tmp_path / "img", tmp_path / "o.qcow2", tmp_path / "t.img", tmp_path / "console.log"]
+    assert TCG_THREAD == "single"
+    assert Guest(*args).cmd[Guest(*args).cmd.index("-accel") + 1] == "tcg,thread=single"
+    assert Guest(*args, "multi").cmd[Guest(*args).cmd.index("-accel") + 1] == "tcg,thread=multi"
