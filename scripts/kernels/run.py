@@ -127,9 +127,9 @@ def make_tree_disk(run: Path, env: dict[str, str]) -> Path:
 
 # qemu 7.2's multi-threaded TCG (one host thread per vCPU) did not survive the kernel rewriting its own
 # code while the other vCPU runs it (text_poke_bp, on every tracepoint attach and detach: iotrace's start
-# and exit): guest_textpoke.py's churn crashed Debian 13's 6.12 in three boots of three (an int3 Oops at a
-# patched site, as in a CI run's fio measurement) and wedged Debian 12's 6.1 in one of one
-# (an RCU stall, then silence, as twice in CI), each within 80 s of boot; under thread=single it ran 300 cycles
+# and exit): guest_textpoke.py's churn crashed Debian 13's 6.12 in three boots of three (an int3 Oops at
+# a patched site, as in a CI run's fio measurement) and wedged Debian 12's 6.1 in one of one (an RCU
+# stall, then silence, as twice in CI), each within 80 s of boot; under thread=single it ran 300 cycles
 # whole on 6.12, 6.1 and 5.10.  docs/kernels.md has the runs.
 TCG_THREAD = "single"
 
@@ -298,9 +298,14 @@ def boot(image: Path, run: Path, kernel: str, args, env: dict[str, str], res: di
     return tree, ended
 
 
+def new_result(kernel: str) -> dict:
+    """One kernel's result, filled by a boot (run_kernel) or from the saved logs (load_results)."""
+    return {"kernel": kernel, "tests": {}, "fio": None, "timings": {}, "problems": [], "notes": []}
+
+
 def run_kernel(entry: list[str], args, env: dict[str, str]) -> dict:
     kernel = entry[0]
-    res: dict = {"kernel": kernel, "tests": {}, "fio": None, "timings": {}, "problems": [], "notes": []}
+    res = new_result(kernel)
     image, took, built = build(entry)
     res["timings"]["build"] = f"{took:.0f} s (built now)" if built else "cached"
     if built:
@@ -385,7 +390,7 @@ def load_results(res: dict, keep: Path, args) -> dict:
 
     if (keep / "textpoke.json").exists():
         tp = json.loads((keep / "textpoke.json").read_text())
-        res.setdefault("notes", []).append(
+        res["notes"].append(
             f"text-poke churn: {tp['cycles']} attach/detach cycles of {', '.join(tp['events'])} under "
             f"{tp['load']}, {tp['seconds']:.0f} s, the guest alive after it")
     elif args.text_poke:
@@ -529,7 +534,7 @@ def report(results: list[dict]) -> bool:
             print(f"  guest: btf={g.get('btf')}, clocksource={g.get('clocksource', '?')}, "
                   f"cpuidle={g.get('cpuidle', '?')}, monitor={g.get('monitor', '?')}, "
                   f"block events: {g.get('block_events')}")
-        for n in res.get("notes", []):
+        for n in res["notes"]:
             print(f"  note: {n}")
         for p in res["problems"]:
             print(f"  problem: {p}")
@@ -587,8 +592,7 @@ def main() -> int:
     listed = read_list(HERE / "kernels.list")
     kernels = [kernel_entry(k, listed) for k in args.kernel] if args.kernel else listed
     if args.from_logs:
-        results = [load_results({"kernel": k[0], "tests": {}, "fio": None, "timings": {}, "problems": []},
-                                CACHE / "logs" / k[0], args) for k in kernels]
+        results = [load_results(new_result(k[0]), CACHE / "logs" / k[0], args) for k in kernels]
         return 0 if report(results) else 1
     if os.geteuid() != 0:
         log("needs root (debootstrap, chroot): run it as root or with sudo")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "kernels"))
-from run import HERE, PROGRESS, TCG_THREAD, Guest, StallWatch, fio_problems, kernel_entry, read_list, report  # noqa: E402
+from run import HERE, PROGRESS, TCG_THREAD, Guest, StallWatch, fio_problems, kernel_entry, new_result, read_list, report  # noqa: E402
 
 
 def run(fio=4096, recorded=4096, reads=4096, merges=0, **extra):
@@ -76,8 +76,8 @@ def test_the_matrix_lists_what_ci_gates():
     (True, {"t": {"nodeid": "t", "outcome": "failed", "seconds": 1.0, "detail": "x"}}, [], False),
 ])
 def test_the_report_fails_a_kernel_only_for_what_was_asked(asked, tests, problems, ok, capsys):
-    res = {"kernel": "linux-image-6.1.0-50-cloud-amd64", "tests": tests, "fio": None, "timings": {},
-           "problems": problems, "tests_asked": asked, "logs": "/nowhere"}
+    res = new_result("linux-image-6.1.0-50-cloud-amd64") | {"tests": tests, "problems": problems,
+                                                            "tests_asked": asked, "logs": "/nowhere"}
     assert report([res]) is ok
 
 
@@ -142,7 +142,10 @@ def test_stall_watch_names_a_crash(lines, crash):
 def test_guests_run_single_threaded_tcg(tmp_path):
     """Multi-threaded TCG crashed and wedged guests when their kernel patched its code (run.py's
     TCG_THREAD): the guests run on one host thread unless asked otherwise."""
-    args = [tmp_path / "img", tmp_path / "o.qcow2", tmp_path / "t.img", tmp_path / "console.log"]
+    def accel(*thread: str) -> str:
+        cmd = Guest(tmp_path / "img", tmp_path / "o.qcow2", tmp_path / "t.img", tmp_path / "c.log", *thread).cmd
+        return cmd[cmd.index("-accel") + 1]
+
     assert TCG_THREAD == "single"
-    assert Guest(*args).cmd[Guest(*args).cmd.index("-accel") + 1] == "tcg,thread=single"
-    assert Guest(*args, "multi").cmd[Guest(*args).cmd.index("-accel") + 1] == "tcg,thread=multi"
+    assert accel() == "tcg,thread=single"
+    assert accel("multi") == "tcg,thread=multi"
