@@ -156,8 +156,12 @@ def test_attached_to_a_tight_fork_loop_counts_every_child_forked_after_the_attac
     dumps = read_dumps(out)
     got = reads_by_tgid(dumps, loop.name)
     skipped = skipped_by_kernel(dumps)
-    missing = {pid: got.get(pid, 0) for pid in after if got.get(pid, 0) != blocks}
-    assert len(missing) * blocks <= skipped, f"{len(missing)} of {len(after)} children short: {missing}"
+    over = {pid: n for pid, n in got.items() if n > blocks}
+    assert not over, f"children counted past their {blocks} reads: {over}"
+    # A request the kernel did not show iotrace is one read short for one child, not a whole child.
+    missing = {pid: got.get(pid, 0) for pid in after if got.get(pid, 0) < blocks}
+    short = sum(blocks - n for n in missing.values())
+    assert short <= skipped, f"{short} read(s) short over {len(missing)} of {len(after)} children: {missing}"
     assert parent not in got        # the parent itself reads nothing
 
 
