@@ -185,6 +185,26 @@ static __always_inline u64 file_bucket(u64 ns)
 	       ((ns >> (msb - IOTRACE_FILE_HIST_SUB_BITS)) & ((1U << IOTRACE_FILE_HIST_SUB_BITS) - 1));
 }
 
+#ifdef IOTRACE_K_BIO_PAGE_PINNED
+/*
+ * Whether `bio`'s pages are a process's memory the kernel pinned for it
+ * (O_DIRECT from user space, 6.5+): no file's pages, whatever mapping they
+ * are in (its bytes are iomap_dio_rw_begin's).  One read, where the walk
+ * to the first page's mapping takes three (measured: docs/costs.md).  An
+ * unreadable bio is counted and, as the walk would be, given up.
+ */
+static __always_inline bool bio_user_pages(u64 bio)
+{
+	u16 flags = 0;
+
+	if (kread(&flags, sizeof(flags), bio + IOTRACE_K_BIO_FLAGS, IOTRACE_NOTE_FILE_UNREAD))
+		return true;
+	return flags & (1U << IOTRACE_K_BIO_PAGE_PINNED);
+}
+#else
+#define bio_user_pages(bio) false	/* the walk below tells anonymous memory */
+#endif
+
 /*
  * A request whose first bio is `bio` (its rq->bio, from the completion's
  * read of the request), accounted (record) with its slot `s`: its bytes and
@@ -200,7 +220,8 @@ static __always_inline void file_request(u64 bio, const struct iotrace_slot *s, 
 
 	if ((op != IOTRACE_OP_READ && op != IOTRACE_OP_WRITE) || !s->done)
 		return;
-	if (!bio || kread(&vec, sizeof(vec), bio + IOTRACE_K_BIO_IO_VEC, IOTRACE_NOTE_FILE_UNREAD) || !vec ||
+	if (!bio || bio_user_pages(bio) ||
+	    kread(&vec, sizeof(vec), bio + IOTRACE_K_BIO_IO_VEC, IOTRACE_NOTE_FILE_UNREAD) || !vec ||
 	    kread(&page, sizeof(page), vec + IOTRACE_K_BVEC_PAGE, IOTRACE_NOTE_FILE_UNREAD) || !page ||
 	    kread(&mapping, sizeof(mapping), page + IOTRACE_K_PAGE_MAPPING, IOTRACE_NOTE_FILE_UNREAD))
 		return;

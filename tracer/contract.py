@@ -208,6 +208,9 @@ class Contract:
     # the entries under scope ["block", <event>]: read by that event's block-layer program only, resolved with
     # it where it is attached (a kernel without the event, or with another of its group, needs none of them)
     kernel_events: dict[str, KernelReads] = field(default_factory=dict)
+    # the entries under scope ["block", "shortcuts"]: reads that only let the block-layer programs skip work, resolved
+    # apart where the raw path loads: a kernel without them does that work (e.g. 6.1 has no BIO_PAGE_PINNED)
+    kernel_shortcuts: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
 
     @property
     def tunables(self) -> list[str]:
@@ -272,12 +275,15 @@ _READ_ARITY = {"member": 4, "enum": 2, "bit": 3}
 
 
 def _scope(scope: list[str], block: KernelReads, tasks: KernelReads, syscalls: dict[str, KernelReads],
-           sources: dict[str, KernelReads], stamps: KernelReads, events: dict[str, KernelReads]) -> KernelReads:
+           sources: dict[str, KernelReads], stamps: KernelReads, events: dict[str, KernelReads],
+           shortcuts: KernelReads) -> KernelReads:
     """The reads a [[iotrace.kernel]] scope = [program, part, arch] puts its entries in."""
     if scope == ["block"]:
         return block
     if scope == ["block", "stamps"]:
         return stamps
+    if scope == ["block", "shortcuts"]:
+        return shortcuts
     if len(scope) == 2 and scope[0] == "block" and scope[1].isidentifier() and scope[1].islower():
         return events.setdefault(scope[1], KernelReads({}, {}, {}, {}))
     if scope == ["tasks"]:
@@ -311,12 +317,14 @@ def _add_read(reads: KernelReads, entry: list, scope: list[str]) -> None:
 
 
 def _kernel(scopes: list) -> tuple[KernelReads, KernelReads, dict[str, KernelReads], dict[str, KernelReads],
-                                   KernelReads, dict[str, KernelReads]]:
+                                   KernelReads, dict[str, KernelReads], KernelReads]:
     """(the block-layer programs' reads: ["block"]; the per-process programs': ["tasks"]; their
     raw-syscall variant's by architecture: ["tasks", "syscalls"[, arch]], "" for every one; their event
     sources' by source: ["tasks", reads|cache|fsync|throttled]; the kernel stamps' extra reads:
-    ["block", "stamps"]; one block-layer program's own: ["block", <event>])."""
+    ["block", "stamps"]; one block-layer program's own: ["block", <event>]; the block-layer programs' shortcuts:
+    ["block", "shortcuts"])."""
     block, tasks, stamps = KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {})
+    shortcuts = KernelReads({}, {}, {}, {})
     syscalls: dict[str, KernelReads] = {}
     sources: dict[str, KernelReads] = {}
     events: dict[str, KernelReads] = {}
@@ -325,10 +333,10 @@ def _kernel(scopes: list) -> tuple[KernelReads, KernelReads, dict[str, KernelRea
         if not isinstance(scope, list) or not all(isinstance(s, str) for s in scope) \
                 or not isinstance(entry.get("reads"), list) or set(entry) != {"scope", "reads"}:
             raise ContractError(f"{CONTRACT_FILE}: a [[iotrace.kernel]] is scope = [...] and reads = [...]")
-        reads = _scope(scope, block, tasks, syscalls, sources, stamps, events)
+        reads = _scope(scope, block, tasks, syscalls, sources, stamps, events, shortcuts)
         for read in entry["reads"]:
             _add_read(reads, read, scope)
-    return block, tasks, syscalls, sources, stamps, events
+    return block, tasks, syscalls, sources, stamps, events, shortcuts
 
 
 @dataclass(frozen=True)
@@ -384,14 +392,14 @@ def parse(text: str, part: str = "iotrace") -> Contract:
     enums = {}
     for name, (members, count) in _enums(doc.get("enums", {}), prefix).items():
         enums["iotrace_" + name] = {**{prefix + m: i for i, (m, _) in enumerate(members)}, prefix + count: len(members)}
-    block, tasks, syscalls, sources, stamps, event_reads = _kernel(doc.get("kernel", []))
+    block, tasks, syscalls, sources, stamps, event_reads, shortcuts = _kernel(doc.get("kernel", []))
     events = _events(doc.get("events", []))
     stray = set(event_reads) - {e.name for e in events}
     if stray:
         raise ContractError(f"{CONTRACT_FILE}: kernel scopes [\"block\", <event>] for events not in its "
                             f"events: {sorted(stray)}")
     overrides = {c.name: c.override for c in constants if c.override}
-    return Contract(defines, enums, block, tasks, syscalls, sources, stamps, events, overrides, event_reads)
+    return Contract(defines, enums, block, tasks, syscalls, sources, stamps, events, overrides, event_reads, shortcuts)
 
 
 def render_header(text: str, part: str) -> str:

@@ -25,6 +25,7 @@ from conftest import PYTHON, evict, make_ext4, read_dumps, reaped, run_iotrace, 
 from unit.test_core import finish, start_tracer
 
 from privileged.test_writeback import exact_bytes, nothing_lost, traced_unsynced_writer, wb_bytes
+from tracer.sources import kernel
 from tracer.sources.files import kernel_dev
 
 bpf = pytest.mark.bpf
@@ -190,6 +191,44 @@ def test_direct_reads_and_writes_are_the_files_bytes_as_asked(ext4_mnt, tmp_path
     assert sum(row["written_bytes"] for row in rows) == 4 * MIB, rows
     assert sum(row["disk_read_bytes"] for row in rows) == 4 * MIB, rows      # the read at EOF asks 1 MiB more
     assert sum(row["direct_bytes"] for row in rows) == 8 * MIB, rows
+
+
+DIRECT_INTO_MAPPING = """
+import mmap, os, sys
+size, chunk = int(sys.argv[3]), int(sys.argv[4])
+with open(sys.argv[2], "r+b") as into:
+    buf = memoryview(mmap.mmap(into.fileno(), size, mmap.MAP_SHARED))
+    fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECT)
+    for at in range(0, size, chunk):
+        assert os.preadv(fd, [buf[at:at + chunk]], at) == chunk
+"""
+
+
+@bpf
+def test_a_direct_read_into_another_files_mapping_is_the_read_files_alone(ext4_mnt, tmp_path):
+    """O_DIRECT into memory that is another file's shared mapping: the requests' pages are that file's page-cache
+    pages, but the bytes are the read file's.  A kernel that marks the bios of pinned user pages
+    (BIO_PAGE_PINNED, 6.5+) tells them apart at the completion, where the walk to the first page (the only test
+    before 6.5) names the mapped file.  Reads of 64 KiB: a bio the block layer splits (more than the disk's
+    max_segments pages) begins with a part split off it, which carries no mark, and is walked (docs/training.md)."""
+    if not kernel_has("iomap/iomap_dio_rw_begin"):
+        pytest.skip("this kernel has no iomap:iomap_dio_rw_begin: O_DIRECT I/O is in no file's row (docs/training.md)")
+    if not kernel.load_shortcuts():
+        pytest.skip("this kernel has no BIO_PAGE_PINNED (6.5+): its completions cannot tell pinned user pages")
+    loop, mnt = ext4_mnt
+    read, mapped, out = mnt / "read.bin", mnt / "mapped.bin", tmp_path / "out.jsonl"
+    size = 4 * MIB
+    for f in (read, mapped):
+        f.write_bytes(os.urandom(size))
+    subprocess.run(["sync"], check=True)    # nothing left to write back; the mapped file's pages stay cached
+    r = run_iotrace(["--attach", "raw_tp", "--dev", loop.name, "-o", str(out), "--",
+                     sys.executable, "-c", DIRECT_INTO_MAPPING, str(read), str(mapped), str(size), str(64 << 10)])
+    assert r.returncode == 0, r.stderr
+    dumps = read_dumps(out)
+    from_disk = per_file(dumps, "disk_read_bytes")
+    assert from_disk.get(str(mapped), 0) == 0, file_rows(dumps)
+    assert from_disk[str(read)] == size, file_rows(dumps)
+    assert per_file(dumps, "direct_bytes")[str(read)] == size, file_rows(dumps)
 
 
 @bpf

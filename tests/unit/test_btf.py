@@ -506,6 +506,22 @@ def _has_typedef(btf: Btf, name: str) -> bool:
 
 
 @needs_vmlinux
+def test_the_shortcuts_fit_this_kernel_or_name_what_it_lacks(kernel_btf):
+    """The reads that only skip work against this kernel's BTF (the guests' too): bio.bi_flags, 16 bits, and
+    BIO_PAGE_PINNED, one of them (6.5+); a kernel before 6.5 lacks the flag, and the raw path then loads
+    without them (the completion walks to the first page as before)."""
+    try:
+        values = kernel.load_shortcuts(btf=kernel_btf, strict=True)
+    except kernel.LayoutError as exc:
+        assert str(exc) == "no enumerator named 'BIO_PAGE_PINNED' in any enum", str(exc)
+        assert kernel.load_shortcuts(btf=kernel_btf) == {}
+        return
+    assert set(values) == {"BIO_FLAGS", "BIO_PAGE_PINNED"}
+    assert 0 < values["BIO_FLAGS"] < 64 and 0 <= values["BIO_PAGE_PINNED"] < 16
+    assert kernel.load_shortcuts(btf=kernel_btf) == values
+
+
+@needs_vmlinux
 def test_the_kernel_stamps_fit_this_kernel_or_name_the_flag(kernel_btf):
     """--stamps kernel's reads against this kernel's BTF (the guests' in `make test-kernels`): every member
     resolves, in one head read; a kernel whose RQF_* flags are #defines (6.1) lacks only the enumerators

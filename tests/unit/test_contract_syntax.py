@@ -114,6 +114,15 @@ def test_a_scope_written_as_a_comment_means_nothing():
     assert not c.kernel_tasks.members and "TASK_TGID" in c.kernel_stamps.members
 
 
+def test_the_shortcuts_are_a_scope_of_their_own():
+    """The reads that only skip work are resolved apart (kernel.load_shortcuts): never in the block table, whose
+    every entry a kernel must have."""
+    c = contract.load()
+    assert {"BIO_FLAGS"} == set(c.kernel_shortcuts.members) and {"BIO_PAGE_PINNED"} == set(c.kernel_shortcuts.enums)
+    assert not {"BIO_FLAGS", "BIO_PAGE_PINNED"} & (set(c.kernel.members) | set(c.kernel.enums))
+    assert "shortcuts" not in c.kernel_events
+
+
 @pytest.mark.parametrize("scope", ['["tasks", "pagecache"]', '["files"]', '["tasks", "syscalls", "x86", "2"]',
                                    '["block", "Reads"]', '[]', '"tasks"'])
 def test_a_scope_the_parser_does_not_know_is_refused(scope):

@@ -197,6 +197,19 @@ def load_stamps(path: str = BTF_PATH, btf: Btf | None = None) -> dict[str, int]:
     return resolve(open_btf(path) if btf is None else btf, reads, (), start_events=()).values
 
 
+def load_shortcuts(path: str = BTF_PATH, btf: Btf | None = None, strict: bool = False) -> dict[str, int]:
+    """The values of the reads that only let the block-layer programs skip work (scope ["block", "shortcuts"]):
+    all or, where this kernel lacks one, none (the programs then do that work); `strict`: a LayoutError
+    naming what it lacks instead."""
+    try:
+        return resolve(open_btf(path) if btf is None else btf, contract.load().kernel_shortcuts, (),
+                       start_events=()).values
+    except LayoutError:
+        if strict:
+            raise
+        return {}
+
+
 def open_btf(path: str = BTF_PATH) -> Btf:
     """The running kernel's BTF, or a LayoutError saying why not."""
     try:
@@ -225,6 +238,7 @@ def load(events: Iterable[str], path: str = BTF_PATH, reads: contract.KernelRead
     where it has none)."""
     c = contract.load()
     own = {} if reads is not None else c.kernel_events     # scope ["block", <event>]: the default table's
+    shortcuts = c.kernel_shortcuts if reads is None else None   # scope ["block", "shortcuts"]: the default table's
     reads = c.kernel if reads is None else reads
     btf = open_btf(path) if btf is None else btf
     taken = tuple((present_events(btf, reads, group) or group)[0] for group in firsts)
@@ -242,4 +256,6 @@ def load(events: Iterable[str], path: str = BTF_PATH, reads: contract.KernelRead
         layout = replace(layout, values=values, present=tuple(present))
     if reads.bits:
         layout = replace(layout, values={**layout.values, **resolve_bits(btf, reads)})
+    if shortcuts is not None:
+        layout = replace(layout, values={**layout.values, **load_shortcuts(btf=btf)})
     return layout
