@@ -26,6 +26,8 @@ import pytest
 from conftest import PYTHON, ROOT, fio_cmd, make_ext4, series_of, umount
 from reference import groundtruth as gt
 
+from privileged.test_writeback import exact_bytes
+
 bpf = pytest.mark.bpf
 
 
@@ -195,7 +197,9 @@ def test_write_back_is_charged_to_the_writer(ext4, tmp_path):
     f = mnt / "wb.dat"
     cmp, dumps = traced_system(tmp_path, [loop], ["sh", "-c", f"head -c 16M /dev/zero > {f} && sync -f {f}"])
     wb = [s for s in series_of(dumps[-1], comm="head", device=loop.name, op="write") if s.get("wb")]
-    assert sum(s["bytes"] for s in wb) == 16 << 20, gt.render(cmp)
+    # all 16 MiB, less a whole request for each the kernel ran no program for, which iotrace counts (a CI run
+    # saw a 512 KiB write-back request unseen so by both iotrace and the reference)
+    exact_bytes(sum(s["bytes"] for s in wb), 16 << 20, dumps, loop.name)
     # every series' counts, bytes and phase counts as the reference charges them (what is checked here is
     # whose requests they are; their latencies are the same code's as every other test's, and a series of a
     # few samples each fails the 2% / 250 ns jitter bound now and then); the journal's timer may commit
