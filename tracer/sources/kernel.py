@@ -238,7 +238,7 @@ def load(events: Iterable[str], path: str = BTF_PATH, reads: contract.KernelRead
     where it has none)."""
     c = contract.load()
     own = {} if reads is not None else c.kernel_events     # scope ["block", <event>]: the default table's
-    shortcuts = c.kernel_shortcuts if reads is None else None   # scope ["block", "shortcuts"]: the default table's
+    shortcuts = reads is None       # scope ["block", "shortcuts"]: the default table's, resolved in below
     reads = c.kernel if reads is None else reads
     btf = open_btf(path) if btf is None else btf
     taken = tuple((present_events(btf, reads, group) or group)[0] for group in firsts)
@@ -256,6 +256,6 @@ def load(events: Iterable[str], path: str = BTF_PATH, reads: contract.KernelRead
         layout = replace(layout, values=values, present=tuple(present))
     if reads.bits:
         layout = replace(layout, values={**layout.values, **resolve_bits(btf, reads)})
-    if shortcuts is not None:
+    if shortcuts:
         layout = replace(layout, values={**layout.values, **load_shortcuts(btf=btf)})
     return layout
