@@ -508,16 +508,19 @@ def _has_typedef(btf: Btf, name: str) -> bool:
 @needs_vmlinux
 def test_the_shortcuts_fit_this_kernel_or_name_what_it_lacks(kernel_btf):
     """The reads that only skip work against this kernel's BTF (the guests' too): bio.bi_flags, 16 bits, and
-    BIO_PAGE_PINNED, one of them (6.5+); a kernel before 6.5 lacks the flag, and the raw path then loads
-    without them (the completion walks to the first page as before)."""
+    BIO_PAGE_PINNED, one of them (6.5+), read with bi_io_vec in one head; a kernel before 6.5 lacks the flag,
+    and the raw path then loads without them (the completion walks to the first page as before)."""
     try:
         values = kernel.load_shortcuts(btf=kernel_btf, strict=True)
     except kernel.LayoutError as exc:
         assert str(exc) == "no enumerator named 'BIO_PAGE_PINNED' in any enum", str(exc)
         assert kernel.load_shortcuts(btf=kernel_btf) == {}
         return
-    assert set(values) == {"BIO_FLAGS", "BIO_PAGE_PINNED"}
+    assert set(values) == {"BIO_FLAGS", "BIO_PAGE_PINNED", "BIO_FILE_HEAD_LEN"}
     assert 0 < values["BIO_FLAGS"] < 64 and 0 <= values["BIO_PAGE_PINNED"] < 16
+    # one read spans the flags and bi_io_vec, a block-table member (file_request's walk starts there)
+    vec = kernel.load(kernel.START_EVENTS, btf=kernel_btf).values["BIO_IO_VEC"]
+    assert values["BIO_FILE_HEAD_LEN"] == max(vec + 8, values["BIO_FLAGS"] + 2) <= kernel.MAX_HEAD_BYTES
     assert kernel.load_shortcuts(btf=kernel_btf) == values
 
 

@@ -119,6 +119,9 @@ def test_the_shortcuts_are_a_scope_of_their_own():
     every entry a kernel must have."""
     c = contract.load()
     assert {"BIO_FLAGS"} == set(c.kernel_shortcuts.members) and {"BIO_PAGE_PINNED"} == set(c.kernel_shortcuts.enums)
+    # its head spans a block-table member: resolved with that table's members, yet named in no other scope
+    assert c.kernel_shortcuts.heads == {"BIO_FILE_HEAD_LEN": ("bio", ["BIO_FLAGS", "BIO_IO_VEC"])}
+    assert "BIO_IO_VEC" in c.kernel.members and "BIO_FILE_HEAD_LEN" not in c.kernel.heads
     assert not {"BIO_FLAGS", "BIO_PAGE_PINNED"} & (set(c.kernel.members) | set(c.kernel.enums))
     assert "shortcuts" not in c.kernel_events
 

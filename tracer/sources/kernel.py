@@ -201,9 +201,13 @@ def load_shortcuts(path: str = BTF_PATH, btf: Btf | None = None, strict: bool = 
     """The values of the reads that only let the block-layer programs skip work (scope ["block", "shortcuts"]):
     all or, where this kernel lacks one, none (the programs then do that work); `strict`: a LayoutError
     naming what it lacks instead."""
+    c = contract.load()
+    own = c.kernel_shortcuts
+    # with the block members its heads span (bio.bi_io_vec), said by the block table
+    reads = own.merged(contract.KernelReads(c.kernel.members, {}, {}, {}, older=c.kernel.older))
     try:
-        return resolve(open_btf(path) if btf is None else btf, contract.load().kernel_shortcuts, (),
-                       start_events=()).values
+        values = resolve(open_btf(path) if btf is None else btf, reads, (), start_events=()).values
+        return {name: value for name, value in values.items() if name in {*own.members, *own.enums, *own.heads}}
     except LayoutError:
         if strict:
             raise
