@@ -97,14 +97,23 @@ struct iotrace_who {
  * partition (struct block_device) and be under IOTRACE_QDEV_TTL_NS old:
  * for another disk to show up at both addresses, the old disk must have
  * been removed and both objects freed (after RCU grace periods) and reused
- * within that millisecond of its last I/O.
+ * within that millisecond of its last I/O.  With it, whether --dev traces
+ * that disk: the filter's verdict without its hash lookup on each request
+ * (measured: docs/costs.md).
  */
 struct iotrace_qdev {
 	u64 q;			/* struct request_queue * */
 	u64 part;		/* struct block_device * of the request that filled it */
 	u64 ns;			/* when read */
 	u32 dev;		/* the whole disk's dev_t */
-	u32 pad;
+	u32 wanted;		/* enum iotrace_qdev_wanted: dev_wanted(dev) when read */
+};
+
+/* struct iotrace_qdev's verdict; NOT_YET: read before the filters were written (tracing enabled) */
+enum iotrace_qdev_wanted {
+	IOTRACE_QDEV_NOT_YET = 0,
+	IOTRACE_QDEV_WANTED = 1,
+	IOTRACE_QDEV_UNWANTED = 2,
 };
 
 /*

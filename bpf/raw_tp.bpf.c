@@ -100,26 +100,48 @@ static __always_inline u32 read_queue_dev(u64 q, u64 disk)
 	return (mm[0] << 20) | mm[1];	/* the kernel's MKDEV */
 }
 
-/* read_queue_dev() through this CPU's cache of queues (struct iotrace_qdev says why that is safe) */
-static __always_inline u32 queue_dev(u64 q, u64 part, u64 disk, u64 now)
+/* dev_wanted(dev) as struct iotrace_qdev keeps it: not yet known before the filters are written */
+static __always_inline u32 qdev_verdict(u32 dev)
 {
-	u32 cpu = bpf_get_smp_processor_id(), idx;
+	struct iotrace_config *cfg = get_config();
+
+	if (!cfg || !cfg->enabled)
+		return IOTRACE_QDEV_NOT_YET;
+	return dev_wanted(dev) ? IOTRACE_QDEV_WANTED : IOTRACE_QDEV_UNWANTED;
+}
+
+/*
+ * read_queue_dev() through this CPU's cache of queues (struct iotrace_qdev
+ * says why that is safe), and in `*wanted` dev_wanted() of it, kept there
+ * too; 0 (not wanted) where the disk cannot be read.
+ */
+static __always_inline u32 queue_dev(u64 q, u64 part, u64 disk, u64 now, bool *wanted)
+{
+	u32 cpu = bpf_get_smp_processor_id(), idx, dev;
 	struct iotrace_qdev *c;
 
 	idx = cpu * IOTRACE_QDEV_SLOTS + (u32)(key_hash(0, q) >> 32) % IOTRACE_QDEV_SLOTS;
 	c = cpu < IOTRACE_CPUS ? qdevs.lookup(&idx) : 0;
-	if (!c)
-		return read_queue_dev(q, disk);
+	if (!c) {
+		dev = read_queue_dev(q, disk);
+		*wanted = dev && dev_wanted(dev);
+		return dev;
+	}
 	if (c->q != q || c->part != part || now - c->ns > IOTRACE_QDEV_TTL_NS) {
-		u32 dev = read_queue_dev(q, disk);
-
-		if (!dev)
+		dev = read_queue_dev(q, disk);
+		if (!dev) {
+			*wanted = false;
 			return 0;	/* not kept: the next request reads again */
+		}
 		c->dev = dev;
 		c->q = q;
 		c->part = part;
 		c->ns = now;
+		c->wanted = qdev_verdict(dev);
+	} else if (c->wanted == IOTRACE_QDEV_NOT_YET) {
+		c->wanted = qdev_verdict(c->dev);
 	}
+	*wanted = c->wanted == IOTRACE_QDEV_WANTED;
 	return c->dev;
 }
 
@@ -157,12 +179,15 @@ static __always_inline bool dev_filtered_out(u64 rq, u64 now)
 {
 	struct iotrace_config *cfg = get_config();
 	struct rq_head h;
+	bool wanted;
 
 	if (!cfg || !cfg->filter_devs)
 		return false;
-	return kread(&h, sizeof(h), rq, IOTRACE_DROP_KERNEL_READ) ||
-	       !dev_wanted(queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART),
-				     rq_disk_of(&h), clock_at(now)));
+	if (kread(&h, sizeof(h), rq, IOTRACE_DROP_KERNEL_READ))
+		return true;
+	queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), rq_disk_of(&h),
+		  clock_at(now), &wanted);
+	return !wanted;
 }
 
 static __always_inline bool scan_for(u32 base, u64 addr, struct slot_ref *r)
@@ -374,12 +399,13 @@ static __always_inline void bios_of(u64 rq, u32 nr_bytes, u64 now)
 {
 	struct iotrace_bio_dev *bd;
 	u64 q = 0, part = 0, bio = 0;
+	bool wanted;	/* --dev's verdict: not --bio's, whose disks are bio_devs */
 	u32 dev;
 
 	if (kread(&q, sizeof(q), rq + IOTRACE_K_RQ_Q, IOTRACE_DROP_KERNEL_READ) ||
 	    kread(&part, sizeof(part), rq + IOTRACE_K_RQ_PART, IOTRACE_DROP_KERNEL_READ))
 		return;
-	dev = queue_dev(q, part, 0, now);	/* --bio: kernels whose queue has the disk (scope ["block", "block_bio_queue"]) */
+	dev = queue_dev(q, part, 0, now, &wanted);	/* --bio: kernels whose queue has the disk (scope ["block", "block_bio_queue"]) */
 	bd = dev ? bio_devs.lookup(&dev) : 0;
 	if (bd && bd->mark && !kread(&bio, sizeof(bio), rq + IOTRACE_K_RQ_BIO, IOTRACE_DROP_KERNEL_READ))
 		bios_complete(bio, nr_bytes, now);
@@ -579,6 +605,7 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 {
 	u64 now = bpf_ktime_get_ns(), rq = ctx->args[0];
 	u32 nr_bytes = ctx->args[2], dev;
+	bool wanted;
 	struct iotrace_slot *s;
 	struct rq_head h;
 	struct slot_ref r;
@@ -602,12 +629,13 @@ RAW_TRACEPOINT_PROBE(block_rq_complete)
 		count_reason(IOTRACE_NOTE_PARTIAL);
 		return 0;
 	}
-	dev = queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), rq_disk_of(&h), now);
+	dev = queue_dev(HEAD_FIELD(&h, u64, IOTRACE_K_RQ_Q), HEAD_FIELD(&h, u64, IOTRACE_K_RQ_PART), rq_disk_of(&h), now,
+			&wanted);
 	if (!dev) {
 		slot_release(&r);	/* counted: no disk to account it to */
 		return 0;
 	}
-	if (!dev_wanted(dev)) {
+	if (!wanted) {
 		count_reason(IOTRACE_NOTE_UNTRACKED);
 		slot_release(&r);
 		return 0;
