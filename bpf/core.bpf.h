@@ -61,8 +61,11 @@ BPF_PERCPU_HASH(series1, struct iotrace_series_key, struct iotrace_series_val, I
 BPF_PERCPU_ARRAY(reasons, u64, IOTRACE_REASON_COUNT);
 /* cpu * IOTRACE_WHO_SLOTS + tid % IOTRACE_WHO_SLOTS -> struct iotrace_who: a thread's comm and cgroup */
 BPF_ARRAY(who, struct iotrace_who, IOTRACE_CPUS * IOTRACE_WHO_SLOTS);
-/* [0] -> execs seen on any CPU: a thread's comm cached in `who` before the latest is read again */
-BPF_ARRAY(execs, u32, 1);
+/*
+ * IOTRACE_WHO_EPOCH_PROGRAMS -> execs and changes the programs made to `pids`, IOTRACE_WHO_EPOCH_USER ->
+ * changes user space made to `pids` (its only writer): a `who` entry read before either moved is read again
+ */
+BPF_ARRAY(who_epochs, u32, IOTRACE_WHO_EPOCHS);
 /* tgid (or forked tid) -> 1: the processes traced when filter_pids is set */
 BPF_HASH(pids, u32, u8, IOTRACE_PID_ENTRIES);
 /* dev_t -> 1: the devices traced when filter_devs is set */
@@ -650,6 +653,52 @@ static __always_inline struct iotrace_dirtier *wb_writing(u32 tid)
 	return wb_threads.lookup(&tid);
 }
 
+/* The two epochs of `who_epochs` now */
+static __always_inline void who_epochs_now(u32 *programs, u32 *user)
+{
+	u32 k = IOTRACE_WHO_EPOCH_PROGRAMS, *e = who_epochs.lookup(&k);
+
+	*programs = e ? *e : 0;
+	k = IOTRACE_WHO_EPOCH_USER;
+	e = who_epochs.lookup(&k);
+	*user = e ? *e : 0;
+}
+
+/* Something changed who a thread is (an exec) or whom the pid filter holds: every `who` entry is read again. */
+static __always_inline void who_changed(void)
+{
+	u32 k = IOTRACE_WHO_EPOCH_PROGRAMS, *e = who_epochs.lookup(&k);
+
+	if (e)
+		__sync_fetch_and_add(e, 1);
+}
+
+/* This CPU's `who` entry for thread `tid`, whoever it holds; 0 if none. */
+static __always_inline struct iotrace_who *who_slot(u32 tid)
+{
+	u32 cpu = bpf_get_smp_processor_id(), idx = cpu * IOTRACE_WHO_SLOTS + tid % IOTRACE_WHO_SLOTS;
+
+	return cpu < IOTRACE_CPUS ? who.lookup(&idx) : 0;
+}
+
+/*
+ * Whether the pid filter holds process `tgid`, the current one: as the
+ * current thread's `who` entry says while no epoch has moved since it was
+ * read (the epochs are read first: a change made after them moves one),
+ * else from the hash.
+ */
+static __always_inline bool pid_traced(u32 tgid)
+{
+	u32 tid = (u32)bpf_get_current_pid_tgid(), programs, user;
+	struct iotrace_who *w = who_slot(tid);
+
+	who_epochs_now(&programs, &user);
+	if (w && w->tid == tid && w->in_pids != IOTRACE_WHO_PIDS_NOT_READ && w->epoch == programs &&
+	    w->user_epoch == user)
+		return w->in_pids == IOTRACE_WHO_PIDS_IN;
+	return pids.lookup(&tgid);
+}
+
 /*
  * Whether the current task's I/O is traced (process tgid).  Programs
  * attach before the filters are written, and wait for them.
@@ -661,7 +710,7 @@ static __always_inline bool task_wanted(u32 tgid)
 	if (!cfg || !cfg->enabled)
 		return false;
 	/* left out, unless it is a flusher writing back a traced dirtier's inode: that one passed when it wrote */
-	if (cfg->filter_pids && !pids.lookup(&tgid))
+	if (cfg->filter_pids && !pid_traced(tgid))
 		return wb_writing((u32)bpf_get_current_pid_tgid());
 	/* in the cgroup or below it: then its ancestor at the cgroup's depth is the cgroup */
 	if (cfg->filter_cgroup && !in_filter_cgroup(cfg))
@@ -677,25 +726,31 @@ static __always_inline bool dev_wanted(u32 dev)
 	return cfg && (!cfg->filter_devs || devs.lookup(&dev));
 }
 
-/* The current thread's comm and cgroup, from this CPU's cache (struct iotrace_who). */
-static __always_inline struct iotrace_who *who_is(u32 tid, u64 now)
+/*
+ * The current thread's comm and cgroup, and whether the pid filter holds
+ * its process, from this CPU's cache (struct iotrace_who).
+ */
+static __always_inline struct iotrace_who *who_is(u64 id, u64 now)
 {
-	u32 cpu = bpf_get_smp_processor_id(), idx = cpu * IOTRACE_WHO_SLOTS + tid % IOTRACE_WHO_SLOTS, zero = 0;
-	u32 *ex = execs.lookup(&zero), seen = ex ? *ex : 0;
-	struct iotrace_who *w;
+	struct iotrace_config *cfg = get_config();
+	struct iotrace_who *w = who_slot((u32)id);
+	u32 programs, user, tgid = id >> 32;
 
-	if (cpu >= IOTRACE_CPUS)
-		return 0;
-	w = who.lookup(&idx);
 	if (!w)
 		return 0;
+	who_epochs_now(&programs, &user);
 	/* signed: a kernel-stamped request start's time lags a bio start's clock (raw_tp.bpf.c start_clock) */
-	if (w->tid != tid || w->execs != seen || (s64)(now - w->ns) > (s64)IOTRACE_COMM_REUSE_NS) {
+	if (w->tid != (u32)id || w->epoch != programs || w->user_epoch != user ||
+	    (s64)(now - w->ns) > (s64)IOTRACE_COMM_REUSE_NS) {
 		w->cgroup = bpf_get_current_cgroup_id();
 		bpf_get_current_comm(w->comm, sizeof(w->comm));
-		w->tid = tid;
-		w->execs = seen;
+		w->tid = (u32)id;
+		w->epoch = programs;
+		w->user_epoch = user;
 		w->ns = now;
+		/* read after the epochs: a change made since moves one of them, and this is read again */
+		w->in_pids = !cfg || !cfg->filter_pids ? IOTRACE_WHO_PIDS_NOT_READ :
+			     pids.lookup(&tgid) ? IOTRACE_WHO_PIDS_IN : IOTRACE_WHO_PIDS_OUT;
 	}
 	return w;
 }
@@ -720,7 +775,7 @@ static __always_inline void wb_charge(struct iotrace_slot *s, u32 tid)
 /* Note who started the request (pid_tgid `id`) in its freshly claimed slot. */
 static __always_inline void slot_fill(struct iotrace_slot *s, u64 now, u64 id, u32 dev, u32 op, u32 bytes)
 {
-	struct iotrace_who *w = who_is((u32)id, now);
+	struct iotrace_who *w = who_is(id, now);
 
 	s->dev = dev;
 	s->op = op;
@@ -760,10 +815,12 @@ static __always_inline void on_fork(u32 child)
 
 	if (!cfg || !cfg->filter_pids || !cfg->follow_children)
 		return;
-	if (!pids.lookup(&parent))
+	if (!pid_traced(parent))
 		return;
 	if (pids.update(&child, &one))
 		count_reason(IOTRACE_DROP_PID_FULL);
+	else
+		who_changed();	/* a thread of that id may have left an entry saying "out" */
 }
 
 /*
@@ -773,10 +830,7 @@ static __always_inline void on_fork(u32 child)
  */
 static __always_inline void on_exec(void)
 {
-	u32 zero = 0, *ex = execs.lookup(&zero);
-
-	if (ex)
-		__sync_fetch_and_add(ex, 1);
+	who_changed();
 }
 
 /* Keeps the filter bounded, and a reused pid from being traced. */
@@ -789,10 +843,11 @@ static __always_inline void on_exit(bool group_dead)
 	if (!cfg || !cfg->filter_pids || !cfg->follow_children)
 		return;
 	/* a thread's own entry (from its clone) goes; the process's only with its last thread */
-	if (tid != tgid)
-		pids.delete(&tid);
-	if (group_dead)
-		pids.delete(&tgid);
+	if (tid != tgid && pids.delete(&tid) == 0)
+		who_changed();
+	/* the id may be a new process's soon: an entry saying "in" must not outlive it */
+	if (group_dead && pids.delete(&tgid) == 0)
+		who_changed();
 }
 
 #endif /* IOTRACE_CORE_BPF_H */

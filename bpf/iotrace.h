@@ -78,15 +78,27 @@ struct iotrace_bio_dev {
  * comm and the cgroup id costs two helper calls per request, and a thread
  * that issues I/O usually issues more.  An array of IOTRACE_CPUS *
  * IOTRACE_WHO_SLOTS, each CPU's part indexed by tid; an entry is read again
- * after IOTRACE_COMM_REUSE_NS, so a rename (exec, prctl) or a move to
- * another cgroup shows within that.
+ * after IOTRACE_COMM_REUSE_NS, so a rename (prctl) or a move to another
+ * cgroup shows within that, and at once after an exec or a change of the
+ * pid filter's members anywhere (core's `who_epochs`).  Whether the pid
+ * filter holds the thread's process is kept too: a lookup in the `pids`
+ * hash costs a request start ~60-75 ns (docs/costs.md).
  */
 struct iotrace_who {
 	u32 tid;
-	u32 execs;		/* the exec count (core's `execs`) when comm was read */
+	u32 epoch;		/* who_epochs[IOTRACE_WHO_EPOCH_PROGRAMS] when read */
 	u64 ns;			/* when comm and cgroup were read */
 	u64 cgroup;
 	char comm[IOTRACE_COMM_LEN];
+	u32 user_epoch;		/* who_epochs[IOTRACE_WHO_EPOCH_USER] when read */
+	u32 in_pids;		/* enum iotrace_who_pids */
+};
+
+/* struct iotrace_who's pid filter verdict; NOT_READ: there was no pid filter when it was read */
+enum iotrace_who_pids {
+	IOTRACE_WHO_PIDS_NOT_READ = 0,
+	IOTRACE_WHO_PIDS_IN = 1,
+	IOTRACE_WHO_PIDS_OUT = 2,
 };
 
 /*

@@ -21,6 +21,9 @@
 #define IOTRACE_STALE_NS 60000000000ULL
 #define IOTRACE_COMM_REUSE_NS 1000000000ULL
 #define IOTRACE_WHO_SLOTS 64	/* per CPU, by thread id: see struct iotrace_who */
+#define IOTRACE_WHO_EPOCH_PROGRAMS 0
+#define IOTRACE_WHO_EPOCH_USER 1
+#define IOTRACE_WHO_EPOCHS 2
 #define IOTRACE_QDEV_SLOTS 16	/* per CPU, by request queue: see struct iotrace_qdev */
 #define IOTRACE_QDEV_TTL_NS 1000000ULL	/* how long a queue's disk is trusted without a read */
 #ifndef IOTRACE_HIST_CELLS

@@ -119,7 +119,7 @@ static __always_inline void wb_dirtied(u64 inode, u64 bytes)
 	nd.tid = (u32)id;
 	nd.ns = now;
 	nd.window = window;
-	w = who_is((u32)id, now);
+	w = who_is(id, now);
 	if (w) {
 		nd.cgroup = w->cgroup;
 		__builtin_memcpy(nd.comm, w->comm, sizeof(nd.comm));

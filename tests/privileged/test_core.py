@@ -6,6 +6,7 @@ The rest, and the helpers both share, are in tests/unit/test_core.py.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -103,6 +104,76 @@ def test_pid_filter_excludes_others_and_follows_forks(make_loop, tmp_path, follo
     else:
         assert child not in by_pid
     assert set(by_pid) <= {pid, child}
+
+
+# A traced parent on CPU 0 whose forked child reads DEVICE and exits; the parent prints the child's pid
+# and stays (the tracer's --pid) until a line comes on its stdin.
+_FORKER = r"""
+import mmap, os, sys, time
+dev, go = sys.argv[1], sys.argv[2]
+os.sched_setaffinity(0, {0})
+while not os.path.exists(go):
+    time.sleep(0.01)
+child = os.fork()
+if child == 0:
+    fd, buf = os.open(dev, os.O_RDONLY | os.O_DIRECT), mmap.mmap(-1, 4096)
+    for i in range(64):
+        os.preadv(fd, [buf], i * 4096)
+    os._exit(0)
+os.waitpid(child, 0)
+print(child, flush=True)
+sys.stdin.readline()
+"""
+
+
+def _read_as(pid: int, device: str, blocks: int) -> bool:
+    """Fork a process of this (untraced) one with id `pid`, on CPU 0, that reads `device` without an exec;
+    whether the id was had (another fork on the machine may take it first)."""
+    for _ in range(200):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        got = os.fork()
+        if got == 0:
+            try:
+                if os.getpid() == pid:
+                    os.sched_setaffinity(0, {0})
+                    fd = os.open(device, os.O_RDONLY | os.O_DIRECT)
+                    buf = mmap.mmap(-1, 4096)
+                    for i in range(blocks):
+                        os.preadv(fd, [buf], i * 4096)
+            finally:
+                os._exit(0)
+        os.waitpid(got, 0)
+        if got == pid:
+            return True
+    return False
+
+
+@bpf
+def test_a_traced_childs_id_taken_by_another_process_is_not_traced(make_loop, tmp_path):
+    """The start programs keep on each CPU whether the pid filter holds a thread (struct iotrace_who): the
+    entry of a traced child that exited must not say so for the next process given its id. The new
+    process reads on the same CPU at once (the entry's age would otherwise expire it), forked without an
+    exec (which alone makes every entry be read again)."""
+    mine, elsewhere = make_loop(), make_loop()
+    go, out = tmp_path / "go", tmp_path / "out.jsonl"
+    target = subprocess.Popen([PYTHON, "-c", _FORKER, mine.path, str(go)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    with reaped(target):
+        tracer = start_tracer(["--pid", str(target.pid), "-o", str(out), "-d", "60"])
+        go.touch()
+        child = int(target.stdout.readline())
+        reused = _read_as(child, elsewhere.path, 32)
+        target.stdin.write("\n")
+        target.stdin.flush()
+        assert target.wait(30) == 0
+        finish(tracer)      # ends by itself: its target exited
+    if not reused:
+        pytest.skip(f"no process could be given the id {child} again: other forks took it first")
+    dumps = read_dumps(out)
+    assert_count(sum(s["count"] for s in series_of(dumps[-1], device=mine.name) if s["pid"] == child), 64,
+                 dumps, device=mine.name)
+    assert not [s for d in dumps for s in series_of(d, device=elsewhere.name)], "the new process was traced"
 
 
 @bpf

@@ -544,6 +544,10 @@ class Probe:
     def add_pid(self, pid: int) -> None:
         pids = self.bpf["pids"]
         pids[pids.Key(pid)] = ct.c_uint8(1)
+        # then: the start programs' per-thread cache of the filter's verdict is read again (struct iotrace_who);
+        # user space is this count's only writer
+        epochs, user = self.bpf["who_epochs"], self.contract.const("WHO_EPOCH_USER")
+        epochs[epochs.Key(user)] = ct.c_uint32((epochs[epochs.Key(user)].value + 1) & 0xFFFFFFFF)
 
     def traced_pids(self) -> set[int]:
         return {k.value for k in self.bpf["pids"].keys()}
