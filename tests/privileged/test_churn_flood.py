@@ -23,6 +23,7 @@ The run takes ~40 s.
 from __future__ import annotations
 
 import os
+import statistics
 from datetime import datetime
 
 import pytest
@@ -49,7 +50,10 @@ def test_twenty_thousand_processes_leave_the_tracer_bounded(tmp_path, loop):
     assert end - warm <= GROWTH_MB, f"tracer RSS {warm:.1f} MB after {WARM} processes, {end:.1f} after {PROCESSES}"
     assert end - half <= HALF_GROWTH_MB, f"tracer RSS {half:.1f} MB after {HALF} processes, {end:.1f} after {PROCESSES}"
     dumps = read_dumps(out)
-    # -i 1 over the run: the windows really were cut, about one a second of it (measured 9-14 s a run)
-    span = (datetime.fromisoformat(dumps[-1]["end"]) - datetime.fromisoformat(dumps[0]["start"])).total_seconds()
-    assert len(dumps) >= 5 and len(dumps) >= span - 2, f"{len(dumps)} dumps over {span:.1f} s"
+    # -i 1 over the run: the windows really were cut, about one a second (measured 9-14 s a run). Not one
+    # for each second of the run: a tick the loop falls behind is skipped (runtime/loop.py), and on a loaded
+    # machine (a CI beside other tests: 23 dumps over 28.8 s) some are; most windows are still a second long
+    lengths = [(datetime.fromisoformat(d["end"]) - datetime.fromisoformat(d["start"])).total_seconds()
+               for d in dumps if d["kind"] == "interval"]
+    assert len(lengths) >= 5 and statistics.median(lengths) <= 1.5, f"interval windows (s): {lengths}"
     assert_count(bytes_of(dumps, loop.name, "read") // 4096, PROCESSES, dumps, device=loop.name)
