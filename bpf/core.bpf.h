@@ -732,9 +732,9 @@ static __always_inline bool dev_wanted(u32 dev)
  */
 static __always_inline struct iotrace_who *who_is(u64 id, u64 now)
 {
-	struct iotrace_config *cfg = get_config();
 	struct iotrace_who *w = who_slot((u32)id);
 	u32 programs, user, tgid = id >> 32;
+	struct iotrace_config *cfg;
 
 	if (!w)
 		return 0;
@@ -748,6 +748,7 @@ static __always_inline struct iotrace_who *who_is(u64 id, u64 now)
 		w->epoch = programs;
 		w->user_epoch = user;
 		w->ns = now;
+		cfg = get_config();
 		/* read after the epochs: a change made since moves one of them, and this is read again */
 		w->in_pids = !cfg || !cfg->filter_pids ? IOTRACE_WHO_PIDS_NOT_READ :
 			     pids.lookup(&tgid) ? IOTRACE_WHO_PIDS_IN : IOTRACE_WHO_PIDS_OUT;

@@ -204,7 +204,8 @@ def load_shortcuts(path: str = BTF_PATH, btf: Btf | None = None, strict: bool = 
     c = contract.load()
     own = c.kernel_shortcuts
     # with the block members its heads span (bio.bi_io_vec), said by the block table
-    reads = own.merged(contract.KernelReads(c.kernel.members, {}, {}, {}, older=c.kernel.older))
+    spanned = {m: c.kernel.members[m] for _, members in own.heads.values() for m in members if m in c.kernel.members}
+    reads = own.merged(contract.KernelReads(spanned, {}, {}, {}, older=c.kernel.older))
     try:
         values = resolve(open_btf(path) if btf is None else btf, reads, (), start_events=()).values
         return {name: value for name, value in values.items() if name in {*own.members, *own.enums, *own.heads}}
