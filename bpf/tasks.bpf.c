@@ -5,9 +5,10 @@
  * (tracer/sources/tasks.py).
  *
  *   sched_switch      a traced thread blocks (not preempted, prev_state not
- *                     running) with task_struct.in_iowait set: note when.
- *                     This is where the kernel starts delay accounting's
- *                     block-I/O delay (delayacct_blkio_start in block_task)
+ *                     running) with task_struct.in_iowait set: note when, in
+ *                     `waits` under its task_struct's address.  This is where
+ *                     the kernel starts delay accounting's block-I/O delay
+ *                     (delayacct_blkio_start in block_task)
  *   sched_wakeup      the thread is woken: add the time blocked to its
  *                     process's io_wait_ns (where delayacct_blkio_end runs),
  *                     and to throttle_ns when balance_dirty_pages put it there
@@ -71,6 +72,8 @@ BPF_HASH(tpids, u32, u8, IOTRACE_TASKS_PIDS);
 BPF_HASH(tasks, u32, struct iotrace_task, IOTRACE_TASKS_ENTRIES);
 /* tid -> struct iotrace_thread */
 BPF_HASH(threads, u32, struct iotrace_thread, IOTRACE_TASKS_THREADS);
+/* hash of a task_struct's address (wait_base) + probe -> struct iotrace_wait: a traced thread blocked in I/O wait */
+BPF_ARRAY(waits, struct iotrace_wait, IOTRACE_TASKS_WAITS);
 /* enum iotrace_tasks_reason -> u64 events, per CPU, never reset */
 BPF_PERCPU_ARRAY(treasons, u64, IOTRACE_TASKS_REASON_COUNT);
 
@@ -135,14 +138,80 @@ static __always_inline struct iotrace_thread *current_thread(u32 tid, u32 tgid)
 	return lookup_or_init(threads_lookup, threads_insert, 0, &tid, 0, &fresh, IOTRACE_TASKS_DROP_THREADS_FULL);
 }
 
-/* Whether the task at `task` is in an I/O wait (task_struct.in_iowait, a one-bit field). */
-static __always_inline bool in_iowait(u64 task)
+/*
+ * Whether the current task is in an I/O wait (task_struct.in_iowait, a
+ * one-bit field): read straight from the task where the kernel hands its
+ * address out typed (bpf_get_current_task_btf, Linux 5.11: a plain load,
+ * checked against the BTF by the verifier), else copied by a helper, which
+ * costs several times more on every blocking switch (docs/costs.md).
+ */
+static __always_inline bool current_in_iowait(void)
 {
+#ifdef IOTRACE_K_FUNC_CURRENT_TASK_BTF
+	const u8 *task = (const u8 *)bpf_get_current_task_btf();
+
+	return task[IOTRACE_K_TASK_IN_IOWAIT] & IOTRACE_K_TASK_IN_IOWAIT_MASK;
+#else
 	u8 b = 0;
 
-	if (kread(&b, sizeof(b), task + IOTRACE_K_TASK_IN_IOWAIT, IOTRACE_TASKS_DROP_KERNEL_READ))
+	if (kread(&b, sizeof(b), bpf_get_current_task() + IOTRACE_K_TASK_IN_IOWAIT, IOTRACE_TASKS_DROP_KERNEL_READ))
 		return false;
 	return b & IOTRACE_K_TASK_IN_IOWAIT_MASK;
+#endif
+}
+
+/*
+ * ---- the waits in progress, by task ---------------------------------------
+ *
+ * sched_switch and sched_wakeup both name the thread by its struct
+ * task_struct *: keyed by that, a wakeup finds the wait without reading the
+ * task (its pid, its in_iowait) and without a hash lookup, and the wakeups
+ * of every other thread of the machine, almost all of them, stop at one
+ * line of this array.  An entry is free while its task is 0; it is claimed
+ * (tag_cas) by its thread's blocking switch and freed by that thread's
+ * wakeup or exit: the two never run at once for one thread (a wakeup
+ * waits until the switch has left the CPU, try_to_wake_up's p->on_cpu).
+ */
+static __always_inline u32 wait_base(u64 task)
+{
+	return (u32)((task * IOTRACE_HASH_MUL) >> 32) & (IOTRACE_TASKS_WAITS - 1) & ~(IOTRACE_TASKS_WAIT_PROBES - 1);
+}
+
+/* The entry `task` holds, or 0. */
+static __always_inline struct iotrace_wait *wait_of(u64 task)
+{
+	u32 base = wait_base(task);
+
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_TASKS_WAIT_PROBES; i++) {
+		u32 idx = base + i;
+		struct iotrace_wait *w = waits.lookup(&idx);
+
+		if (w && w->task == task)
+			return w;
+	}
+	return 0;
+}
+
+/* An entry for `task`: the one it holds (a wakeup the kernel ran no program for), else a free one; 0 counted. */
+static __always_inline struct iotrace_wait *wait_claim(u64 task)
+{
+	struct iotrace_wait *w = wait_of(task);
+	u32 base = wait_base(task);
+
+	if (w)
+		return w;
+#pragma unroll
+	for (u32 i = 0; i < IOTRACE_TASKS_WAIT_PROBES; i++) {
+		u32 idx = base + i;
+
+		w = waits.lookup(&idx);
+		/* two threads blocking on two CPUs may race for it: one wins */
+		if (w && w->task == 0 && tag_cas(&w->task, 0, task))
+			return w;
+	}
+	count_reason(IOTRACE_TASKS_DROP_WAITS_FULL);
+	return 0;
 }
 
 #if IOTRACE_K_SCHED_SWITCH_LAST >= 3
@@ -163,12 +232,14 @@ static __always_inline u64 task_state(u64 task)
 RAW_TRACEPOINT_PROBE(sched_switch)
 {
 	struct iotrace_thread *th;
+	struct iotrace_wait *w;
 	u64 id, now;
+	u32 throttled;
 
 	/* blocking, as block_task does it: not a preemption, and not left running */
 	if (ctx->args[0] & 1 || !switch_prev_state(ctx))
 		return 0;
-	if (!in_iowait(ctx->args[1]))
+	if (!current_in_iowait())
 		return 0;
 	id = bpf_get_current_pid_tgid();
 	if (!twanted(tcfg(), id >> 32))
@@ -180,47 +251,45 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 	th = current_thread((u32)id, id >> 32);
 	if (!th)
 		return 0;
-	th->block_ns = now;
 	th->flags |= IOTRACE_TASKS_WAITED;
-	/* the wait balance_dirty_pages announced, or any other (a read in progress stays noted) */
-	if (th->flags & IOTRACE_TASKS_THROTTLE_NEXT)
-		th->flags = (th->flags & ~IOTRACE_TASKS_THROTTLE_NEXT) | IOTRACE_TASKS_THROTTLED;
-	else
-		th->flags &= ~IOTRACE_TASKS_THROTTLED;
+	/* the wait balance_dirty_pages announced, or any other */
+	throttled = th->flags & IOTRACE_TASKS_THROTTLE_NEXT;
+	th->flags &= ~IOTRACE_TASKS_THROTTLE_NEXT;
+	w = wait_claim(ctx->args[1]);
+	if (!w)
+		return 0;	/* counted */
+	w->tgid = id >> 32;
+	w->throttled = throttled;
+	w->block_ns = now;
 	return 0;
 }
 
-/* sched_wakeup(p) */
+/* sched_wakeup(p): every wakeup of the machine; p's wait, if a traced thread's, ends */
 RAW_TRACEPOINT_PROBE(sched_wakeup)
 {
-	struct iotrace_thread *th;
+	struct iotrace_wait *w = wait_of(ctx->args[0]);
 	struct iotrace_task *t;
-	u64 task = ctx->args[0], start, d;
-	u32 tid = 0;
+	u64 start, d;
+	u32 tgid, throttled;
 
-	/* in_iowait stays set until the task runs again (io_schedule_finish) */
-	if (!in_iowait(task))
+	if (!w)
 		return 0;
-	if (kread(&tid, sizeof(tid), task + IOTRACE_K_TASK_PID, IOTRACE_TASKS_DROP_KERNEL_READ))
-		return 0;
-	th = threads.lookup(&tid);
-	if (!th || !th->block_ns)
-		return 0;
-	start = th->block_ns;
-	th->block_ns = 0;
+	start = w->block_ns;
+	tgid = w->tgid;
+	throttled = w->throttled;
+	tag_clear(&w->task, ctx->args[0]);	/* read first: the entry is another thread's to claim once free */
 	d = bpf_ktime_get_ns() - start;
-	t = tasks.lookup(&th->tgid);
+	t = tasks.lookup(&tgid);
 	if (!t) {
 		count_reason(IOTRACE_TASKS_DROP_TASKS_FULL);
 		return 0;
 	}
 	__sync_fetch_and_add(&t->io_wait_ns, d);
 	__sync_fetch_and_add(&t->io_waits, 1);
-	if (th->flags & IOTRACE_TASKS_THROTTLED) {
+	if (throttled) {
 		__sync_fetch_and_add(&t->throttle_ns, d);
 		__sync_fetch_and_add(&t->throttles, 1);
 	}
-	th->flags &= ~IOTRACE_TASKS_THROTTLED;
 	return 0;
 }
 
@@ -522,6 +591,11 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 	struct iotrace_task *t;
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tid = id, tgid = id >> 32;
+	struct iotrace_wait *w = wait_of(bpf_get_current_task());
+
+	/* a wait whose wakeup the kernel ran no program for: the task's address may be another's soon */
+	if (w)
+		tag_clear(&w->task, bpf_get_current_task());
 	threads.delete(&tid);
 	if (!raw_process_exit(ctx, tid, tgid))
 		return 0;	/* a thread's, not its process's (compat.bpf.h) */

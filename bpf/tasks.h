@@ -12,6 +12,7 @@
 #ifndef IOTRACE_TASKS_H
 #define IOTRACE_TASKS_H
 
+#include "iotrace_defs.h"	/* IOTRACE_HASH_MUL: the hashing the block programs' tables use */
 #include "readpos.h"	/* one read's pages from the page cache's event, shared with the per-file rows */
 #include "tasks_defs.h"	/* the constants and reason codes, written from bpf/contract.toml [tasks] */
 
@@ -48,18 +49,29 @@ struct iotrace_task {
 };
 
 /*
- * A thread's wait, fsync or read in progress, by tid.  The rd_ and pend_
- * members are written in the thread's own context only (page-cache source).
+ * A thread's fsync or read in progress, by tid.  The rd_ and pend_ members
+ * are written in the thread's own context only (page-cache source).
  */
 struct iotrace_thread {
-	u64 block_ns;		/* blocked in I/O wait since; 0 when not */
 	u64 fsync_ns;		/* in a sync syscall (or ext4_sync_file) since; 0 when not */
 	u32 tgid;
-	u32 flags;		/* IOTRACE_TASKS_THROTTLE_NEXT, _THROTTLED, _READING */
+	u32 flags;		/* IOTRACE_TASKS_THROTTLE_NEXT, _READING, _WAITED */
 	struct iotrace_read_pos rd;	/* its last read through the page cache (readpos.h) */
 	u64 pend_mapping;	/* pages added to this address_space's cache since the thread's last read batch: */
 	u64 pend_pages;		/* how many, */
 	u64 pend_first;		/* and the lowest page index among them */
+};
+
+/*
+ * A traced thread blocked in I/O wait, from its blocking sched_switch to its
+ * sched_wakeup, under its struct task_struct's address (tasks.bpf.c's wait_of):
+ * two to a cache line, a probe window.
+ */
+struct iotrace_wait {
+	u64 task;		/* the thread's struct task_struct *; 0: free */
+	u64 block_ns;		/* blocked since */
+	u32 tgid;		/* its process, whose row the wait is added to */
+	u32 throttled;		/* 1: balance_dirty_pages' pause (THROTTLE_NEXT was set) */
 };
 
 #endif /* IOTRACE_TASKS_H */

@@ -211,6 +211,9 @@ class Contract:
     # the entries under scope ["block", "shortcuts"]: reads that only let the block-layer programs skip work, resolved
     # apart where the raw path loads: a kernel without them does that work (e.g. 6.1 has no BIO_PAGE_PINNED)
     kernel_shortcuts: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
+    # the entries under scope ["tasks", "shortcuts"]: the same for the per-process programs (e.g. a helper that
+    # hands the current task out typed, read without a copy), resolved apart where they load
+    kernel_tasks_shortcuts: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
 
     @property
     def tunables(self) -> list[str]:
@@ -276,14 +279,14 @@ _READ_ARITY = {"member": 4, "enum": 2, "bit": 3}
 
 def _scope(scope: list[str], block: KernelReads, tasks: KernelReads, syscalls: dict[str, KernelReads],
            sources: dict[str, KernelReads], stamps: KernelReads, events: dict[str, KernelReads],
-           shortcuts: KernelReads) -> KernelReads:
+           shortcuts: dict[str, KernelReads]) -> KernelReads:
     """The reads a [[iotrace.kernel]] scope = [program, part, arch] puts its entries in."""
     if scope == ["block"]:
         return block
     if scope == ["block", "stamps"]:
         return stamps
-    if scope == ["block", "shortcuts"]:
-        return shortcuts
+    if len(scope) == 2 and scope[0] in shortcuts and scope[1] == "shortcuts":
+        return shortcuts[scope[0]]
     if len(scope) == 2 and scope[0] == "block" and scope[1].isidentifier() and scope[1].islower():
         return events.setdefault(scope[1], KernelReads({}, {}, {}, {}))
     if scope == ["tasks"]:
@@ -317,14 +320,14 @@ def _add_read(reads: KernelReads, entry: list, scope: list[str]) -> None:
 
 
 def _kernel(scopes: list) -> tuple[KernelReads, KernelReads, dict[str, KernelReads], dict[str, KernelReads],
-                                   KernelReads, dict[str, KernelReads], KernelReads]:
+                                   KernelReads, dict[str, KernelReads], dict[str, KernelReads]]:
     """(the block-layer programs' reads: ["block"]; the per-process programs': ["tasks"]; their
     raw-syscall variant's by architecture: ["tasks", "syscalls"[, arch]], "" for every one; their event
     sources' by source: ["tasks", reads|cache|fsync|throttled]; the kernel stamps' extra reads:
-    ["block", "stamps"]; one block-layer program's own: ["block", <event>]; the block-layer programs' shortcuts:
-    ["block", "shortcuts"])."""
+    ["block", "stamps"]; one block-layer program's own: ["block", <event>]; the shortcuts of the block-layer
+    and the per-process programs, by program: ["block", "shortcuts"], ["tasks", "shortcuts"])."""
     block, tasks, stamps = KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {})
-    shortcuts = KernelReads({}, {}, {}, {})
+    shortcuts = {"block": KernelReads({}, {}, {}, {}), "tasks": KernelReads({}, {}, {}, {})}
     syscalls: dict[str, KernelReads] = {}
     sources: dict[str, KernelReads] = {}
     events: dict[str, KernelReads] = {}
@@ -399,7 +402,8 @@ def parse(text: str, part: str = "iotrace") -> Contract:
         raise ContractError(f"{CONTRACT_FILE}: kernel scopes [\"block\", <event>] for events not in its "
                             f"events: {sorted(stray)}")
     overrides = {c.name: c.override for c in constants if c.override}
-    return Contract(defines, enums, block, tasks, syscalls, sources, stamps, events, overrides, event_reads, shortcuts)
+    return Contract(defines, enums, block, tasks, syscalls, sources, stamps, events, overrides, event_reads,
+                    shortcuts["block"], shortcuts["tasks"])
 
 
 def render_header(text: str, part: str) -> str:

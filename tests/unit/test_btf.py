@@ -525,6 +525,22 @@ def test_the_shortcuts_fit_this_kernel_or_name_what_it_lacks(kernel_btf):
 
 
 @needs_vmlinux
+def test_the_per_process_shortcut_is_this_kernels_helper_or_left_out(kernel_btf):
+    """bpf_get_current_task_btf (Linux 5.11), with which sched_switch reads in_iowait without a copy: its
+    number in this kernel's enum bpf_func_id (the guests' too), or, on 5.10, nothing, and the program
+    copies the byte as before."""
+    try:
+        values = kernel.load_shortcuts(btf=kernel_btf, strict=True, program="tasks")
+    except kernel.LayoutError as exc:
+        assert str(exc) == "no enumerator named 'BPF_FUNC_get_current_task_btf' in any enum", str(exc)
+        assert kernel.load_shortcuts(btf=kernel_btf, program="tasks") == {}
+        return
+    assert values == {"FUNC_CURRENT_TASK_BTF": kernel_btf.enumerator("BPF_FUNC_get_current_task_btf")}
+    # the helpers are numbered in the order they came: this one after bpf_get_current_task (35)
+    assert values["FUNC_CURRENT_TASK_BTF"] > kernel_btf.enumerator("BPF_FUNC_get_current_task") == 35
+
+
+@needs_vmlinux
 def test_the_kernel_stamps_fit_this_kernel_or_name_the_flag(kernel_btf):
     """--stamps kernel's reads against this kernel's BTF (the guests' in `make test-kernels`): every member
     resolves, in one head read; a kernel whose RQF_* flags are #defines (6.1) lacks only the enumerators

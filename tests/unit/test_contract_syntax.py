@@ -79,7 +79,7 @@ def test_the_contract_has_every_table():
     assert set(c.kernel_syscalls) == {"", "x86_64"}
     assert set(c.kernel_sources) == set(contract.TASK_SOURCES)
     assert contract.load("tasks").names("tasks_reason", "IOTRACE_TASKS_DROP_") == [
-        "tasks_full", "threads_full", "pids_full", "kernel_read"]
+        "tasks_full", "threads_full", "pids_full", "kernel_read", "waits_full"]
 
 
 def test_a_header_defines_each_constant_and_code_with_its_value():
@@ -124,6 +124,10 @@ def test_the_shortcuts_are_a_scope_of_their_own():
     assert "BIO_IO_VEC" in c.kernel.members and "BIO_FILE_HEAD_LEN" not in c.kernel.heads
     assert not {"BIO_FLAGS", "BIO_PAGE_PINNED"} & (set(c.kernel.members) | set(c.kernel.enums))
     assert "shortcuts" not in c.kernel_events
+    # the per-process programs' own, apart from theirs and from every table a kernel must have
+    assert c.kernel_tasks_shortcuts.enums == {"FUNC_CURRENT_TASK_BTF": "BPF_FUNC_get_current_task_btf"}
+    assert "FUNC_CURRENT_TASK_BTF" not in {*c.kernel_tasks.enums, *c.kernel_shortcuts.enums, *c.kernel.enums}
+    assert "shortcuts" not in c.kernel_sources
 
 
 @pytest.mark.parametrize("scope", ['["tasks", "pagecache"]', '["files"]', '["tasks", "syscalls", "x86", "2"]',

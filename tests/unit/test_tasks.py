@@ -96,7 +96,7 @@ def test_merged_dumps_add_task_rows_by_pid():
 
 
 def test_the_header_and_the_kernel_table_parse():
-    assert reason_names() == ["tasks_full", "threads_full", "pids_full", "kernel_read"]
+    assert reason_names() == ["tasks_full", "threads_full", "pids_full", "kernel_read", "waits_full"]
     con = contract.load()
     reads = con.kernel_tasks
     assert reads.bits == {"TASK_IN_IOWAIT": ("task_struct", "in_iowait")}

@@ -197,15 +197,16 @@ def load_stamps(path: str = BTF_PATH, btf: Btf | None = None) -> dict[str, int]:
     return resolve(open_btf(path) if btf is None else btf, reads, (), start_events=()).values
 
 
-def load_shortcuts(path: str = BTF_PATH, btf: Btf | None = None, strict: bool = False) -> dict[str, int]:
-    """The values of the reads that only let the block-layer programs skip work (scope ["block", "shortcuts"]):
-    all or, where this kernel lacks one, none (the programs then do that work); `strict`: a LayoutError
-    naming what it lacks instead."""
+def load_shortcuts(path: str = BTF_PATH, btf: Btf | None = None, strict: bool = False,
+                   program: str = "block") -> dict[str, int]:
+    """The values of the reads that only let `program`'s programs skip work (scope [program, "shortcuts"]:
+    "block", the block-layer programs, or "tasks", the per-process ones): all or, where this kernel lacks one,
+    none (the programs then do that work); `strict`: a LayoutError naming what it lacks instead."""
     c = contract.load()
-    own = c.kernel_shortcuts
-    # with the block members its heads span (bio.bi_io_vec), said by the block table
-    spanned = {m: c.kernel.members[m] for _, members in own.heads.values() for m in members if m in c.kernel.members}
-    reads = own.merged(contract.KernelReads(spanned, {}, {}, {}, older=c.kernel.older))
+    own, table = (c.kernel_shortcuts, c.kernel) if program == "block" else (c.kernel_tasks_shortcuts, c.kernel_tasks)
+    # with the members of the program's table its heads span (bio.bi_io_vec), said by that table
+    spanned = {m: table.members[m] for _, members in own.heads.values() for m in members if m in table.members}
+    reads = own.merged(contract.KernelReads(spanned, {}, {}, {}, older=table.older))
     try:
         values = resolve(open_btf(path) if btf is None else btf, reads, (), start_events=()).values
         return {name: value for name, value in values.items() if name in {*own.members, *own.enums, *own.heads}}
