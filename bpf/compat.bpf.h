@@ -106,6 +106,27 @@
  */
 
 /*
+ * current_member(type, off, reason): the member of the current task at byte
+ * `off` (a scalar of `type`).  Read straight from the task where the kernel
+ * hands it out typed: bpf_get_current_task_btf(), upstream 3ca1032ab7ab
+ * ("bpf: Add a BPF helper for getting the current task"), Linux 5.11, whose
+ * pointer the verifier lets a program load from at offsets it checks
+ * against the BTF (the loader defines IOTRACE_K_FUNC_CURRENT_TASK_BTF where
+ * the kernel has it: contract.toml's scope ["helpers"]).  Elsewhere copied
+ * by bpf_probe_read_kernel, ~50 ns dearer a read here (docs/costs.md); 0,
+ * counted as `reason`, if that fails.
+ */
+#ifdef IOTRACE_K_FUNC_CURRENT_TASK_BTF
+#define current_member(type, off, reason) (*(const type *)((const u8 *)bpf_get_current_task_btf() + (off)))
+#else
+#define current_member(type, off, reason) ({					\
+	type v_ = 0;								\
+	kread(&v_, sizeof(v_), bpf_get_current_task() + (off), (reason));	\
+	v_;									\
+})
+#endif
+
+/*
  * Claiming an in-flight slot.  BPF's atomic compare-and-swap and exchange
  * came with upstream 5ffa25502b5a ("bpf: Add instructions for
  * atomic_[cmp]xchg"), Linux 5.12; before it the one atomic is an add whose

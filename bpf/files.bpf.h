@@ -284,7 +284,7 @@ BPF_TABLE("lru_hash", u32, struct iotrace_file_reader, file_readers, IOTRACE_FIL
  */
 static __always_inline void file_cache_read(u64 mapping, u64 index, u64 last)
 {
-	u64 id = bpf_get_current_pid_tgid(), inode = 0, size, first, bytes, nvcsw = 0;
+	u64 id = bpf_get_current_pid_tgid(), inode = 0, size, first, bytes, nvcsw;
 	struct iotrace_file_reader fresh = {}, *r;
 	struct iotrace_file_key k = {};
 	struct iotrace_file_val *v;
@@ -292,7 +292,7 @@ static __always_inline void file_cache_read(u64 mapping, u64 index, u64 last)
 
 	if (!task_wanted(id >> 32))
 		return;
-	kread(&nvcsw, sizeof(nvcsw), bpf_get_current_task() + IOTRACE_K_TASK_NVCSW, IOTRACE_NOTE_FILE_UNREAD);
+	nvcsw = current_member(u64, IOTRACE_K_TASK_NVCSW, IOTRACE_NOTE_FILE_UNREAD);
 	r = file_readers.lookup(&tid);
 	if (!r) {
 		file_readers.update(&tid, &fresh);

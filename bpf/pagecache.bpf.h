@@ -81,7 +81,7 @@ RAW_TRACEPOINT_PROBE(mm_filemap_get_pages)
 	id = bpf_get_current_pid_tgid();
 	if (!twanted(tcfg(), id >> 32))
 		return 0;
-	t = current_task(id >> 32, bpf_ktime_get_ns());
+	t = current_task(id >> 32);
 	if (!t)
 		return 0;
 	th = current_thread((u32)id, id >> 32);

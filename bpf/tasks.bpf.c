@@ -113,19 +113,20 @@ static __always_inline int threads_insert(u32 gen, const void *k, const void *v)
 	return threads.insert((u32 *)k, (struct iotrace_thread *)v);
 }
 
-/* A new process entry's name, read only when one is made */
+/* A new process entry's name and birth, read only when one is made (most calls find it: no clock read) */
 static __always_inline void *task_init(void *arg)
 {
 	struct iotrace_task *fresh = arg;
 
+	fresh->first_ns = bpf_ktime_get_ns();
 	bpf_get_current_comm(fresh->comm, sizeof(fresh->comm));
 	return fresh;
 }
 
 /* The current process's entry, made if missing (the current task is that process). */
-static __always_inline struct iotrace_task *current_task(u32 tgid, u64 now)
+static __always_inline struct iotrace_task *current_task(u32 tgid)
 {
-	struct iotrace_task fresh = { .first_ns = now };
+	struct iotrace_task fresh = {};
 
 	return lookup_or_init(tasks_lookup, tasks_insert, 0, &tgid, task_init, &fresh, IOTRACE_TASKS_DROP_TASKS_FULL);
 }
@@ -138,26 +139,11 @@ static __always_inline struct iotrace_thread *current_thread(u32 tid, u32 tgid)
 	return lookup_or_init(threads_lookup, threads_insert, 0, &tid, 0, &fresh, IOTRACE_TASKS_DROP_THREADS_FULL);
 }
 
-/*
- * Whether the current task is in an I/O wait (task_struct.in_iowait, a
- * one-bit field): read straight from the task where the kernel hands its
- * address out typed (bpf_get_current_task_btf, Linux 5.11: a plain load,
- * checked against the BTF by the verifier), else copied by a helper, which
- * costs several times more on every blocking switch (docs/costs.md).
- */
+/* Whether the current task is in an I/O wait (task_struct.in_iowait, a one-bit field). */
 static __always_inline bool current_in_iowait(void)
 {
-#ifdef IOTRACE_K_FUNC_CURRENT_TASK_BTF
-	const u8 *task = (const u8 *)bpf_get_current_task_btf();
-
-	return task[IOTRACE_K_TASK_IN_IOWAIT] & IOTRACE_K_TASK_IN_IOWAIT_MASK;
-#else
-	u8 b = 0;
-
-	if (kread(&b, sizeof(b), bpf_get_current_task() + IOTRACE_K_TASK_IN_IOWAIT, IOTRACE_TASKS_DROP_KERNEL_READ))
-		return false;
-	return b & IOTRACE_K_TASK_IN_IOWAIT_MASK;
-#endif
+	return current_member(u8, IOTRACE_K_TASK_IN_IOWAIT, IOTRACE_TASKS_DROP_KERNEL_READ) &
+	       IOTRACE_K_TASK_IN_IOWAIT_MASK;
 }
 
 /*
@@ -246,7 +232,7 @@ RAW_TRACEPOINT_PROBE(sched_switch)
 		return 0;
 	now = bpf_ktime_get_ns();
 	/* its process's row, which the wakeup adds to: a process whose first event is a wait gets one too */
-	if (!current_task(id >> 32, now))
+	if (!current_task(id >> 32))
 		return 0;
 	th = current_thread((u32)id, id >> 32);
 	if (!th)
@@ -312,7 +298,7 @@ RAW_TRACEPOINT_PROBE(balance_dirty_pages)
 	id = bpf_get_current_pid_tgid();
 	if (!twanted(tcfg(), id >> 32))
 		return 0;
-	if (!current_task(id >> 32, bpf_ktime_get_ns()))
+	if (!current_task(id >> 32))
 		return 0;
 	th = current_thread((u32)id, id >> 32);
 	if (th)
@@ -353,7 +339,7 @@ static __always_inline void sync_enter(u64 id)
 	struct iotrace_thread *th;
 	u64 now = bpf_ktime_get_ns();
 
-	if (!current_task(id >> 32, now))
+	if (!current_task(id >> 32))
 		return;
 	th = current_thread((u32)id, id >> 32);
 	if (!th)
@@ -415,7 +401,7 @@ static __always_inline void read_enter(u64 id, u32 fd)
 
 	if (!fd_is_regular(fd))
 		return;
-	if (!current_task(id >> 32, bpf_ktime_get_ns()))
+	if (!current_task(id >> 32))
 		return;
 	th = current_thread((u32)id, id >> 32);
 	if (th) {
@@ -462,12 +448,8 @@ static __always_inline void read_exit(long ret)
 static __always_inline bool compat_syscall(void)
 {
 #ifdef IOTRACE_K_TASK_TI_STATUS
-	u32 status = 0;
-
-	if (kread(&status, sizeof(status), bpf_get_current_task() + IOTRACE_K_TASK_TI_STATUS,
-		  IOTRACE_TASKS_DROP_KERNEL_READ))
-		return true;
-	return status & IOTRACE_TASKS_X86_TS_COMPAT;
+	return current_member(u32, IOTRACE_K_TASK_TI_STATUS, IOTRACE_TASKS_DROP_KERNEL_READ) &
+	       IOTRACE_TASKS_X86_TS_COMPAT;
 #else
 	return false;
 #endif

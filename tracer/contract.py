@@ -211,9 +211,9 @@ class Contract:
     # the entries under scope ["block", "shortcuts"]: reads that only let the block-layer programs skip work, resolved
     # apart where the raw path loads: a kernel without them does that work (e.g. 6.1 has no BIO_PAGE_PINNED)
     kernel_shortcuts: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
-    # the entries under scope ["tasks", "shortcuts"]: the same for the per-process programs (e.g. a helper that
-    # hands the current task out typed, read without a copy), resolved apart where they load
-    kernel_tasks_shortcuts: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
+    # the entries under scope ["helpers"]: BPF helpers that spare the programs work, each an enumerator of the
+    # kernel's enum bpf_func_id, resolved one by one for both objects: a kernel without one does that work
+    kernel_helpers: KernelReads = field(default_factory=lambda: KernelReads({}, {}, {}, {}))
 
     @property
     def tunables(self) -> list[str]:
@@ -279,14 +279,16 @@ _READ_ARITY = {"member": 4, "enum": 2, "bit": 3}
 
 def _scope(scope: list[str], block: KernelReads, tasks: KernelReads, syscalls: dict[str, KernelReads],
            sources: dict[str, KernelReads], stamps: KernelReads, events: dict[str, KernelReads],
-           shortcuts: dict[str, KernelReads]) -> KernelReads:
+           shortcuts: KernelReads, helpers: KernelReads) -> KernelReads:
     """The reads a [[iotrace.kernel]] scope = [program, part, arch] puts its entries in."""
     if scope == ["block"]:
         return block
     if scope == ["block", "stamps"]:
         return stamps
-    if len(scope) == 2 and scope[0] in shortcuts and scope[1] == "shortcuts":
-        return shortcuts[scope[0]]
+    if scope == ["block", "shortcuts"]:
+        return shortcuts
+    if scope == ["helpers"]:
+        return helpers
     if len(scope) == 2 and scope[0] == "block" and scope[1].isidentifier() and scope[1].islower():
         return events.setdefault(scope[1], KernelReads({}, {}, {}, {}))
     if scope == ["tasks"]:
@@ -320,14 +322,14 @@ def _add_read(reads: KernelReads, entry: list, scope: list[str]) -> None:
 
 
 def _kernel(scopes: list) -> tuple[KernelReads, KernelReads, dict[str, KernelReads], dict[str, KernelReads],
-                                   KernelReads, dict[str, KernelReads], dict[str, KernelReads]]:
+                                   KernelReads, dict[str, KernelReads], KernelReads, KernelReads]:
     """(the block-layer programs' reads: ["block"]; the per-process programs': ["tasks"]; their
     raw-syscall variant's by architecture: ["tasks", "syscalls"[, arch]], "" for every one; their event
     sources' by source: ["tasks", reads|cache|fsync|throttled]; the kernel stamps' extra reads:
-    ["block", "stamps"]; one block-layer program's own: ["block", <event>]; the shortcuts of the block-layer
-    and the per-process programs, by program: ["block", "shortcuts"], ["tasks", "shortcuts"])."""
+    ["block", "stamps"]; one block-layer program's own: ["block", <event>]; the block-layer programs' shortcuts:
+    ["block", "shortcuts"]; the helpers that spare work: ["helpers"])."""
     block, tasks, stamps = KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {})
-    shortcuts = {"block": KernelReads({}, {}, {}, {}), "tasks": KernelReads({}, {}, {}, {})}
+    shortcuts, helpers = KernelReads({}, {}, {}, {}), KernelReads({}, {}, {}, {})
     syscalls: dict[str, KernelReads] = {}
     sources: dict[str, KernelReads] = {}
     events: dict[str, KernelReads] = {}
@@ -336,10 +338,12 @@ def _kernel(scopes: list) -> tuple[KernelReads, KernelReads, dict[str, KernelRea
         if not isinstance(scope, list) or not all(isinstance(s, str) for s in scope) \
                 or not isinstance(entry.get("reads"), list) or set(entry) != {"scope", "reads"}:
             raise ContractError(f"{CONTRACT_FILE}: a [[iotrace.kernel]] is scope = [...] and reads = [...]")
-        reads = _scope(scope, block, tasks, syscalls, sources, stamps, events, shortcuts)
+        reads = _scope(scope, block, tasks, syscalls, sources, stamps, events, shortcuts, helpers)
         for read in entry["reads"]:
             _add_read(reads, read, scope)
-    return block, tasks, syscalls, sources, stamps, events, shortcuts
+    if helpers.members or helpers.heads or helpers.raw_tps or helpers.bits:
+        raise ContractError(f"{CONTRACT_FILE}: kernel scope [\"helpers\"] holds enumerators of enum bpf_func_id only")
+    return block, tasks, syscalls, sources, stamps, events, shortcuts, helpers
 
 
 @dataclass(frozen=True)
@@ -395,15 +399,15 @@ def parse(text: str, part: str = "iotrace") -> Contract:
     enums = {}
     for name, (members, count) in _enums(doc.get("enums", {}), prefix).items():
         enums["iotrace_" + name] = {**{prefix + m: i for i, (m, _) in enumerate(members)}, prefix + count: len(members)}
-    block, tasks, syscalls, sources, stamps, event_reads, shortcuts = _kernel(doc.get("kernel", []))
+    block, tasks, syscalls, sources, stamps, event_reads, shortcuts, helpers = _kernel(doc.get("kernel", []))
     events = _events(doc.get("events", []))
     stray = set(event_reads) - {e.name for e in events}
     if stray:
         raise ContractError(f"{CONTRACT_FILE}: kernel scopes [\"block\", <event>] for events not in its "
                             f"events: {sorted(stray)}")
     overrides = {c.name: c.override for c in constants if c.override}
-    return Contract(defines, enums, block, tasks, syscalls, sources, stamps, events, overrides, event_reads,
-                    shortcuts["block"], shortcuts["tasks"])
+    return Contract(defines, enums, block, tasks, syscalls, sources, stamps, events, overrides, event_reads, shortcuts,
+                    helpers)
 
 
 def render_header(text: str, part: str) -> str:

@@ -525,19 +525,21 @@ def test_the_shortcuts_fit_this_kernel_or_name_what_it_lacks(kernel_btf):
 
 
 @needs_vmlinux
-def test_the_per_process_shortcut_is_this_kernels_helper_or_left_out(kernel_btf):
-    """bpf_get_current_task_btf (Linux 5.11), with which sched_switch reads in_iowait without a copy: its
-    number in this kernel's enum bpf_func_id (the guests' too), or, on 5.10, nothing, and the program
-    copies the byte as before."""
+def test_the_helpers_are_this_kernels_numbers_or_left_out(kernel_btf):
+    """bpf_get_current_task_btf (Linux 5.11), with which the programs read the current task's members without a
+    copy: its number in this kernel's enum bpf_func_id (the guests' too), or, on 5.10, left out, and the
+    programs copy them as before."""
+    values = kernel.load_helpers(kernel_btf)
     try:
-        values = kernel.load_shortcuts(btf=kernel_btf, strict=True, program="tasks")
-    except kernel.LayoutError as exc:
-        assert str(exc) == "no enumerator named 'BPF_FUNC_get_current_task_btf' in any enum", str(exc)
-        assert kernel.load_shortcuts(btf=kernel_btf, program="tasks") == {}
+        number = kernel_btf.enumerator("BPF_FUNC_get_current_task_btf")
+    except BtfError:
+        assert values == {}
         return
-    assert values == {"FUNC_CURRENT_TASK_BTF": kernel_btf.enumerator("BPF_FUNC_get_current_task_btf")}
-    # the helpers are numbered in the order they came: this one after bpf_get_current_task (35)
-    assert values["FUNC_CURRENT_TASK_BTF"] > kernel_btf.enumerator("BPF_FUNC_get_current_task") == 35
+    assert values == {"FUNC_CURRENT_TASK_BTF": number}
+    # the helpers are numbered in the order they came: this one long after bpf_get_current_task (35)
+    assert number > kernel_btf.enumerator("BPF_FUNC_get_current_task") == 35
+    # and both objects get it: the block-layer programs' layout (file rows) and the per-process programs'
+    assert kernel.load(kernel.START_EVENTS, btf=kernel_btf).values["FUNC_CURRENT_TASK_BTF"] == number
 
 
 @needs_vmlinux

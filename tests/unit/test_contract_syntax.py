@@ -124,10 +124,13 @@ def test_the_shortcuts_are_a_scope_of_their_own():
     assert "BIO_IO_VEC" in c.kernel.members and "BIO_FILE_HEAD_LEN" not in c.kernel.heads
     assert not {"BIO_FLAGS", "BIO_PAGE_PINNED"} & (set(c.kernel.members) | set(c.kernel.enums))
     assert "shortcuts" not in c.kernel_events
-    # the per-process programs' own, apart from theirs and from every table a kernel must have
-    assert c.kernel_tasks_shortcuts.enums == {"FUNC_CURRENT_TASK_BTF": "BPF_FUNC_get_current_task_btf"}
+    # the helpers that spare work: helper numbers only, in no table a kernel must have
+    assert c.kernel_helpers.enums == {"FUNC_CURRENT_TASK_BTF": "BPF_FUNC_get_current_task_btf"}
+    assert not (c.kernel_helpers.members or c.kernel_helpers.heads or c.kernel_helpers.raw_tps)
     assert "FUNC_CURRENT_TASK_BTF" not in {*c.kernel_tasks.enums, *c.kernel_shortcuts.enums, *c.kernel.enums}
-    assert "shortcuts" not in c.kernel_sources
+    with pytest.raises(contract.ContractError, match="enum bpf_func_id only"):
+        contract.parse(_text().replace('scope = ["helpers"]\nreads = [\n',
+                                       'scope = ["helpers"]\nreads = [\n  ["member", "X", "task_struct", "pid", 4],\n'))
 
 
 @pytest.mark.parametrize("scope", ['["tasks", "pagecache"]', '["files"]', '["tasks", "syscalls", "x86", "2"]',

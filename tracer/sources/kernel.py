@@ -197,16 +197,15 @@ def load_stamps(path: str = BTF_PATH, btf: Btf | None = None) -> dict[str, int]:
     return resolve(open_btf(path) if btf is None else btf, reads, (), start_events=()).values
 
 
-def load_shortcuts(path: str = BTF_PATH, btf: Btf | None = None, strict: bool = False,
-                   program: str = "block") -> dict[str, int]:
-    """The values of the reads that only let `program`'s programs skip work (scope [program, "shortcuts"]:
-    "block", the block-layer programs, or "tasks", the per-process ones): all or, where this kernel lacks one,
-    none (the programs then do that work); `strict`: a LayoutError naming what it lacks instead."""
+def load_shortcuts(path: str = BTF_PATH, btf: Btf | None = None, strict: bool = False) -> dict[str, int]:
+    """The values of the reads that only let the block-layer programs skip work (scope ["block", "shortcuts"]):
+    all or, where this kernel lacks one, none (the programs then do that work); `strict`: a LayoutError
+    naming what it lacks instead."""
     c = contract.load()
-    own, table = (c.kernel_shortcuts, c.kernel) if program == "block" else (c.kernel_tasks_shortcuts, c.kernel_tasks)
-    # with the members of the program's table its heads span (bio.bi_io_vec), said by that table
-    spanned = {m: table.members[m] for _, members in own.heads.values() for m in members if m in table.members}
-    reads = own.merged(contract.KernelReads(spanned, {}, {}, {}, older=table.older))
+    own = c.kernel_shortcuts
+    # with the block members its heads span (bio.bi_io_vec), said by the block table
+    spanned = {m: c.kernel.members[m] for _, members in own.heads.values() for m in members if m in c.kernel.members}
+    reads = own.merged(contract.KernelReads(spanned, {}, {}, {}, older=c.kernel.older))
     try:
         values = resolve(open_btf(path) if btf is None else btf, reads, (), start_events=()).values
         return {name: value for name, value in values.items() if name in {*own.members, *own.enums, *own.heads}}
@@ -214,6 +213,18 @@ def load_shortcuts(path: str = BTF_PATH, btf: Btf | None = None, strict: bool = 
         if strict:
             raise
         return {}
+
+
+def load_helpers(btf: Btf) -> dict[str, int]:
+    """The helpers of scope ["helpers"] this kernel has, each by its number in enum bpf_func_id (a program uses
+    one only where it is defined, IOTRACE_K_<NAME>, and does the work without it elsewhere)."""
+    out = {}
+    for name, enumerator in contract.load().kernel_helpers.enums.items():
+        try:
+            out[name] = btf.enumerator(enumerator)
+        except BtfError:
+            continue
+    return out
 
 
 def open_btf(path: str = BTF_PATH) -> Btf:
@@ -263,5 +274,5 @@ def load(events: Iterable[str], path: str = BTF_PATH, reads: contract.KernelRead
     if reads.bits:
         layout = replace(layout, values={**layout.values, **resolve_bits(btf, reads)})
     if shortcuts:
-        layout = replace(layout, values={**layout.values, **load_shortcuts(btf=btf)})
+        layout = replace(layout, values={**layout.values, **load_shortcuts(btf=btf), **load_helpers(btf)})
     return layout

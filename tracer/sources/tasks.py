@@ -293,8 +293,8 @@ class TaskTracer:
             # one read of the BTF for the members, raw tracepoints and one-bit fields alike
             btf = kernel.open_btf()
             layout = kernel.load(RAW_EVENTS, reads=con.kernel.merged(con.kernel_tasks), btf=btf)
-            # what only saves work, where this kernel has it (scope ["tasks", "shortcuts"])
-            layout = replace(layout, values={**layout.values, **kernel.load_shortcuts(btf=btf, program="tasks")})
+            # the helpers that spare work, those this kernel has (scope ["helpers"])
+            layout = replace(layout, values={**layout.values, **kernel.load_helpers(btf)})
         except kernel.LayoutError as exc:
             raise UserError(f"per-process rows need the kernel's BTF: {exc}") from None
         cflags = [f"-I{contract.bpf_dir()}", *layout.cflags(), f"-DIOTRACE_PAGE_SHIFT={page_shift()}"]
