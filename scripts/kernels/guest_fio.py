@@ -153,11 +153,13 @@ def one_run(src: Path, work: Path, sched: str, attach: str, timeout: float, extr
             rec["iotrace_dropped"] = {k: v for k, v in d.get("dropped", {}).items() if v}
             rec["iotrace_attach"] = d.get("attach")
             rec["iotrace_coverage"] = d.get("coverage", {}).get("devices", {}).get(dev)
+            # the per-process programs, loaded beside the block ones (absent: they did not load; why in stderr)
+            rec["iotrace_tasks_sources"] = d.get("tasks_sources")
             # the kernel's own count of completions it ran no program for (the perf-event path's guard)
             rec["iotrace_complete_missed"] = (d.get("bpf_programs") or {}).get("block_rq_complete", {}).get("missed")
         else:
             rec["iotrace_recorded"] = None
-        if r.returncode != 0 or not final:
+        if r.returncode != 0 or not final or not rec.get("iotrace_tasks_sources"):
             rec["iotrace_stderr"] = r.stderr[-1500:]
         try:
             rec["fio_total_ios"] = json.loads(fio_json.read_text())["jobs"][0]["read"]["total_ios"]

@@ -345,10 +345,17 @@ TRACEPOINT_LOSS_BOUND = 0.01
 def fio_problems(fio: dict) -> list[str]:
     """The fio runs in which iotrace did not record every request the disk completed (the run then
     fails; on the perf-event path, up to TRACEPOINT_LOSS_BOUND of them counted as lost_completion
-    pass), the disk's requests and merges do not add up to fio's I/Os, or the device did not take the
-    scheduler the run is for."""
+    pass), the disk's requests and merges do not add up to fio's I/Os, the device did not take the
+    scheduler the run is for, or iotrace ran without its per-process programs or their I/O wait (on by
+    default: a kernel that refuses them would otherwise only leave a note)."""
     out = []
     for r in fio.get("runs", []):
+        if r.get("iotrace_recorded") is not None:
+            io_wait = (r.get("iotrace_tasks_sources") or {}).get("io_wait", "")
+            if not io_wait or io_wait.startswith("unavailable"):
+                out.append(f"fio {r.get('scheduler')}/{r.get('attach')}: no per-process I/O wait "
+                           f"({io_wait or 'the per-process programs did not load'}): "
+                           f"{(r.get('iotrace_stderr') or '').strip()[-300:]}")
         sched, chosen = r.get("scheduler"), r.get("scheduler_set")
         if chosen is not None and f"[{sched}]" not in chosen.split():
             # Linux 5.10's loop devices take no I/O scheduler: the run was not the one its row names

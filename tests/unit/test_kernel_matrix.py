@@ -16,7 +16,7 @@ from run import HERE, PROGRESS, TCG_THREAD, Guest, StallWatch, fio_problems, ker
 def run(fio=4096, recorded=4096, reads=4096, merges=0, **extra):
     stat = {"read": reads} if merges is None else {"read": reads, "read_merges": merges}
     return {"scheduler": "mq-deadline", "attach": "raw_tp", "fio_total_ios": fio, "iotrace_recorded": recorded,
-            "diskstats": stat, **extra}
+            "diskstats": stat, "iotrace_tasks_sources": {"io_wait": "sched:sched_switch+sched_wakeup"}, **extra}
 
 
 @pytest.mark.parametrize("r, problem", [
@@ -37,6 +37,11 @@ def run(fio=4096, recorded=4096, reads=4096, merges=0, **extra):
     (run(recorded=4080, iotrace_dropped={"lost_completion": 16}), "recorded 4080"),
     # Debian 11's loop devices offer no scheduler: an "mq-deadline" row that ran on none says so
     (run(scheduler_set="[none]", schedulers_offered="[none]"), "scheduler was [none], not mq-deadline"),
+    # the per-process programs load with the block ones (iotrace's default): a kernel refusing them fails
+    (run(iotrace_tasks_sources=None, iotrace_stderr="iotrace: per-process rows: the programs did not load: "
+         "invalid access"), "(the per-process programs did not load): iotrace: per-process rows"),
+    (run(iotrace_tasks_sources={"io_wait": "unavailable: no sched_wakeup"}), "unavailable: no sched_wakeup"),
+    (run(iotrace_tasks_sources={"io_wait": "sched:sched_switch+sched_wakeup", "reads": "unavailable: 6.1"}), None),
 ])
 def test_fio_gate(r, problem):
     out = fio_problems({"runs": [r]})
