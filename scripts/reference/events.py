@@ -97,9 +97,11 @@ DISTURBED_NS = 1000
 #: device): per-request phase errors of -10..+10 ns median, within +-170 ns
 #: for 95% of requests, +-400 ns for 99%, +-880 ns for 99.9%.  So a
 #: percentile, which sits on one sample, passes within SAMPLE_JITTER_NS of
-#: the exact one (past the 99% bound: a run checks hundreds of percentiles,
-#: and at 250 ns one of a series of 3 was seen 324 ns off in CI), the max (the
-#: most exposed sample) within DISTURBED_NS, and the mean, where the errors
-#: average out, within MEAN_JITTER_NS.
-SAMPLE_JITTER_NS = 500
+#: the exact one: the 99.9% bound, for a run checks hundreds of percentiles
+#: (at 250 ns one of a series of 3 was seen 324 ns off in CI; at 500 ns the
+#: p50 of 31 buffered writes' queue times 572 ns off, 2.1%, in another); the
+#: max (the most exposed sample) within DISTURBED_NS, and the mean, where the
+#: errors average out, within MEAN_JITTER_NS: a stamp taken at the wrong event
+#: or a phase's bound wrong moves the means by microseconds.
+SAMPLE_JITTER_NS = 900
 MEAN_JITTER_NS = 50
