@@ -284,7 +284,7 @@ BPF_TABLE("lru_hash", u32, struct iotrace_file_reader, file_readers, IOTRACE_FIL
  */
 static __always_inline void file_cache_read(u64 mapping, u64 index, u64 last)
 {
-	u64 id = bpf_get_current_pid_tgid(), inode = 0, size, first, bytes, nvcsw;
+	u64 id = bpf_get_current_pid_tgid(), inode, size, first, bytes, nvcsw;
 	struct iotrace_file_reader fresh = {}, *r;
 	struct iotrace_file_key k = {};
 	struct iotrace_file_val *v;
@@ -305,8 +305,8 @@ static __always_inline void file_cache_read(u64 mapping, u64 index, u64 last)
 		return;
 	}
 	r->nvcsw = nvcsw;
-	if (kread(&inode, sizeof(inode), mapping + IOTRACE_K_MAPPING_HOST, IOTRACE_NOTE_FILE_UNREAD) ||
-	    !inode_key(inode, id >> 32, &k, &size, false))
+	inode = read_pos_host(&r->pos, mapping, IOTRACE_NOTE_FILE_UNREAD);
+	if (!inode_key(inode, id >> 32, &k, &size, false))
 		return;
 	bytes = read_pos_bytes(first, last, size);
 	if (!bytes)

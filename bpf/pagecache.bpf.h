@@ -58,14 +58,13 @@ static __always_inline u64 pc_pending_take(struct iotrace_thread *th, u64 mappin
 #endif
 
 #ifdef IOTRACE_TASKS_PC_READS
-/* The size of the file at `mapping`; 0 if unknown (then nothing is counted) */
-static __always_inline s64 pc_file_size(u64 mapping)
+/* The size of the file at `mapping`, which thread `th` reads; 0 if unknown (then nothing is counted) */
+static __always_inline s64 pc_file_size(struct iotrace_thread *th, u64 mapping)
 {
-	u64 host = 0;
+	u64 host = read_pos_host(&th->rd, mapping, IOTRACE_TASKS_DROP_KERNEL_READ);
 	s64 size = 0;
 
-	if (kread(&host, sizeof(host), mapping + IOTRACE_K_MAPPING_HOST, IOTRACE_TASKS_DROP_KERNEL_READ) || !host ||
-	    kread(&size, sizeof(size), host + IOTRACE_K_INODE_SIZE, IOTRACE_TASKS_DROP_KERNEL_READ))
+	if (!host || kread(&size, sizeof(size), host + IOTRACE_K_INODE_SIZE, IOTRACE_TASKS_DROP_KERNEL_READ))
 		return 0;
 	return size;
 }
@@ -95,7 +94,7 @@ RAW_TRACEPOINT_PROBE(mm_filemap_get_pages)
 		return 0;
 	if (waited && added < start)
 		start = th->rd.first = added;
-	bytes = read_pos_bytes(start, last, pc_file_size(mapping));
+	bytes = read_pos_bytes(start, last, pc_file_size(th, mapping));
 	if (!bytes)
 		return 0;
 	__sync_fetch_and_add(&t->read_bytes, bytes);

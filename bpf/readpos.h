@@ -33,7 +33,29 @@ struct iotrace_read_pos {
 	u64 first;		/* its first page, */
 	u64 last;		/* its last page (as requested, not clipped at EOF), */
 	u64 index;		/* and the first page of its latest batch */
+	u64 host_mapping;	/* the address_space whose inode is kept next (read_pos_host) */
+	u64 host;		/* and that inode, its mapping->host */
 };
+
+/*
+ * The inode of `mapping` (mapping->host), read once for the address_spaces a
+ * thread reads in turn, not at every read: an address_space is its inode's
+ * own i_data (inode_init_always sets host to the inode it is in), so the
+ * pair holds as long as the memory holds an address_space.  0 (counted as
+ * `reason`) if it cannot be read.
+ */
+static __always_inline u64 read_pos_host(struct iotrace_read_pos *pos, u64 mapping, u32 reason)
+{
+	u64 host = 0;
+
+	if (pos->host_mapping == mapping && pos->host)
+		return pos->host;
+	if (kread(&host, sizeof(host), mapping + IOTRACE_K_MAPPING_HOST, reason) || !host)
+		return 0;
+	pos->host_mapping = mapping;
+	pos->host = host;
+	return host;
+}
 
 /*
  * Batch [index, last] of `mapping`, in the thread whose last read `pos` is:
