@@ -6,7 +6,7 @@
 
 #define IOTRACE_TASKS_ENTRIES 16384	/* processes with counters (exited ones go at the next drain) */
 #define IOTRACE_TASKS_THREADS 65536	/* threads with a read, fsync or throttling in progress, or that had one */
-#define IOTRACE_TASKS_WAITS 4096	/* power of two: entries for threads blocked in I/O wait (struct iotrace_wait) */
+#define IOTRACE_TASKS_WAITS 16384	/* power of two: entries for threads blocked in I/O wait (struct iotrace_wait); 512 KiB: with 100 blocked at once, 0.007% of waits find their window full, 1,000: 0.7% */
 #define IOTRACE_TASKS_WAIT_PROBES 2	/* a task's window in waits: one cache line */
 #define IOTRACE_TASKS_PIDS 65536	/* the traced processes, when a pid filter is set */
 #define IOTRACE_TASKS_COMM_LEN 16
