@@ -68,3 +68,35 @@ def test_emulated_claims_record_every_request(attach, loop, tmp_path):
     assert ("skipped" in dump.get("unavailable", {})) == (kernel_version() < (5, 12)), dump.get("unavailable")
     # no slot lost to a claim race: the table never filled, nothing completed without its start
     assert not dump["dropped"]["inflight_full"] and not dump["dropped"]["no_start"], dump["dropped"]
+
+
+# The same, and the per-process object's compile flags said too (its waits table claims entries the same way)
+NO_CMPXCHG_TASKS = NO_CMPXCHG.replace("""sys.argv[0] = "iotrace"
+""", """from tracer.sources import tasks
+made = tasks.BpfObject
+def tasks_object(source, variants, what):
+    print("tasks cflags:", *variants[0].cflags, file=sys.stderr)
+    return made(source, variants, what)
+tasks.BpfObject = tasks_object
+sys.argv[0] = "iotrace"
+""")
+
+
+@bpf
+def test_emulated_claims_keep_every_io_wait(loop, tmp_path):
+    """The per-process programs keep a blocked thread's wait in a table whose entries are claimed and freed
+    as the in-flight slots are (compat.bpf.h tag_cas, tag_clear): without cmpxchg (Linux 5.10, which
+    refused the exchange itself: "BPF_STX uses reserved fields") they load, and each of dd's O_DIRECT
+    reads, a wait for its request, is counted."""
+    out = tmp_path / "run.jsonl"
+    r = subprocess.run([PYTHON, "-c", NO_CMPXCHG_TASKS, "--dev", loop.name, "-o", str(out), "--",
+                        "dd", f"if={loop.path}", "of=/dev/null", "bs=4k", "count=2000", "iflag=direct"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=180 * TIMEOUT_SCALE)
+    assert r.returncode == 0, r.stderr
+    said = [ln for ln in r.stderr.splitlines() if ln.startswith("tasks cflags:")]
+    assert said and "-DIOTRACE_NO_CMPXCHG" in said[0].split(), r.stderr
+    (dump,) = read_dumps(out)
+    assert "unavailable" not in dump["tasks_sources"]["io_wait"], dump["tasks_sources"]
+    (dd,) = [t for t in dump["tasks"] if t["comm"] == "dd"]
+    # a read is a request the thread waits for; a wait may end with another (the loop worker's) in flight
+    assert 2000 <= dd["io_waits"] <= 2100 and dd["io_wait_s"] > 0, dd

@@ -300,6 +300,9 @@ class TaskTracer:
         cflags = [f"-I{contract.bpf_dir()}", *layout.cflags(), f"-DIOTRACE_PAGE_SHIFT={page_shift()}"]
         if layout.group_dead:
             cflags.append("-DIOTRACE_HAVE_GROUP_DEAD")
+        if not bpfobject.has_cmpxchg():
+            # the waits table claims and frees entries as the block programs' slots (compat.bpf.h tag_cas)
+            cflags.append("-DIOTRACE_NO_CMPXCHG")
         self.syscalls, self.syscalls_note = "", ""
         variants = []
         if syscall_hooks:
