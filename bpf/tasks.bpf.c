@@ -573,11 +573,12 @@ RAW_TRACEPOINT_PROBE(sched_process_exit)
 	struct iotrace_task *t;
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tid = id, tgid = id >> 32;
-	struct iotrace_wait *w = wait_of(bpf_get_current_task());
+	u64 task = bpf_get_current_task();
+	struct iotrace_wait *w = wait_of(task);
 
 	/* a wait whose wakeup the kernel ran no program for: the task's address may be another's soon */
 	if (w)
-		tag_clear(&w->task, bpf_get_current_task());
+		tag_clear(&w->task, task);
 	threads.delete(&tid);
 	if (!raw_process_exit(ctx, tid, tgid))
 		return 0;	/* a thread's, not its process's (compat.bpf.h) */
