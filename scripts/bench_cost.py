@@ -95,6 +95,11 @@ if tasks:
     tracer = TaskTracer(opts.get("pids", []), opts.get("follow_children", True))
 print("ready", flush=True)
 sys.stdin.read()
+# what the programs counted (reasons and notes since load): a tree without the ledger says nothing
+try:
+    print(json.dumps({n: int(v) for n, v in zip(probe.ledger.names, probe.ledger.reason_totals())}), flush=True)
+except Exception:
+    print("{}", flush=True)
 if tracer is not None:
     tracer.close()
 probe.close()
@@ -119,6 +124,7 @@ class Loaded(Tracer):
     def __init__(self, cfg: Config):
         super().__init__()
         self.name, self.cfg, self.proc = cfg.name, cfg, None
+        self.reasons: dict[str, int] = {}     # what its programs counted in the last run, by reason
 
     def start(self, device: str) -> None:
         opts = dict(self.cfg.opts)
@@ -138,6 +144,10 @@ class Loaded(Tracer):
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.stdin.close()
+            try:
+                self.reasons = json.loads(self.proc.stdout.readline() or "{}")
+            except ValueError:
+                self.reasons = {}
             self.proc.wait(timeout=60)
             self.proc = None
 
@@ -189,7 +199,11 @@ def together(tracers: list[Tracer], devices: list[str], ios: int, depth: int = 3
         for t in tracers:
             if t.name in held:
                 t.stop()
-    return {name: charge(ids, p0, p1, job) for name, ids in held.items()}
+    out = {name: charge(ids, p0, p1, job) for name, ids in held.items()}
+    for t in tracers:
+        if t.name in out:
+            out[t.name]["reasons"] = dict(getattr(t, "reasons", {}))
+    return out
 
 
 def charge(ids: set[int], p0: dict, p1: dict, job: dict) -> dict:
@@ -251,6 +265,15 @@ def rounds(tracers: list[Tracer], n: int, devices: list[str], ios: int, depth: i
 
 def med(runs: list[dict], key: str = "ns_per_request") -> float:
     return statistics.median(r[key] for r in runs)
+
+
+def overflow(runs: list[dict]) -> str:
+    """The histogram samples a request that found no cell (the note hist_overflow: the slower hash took them),
+    median over the runs, as a remark; "" when none did or the tree does not say."""
+    per = [r["reasons"]["note_hist_overflow"] / r["seen"] for r in runs if "note_hist_overflow" in r.get("reasons", {})]
+    if not per or not statistics.median(per):
+        return ""
+    return f"   {statistics.median(per):.2f} histogram samples a request overflowed the cells (--hist-cells)"
 
 
 def per_event(runs: list[dict]) -> dict[str, float]:
@@ -437,7 +460,7 @@ def report(args, runs: dict[str, list[dict]], scaling: dict[str, dict[str, list[
         print("\nthe request path as work grows (ns/request, median; the floor beside it in the same rounds):")
         for what, r in scaling.items():
             mine = next(k for k in r if k != "empty_raw")
-            print(f"  {what:14} {med(r[mine]):7.0f}   floor {med(r['empty_raw']):5.0f}")
+            print(f"  {what:14} {med(r[mine]):7.0f}   floor {med(r['empty_raw']):5.0f}{overflow(r[mine])}")
     checks = targets({name: med(r) for name, r in runs.items() if r})
     gate_failed = False
     if args.base:

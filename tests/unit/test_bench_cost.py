@@ -87,3 +87,17 @@ def test_pairs_alternate_which_attaches_first_so_its_extra_cost_cancels(monkeypa
     assert statistics.median(got["+files"]) == pytest.approx(110.0)
     # each single run is off by the order's extra, one way or the other
     assert sorted(got["+files"]) == pytest.approx([-10.0, -10.0, 230.0, 230.0])
+
+
+@pytest.mark.parametrize("runs, said", [
+    ([], ""),                                                                   # nothing measured
+    ([{"seen": 1000, "reasons": {}}], ""),                                      # a tree that does not say
+    ([{"seen": 1000, "reasons": {"note_hist_overflow": 0}}], ""),               # none overflowed
+    ([{"seen": 1000, "reasons": {"note_hist_overflow": 500}}], "0.50"),
+    # the median of the runs, each per its own requests
+    ([{"seen": 1000, "reasons": {"note_hist_overflow": 100}}, {"seen": 2000, "reasons": {"note_hist_overflow": 3000}},
+      {"seen": 1000, "reasons": {"note_hist_overflow": 1000}}], "1.00"),
+])
+def test_the_scaling_rows_say_how_many_samples_overflowed_the_cells(runs, said):
+    got = bench_cost.overflow(runs)
+    assert (said in got and "--hist-cells" in got) if said else got == ""
