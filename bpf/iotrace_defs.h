@@ -27,8 +27,10 @@
 #define IOTRACE_QDEV_SLOTS 16	/* per CPU, by request queue: see struct iotrace_qdev */
 #define IOTRACE_QDEV_TTL_NS 1000000ULL	/* how long a queue's disk is trusted without a read */
 #ifndef IOTRACE_HIST_CELLS
-#define IOTRACE_HIST_CELLS 16384	/* power of two: per-CPU fast histogram cells */
+#define IOTRACE_HIST_CELLS 16384	/* power of two: per-CPU fast histogram cells (the least default) */
 #endif
+#define IOTRACE_HIST_CELLS_MOST 65536
+#define IOTRACE_HIST_CELLS_BUDGET 1048576
 #define IOTRACE_HIST_CELL_PROBES 4	/* open-addressing window of the cells */
 #define IOTRACE_HIST_CELL_RUN 4	/* neighbouring buckets per run of cells: one cache line */
 #ifndef IOTRACE_CPUS

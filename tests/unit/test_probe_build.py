@@ -37,10 +37,14 @@ def test_perf_event_flags_follow_the_kernel_the_start_event_and_the_sizes(monkey
     # the page size on both paths: write-back's owed bytes count pages (bpf/writeback.bpf.h)
     shift = f"-DIOTRACE_PAGE_SHIFT={(os.sysconf('SC_PAGE_SIZE') - 1).bit_length()}"
     assert flags == (f"-I{contract.bpf_dir()}", "-DIOTRACE_BIO_LEVEL", "-DIOTRACE_HAVE_GROUP_DEAD", shift,
-                     "-DIOTRACE_START_BIO", "-DIOTRACE_CPUS=4", "-DIOTRACE_INFLIGHT_SLOTS=4096")
+                     "-DIOTRACE_START_BIO", "-DIOTRACE_CPUS=4", "-DIOTRACE_INFLIGHT_SLOTS=4096",
+                     "-DIOTRACE_HIST_CELLS=65536")
     monkeypatch.setattr(probe, "tracepoint_fields", lambda ev, cat="block": None)
     assert probe.compile_flags(ProbeOptions(), None, False, "block_io_start", [0]) == (
-        f"-I{contract.bpf_dir()}", shift, "-DIOTRACE_CPUS=1")
+        f"-I{contract.bpf_dir()}", shift, "-DIOTRACE_CPUS=1", "-DIOTRACE_HIST_CELLS=65536")
+    # a large machine's default is the headers' own: no flag
+    assert not [f for f in probe.compile_flags(ProbeOptions(), None, False, "block_io_start", list(range(64)))
+                if "HIST_CELLS" in f]
 
 
 def test_raw_path_flags_are_the_layouts():
@@ -50,14 +54,28 @@ def test_raw_path_flags_are_the_layouts():
     shift = (os.sysconf("SC_PAGE_SIZE") - 1).bit_length()
     assert probe.compile_flags(ProbeOptions(files=True), layout, False, "block_io_start", [0, 1])[1:] == (
         "-DIOTRACE_OFF_X=8", "-DIOTRACE_HAVE_GROUP_DEAD", "-DIOTRACE_HAVE_MM_FILEMAP_GET_PAGES",
-        f"-DIOTRACE_PAGE_SHIFT={shift}", "-DIOTRACE_CPUS=2")
+        f"-DIOTRACE_PAGE_SHIFT={shift}", "-DIOTRACE_CPUS=2", "-DIOTRACE_HIST_CELLS=65536")
     # without file rows (top, serve): none of their programs, and none of their work at a completion
     assert probe.compile_flags(ProbeOptions(), layout, False, "block_io_start", [0, 1])[1:] == (
         "-DIOTRACE_OFF_X=8", "-DIOTRACE_HAVE_GROUP_DEAD", "-DIOTRACE_NO_FILES",
-        f"-DIOTRACE_PAGE_SHIFT={shift}", "-DIOTRACE_CPUS=2")
+        f"-DIOTRACE_PAGE_SHIFT={shift}", "-DIOTRACE_CPUS=2", "-DIOTRACE_HIST_CELLS=65536")
     # a kernel before 5.17 dirties pages on writeback_dirty_page: its program, not the folio one
     layout.firsts = ("writeback_dirty_page",)
     assert "-DIOTRACE_DIRTY_PAGE" in probe.compile_flags(ProbeOptions(), layout, False, "block_io_start", [0, 1])
+
+
+@pytest.mark.parametrize("cpus, cells", [
+    (1, 65536), (2, 65536), (8, 65536),        # the most: 16 disks' histograms fit (docs/costs.md)
+    (9, 32768), (16, 32768), (32, 16384),      # a power of two the budget holds over both generations
+    (64, 16384), (4096, 16384),                # never fewer than before
+])
+def test_the_default_histogram_cells_fill_the_budget_between_the_least_and_the_most(cpus, cells):
+    c = contract.load()
+    assert probe.hist_cells_for(cpus, c) == cells
+    assert 2 * cpus * cells <= max(c.const("HIST_CELLS_BUDGET"), 2 * cpus * c.const("HIST_CELLS"))
+    # and --hist-cells, given, is what the programs get
+    assert "-DIOTRACE_HIST_CELLS=512" in probe.compile_flags(ProbeOptions(hist_cells=512), None, False,
+                                                              "block_io_start", list(range(cpus)))
 
 
 @pytest.mark.parametrize("opts", [ProbeOptions(inflight_slots=1000), ProbeOptions(hist_cells=2)])

@@ -129,8 +129,11 @@ def trace_parser() -> argparse.ArgumentParser:
                    help="size of the in-kernel in-flight request table (power of two, default "
                         f"{con.const('INFLIGHT_SLOTS')}; raise it if the report shows inflight_full)")
     p.add_argument("--hist-cells", type=int, metavar="N",
-                   help=f"per-CPU fast histogram cells (power of two, default {con.const('HIST_CELLS')}); "
-                        "buckets that find no cell still count, in a slower hash map")
+                   help="per-CPU fast histogram cells (power of two; default: as many as 16 MB of 16-byte "
+                        f"cells hold over all CPUs, {con.const('HIST_CELLS_MOST')} on up to "
+                        f"{con.const('HIST_CELLS_BUDGET') // (2 * con.const('HIST_CELLS_MOST'))} CPUs and no "
+                        f"fewer than {con.const('HIST_CELLS')}); buckets that find no cell still count, in a "
+                        "slower hash map (the notes then say hist_overflow: raise it)")
     add_attach_option(p)
     output_options(p, "trace")     # -o, -j, --hist, --csv, --alert, --fail-on-alert
     rows = p.add_mutually_exclusive_group()

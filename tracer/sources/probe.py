@@ -399,11 +399,24 @@ def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, s
     if chosen_dirty_event(layout) != DIRTY_EVENTS[0]:
         cflags.append("-DIOTRACE_DIRTY_PAGE")
     cflags.append(f"-DIOTRACE_CPUS={max(possible) + 1}")
+    c = contract.load()
+    cells = opts.hist_cells or hist_cells_for(max(possible) + 1, c)
     for name, value in (("INFLIGHT_SLOTS", opts.inflight_slots), ("HIST_ENTRIES", opts.hist_entries),
-                        ("SERIES_ENTRIES", opts.series_entries), ("HIST_CELLS", opts.hist_cells)):
+                        ("SERIES_ENTRIES", opts.series_entries),
+                        ("HIST_CELLS", cells if cells != c.const("HIST_CELLS") else None)):
         if value:
             cflags.append(f"-DIOTRACE_{name}={int(value)}")
     return tuple(cflags)
+
+
+def hist_cells_for(cpus: int, c: contract.Contract) -> int:
+    """The histogram cells a CPU when --hist-cells is not given: the power of two that HIST_CELLS_BUDGET cells
+    hold over both generations of `cpus` CPUs' parts, no fewer than HIST_CELLS and no more than HIST_CELLS_MOST.
+    A machine of few CPUs so gets the room 16 disks' fine histograms need (their samples otherwise overflow
+    into the slower hash: docs/costs.md), and a large one no more memory than before."""
+    share = c.const("HIST_CELLS_BUDGET") // (2 * max(cpus, 1))
+    most = 1 << (share.bit_length() - 1) if share else 0
+    return max(c.const("HIST_CELLS"), min(c.const("HIST_CELLS_MOST"), most))
 
 
 def check_sizes(opts: ProbeOptions, c: contract.Contract) -> None:
