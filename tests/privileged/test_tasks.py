@@ -86,8 +86,11 @@ def test_epochs_cold_then_warm_against_delay_accounting(ext4_mnt, tmp_path, dela
     # runs; then run again.  And the reference itself is not always right: now and then the kernel (seen on
     # 6.18) adds the whole time since boot to a fresh worker's block-I/O delay (a wait ended with no start
     # recorded).  Such a worker's delay exceeds the window it lived in; it is left out of the comparison,
-    # said so, and a run where every cold worker's reference is broken is run again.
-    for attempt in range(1, 4):
+    # said so, and a run where every cold worker's reference is broken is run again.  (A CI run on 6.18 saw the
+    # figure broken in 3 runs of 3 for both cold workers: after 5 the rest is checked, and the test says it
+    # could not compare, as a skip.)
+    unusable = ""
+    for attempt in range(1, 6):
         results, out = tmp_path / f"workers{attempt}.jsonl", tmp_path / f"run{attempt}.jsonl"
         _sysctl("kernel.task_delayacct", "1")
         code, stdout, stderr = run_traced_group([*MODES[mode], "-o", str(out), "--", PYTHON,
@@ -107,7 +110,8 @@ def test_epochs_cold_then_warm_against_delay_accounting(ext4_mnt, tmp_path, dela
         subprocess.run(["umount", str(mnt)], check=True)     # cold again
         mount_ext4(loop.path, mnt, "noatime,no_prefetch_block_bitmaps")
     else:
-        pytest.fail("no usable delay-accounting reference in 3 runs (see the captured output)")
+        unusable = (f"no usable delay-accounting reference in {attempt} runs (the captured output says why): the "
+                    "cold epoch's io_wait_s was compared with nothing")
     assert "no per-process rows" not in stderr, stderr
     dumps = read_dumps(out)
     assert all(isinstance(d.get("tasks"), list) for d in dumps)
@@ -166,6 +170,8 @@ def test_epochs_cold_then_warm_against_delay_accounting(ext4_mnt, tmp_path, dela
     (read1, disk1, wait1), (read2, disk2, wait2) = totals[1], totals[2]
     assert abs(read1 - 64 * MiB) <= 0.02 * 64 * MiB and disk1 >= 0.9 * read1 and wait1 > 0, report
     assert disk2 <= 0.05 * read2 and wait2 <= wait1 / 5, report
+    if unusable:
+        pytest.skip(unusable)
 
 
 def _run_pcload(mode: str, loop, mnt: Path, data: Path, tmp_path: Path) -> tuple[dict, dict[str, dict], dict]:
