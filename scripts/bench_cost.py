@@ -273,7 +273,7 @@ def overflow(runs: list[dict]) -> str:
     per = [r["reasons"]["note_hist_overflow"] / r["seen"] for r in runs if "note_hist_overflow" in r.get("reasons", {})]
     if not per or not statistics.median(per):
         return ""
-    return f"   {statistics.median(per):.2f} histogram samples a request overflowed the cells (--hist-cells)"
+    return f"   {statistics.median(per):.2g} histogram samples a request overflowed the cells (--hist-cells)"
 
 
 def per_event(runs: list[dict]) -> dict[str, float]:

@@ -93,10 +93,11 @@ def test_pairs_alternate_which_attaches_first_so_its_extra_cost_cancels(monkeypa
     ([], ""),                                                                   # nothing measured
     ([{"seen": 1000, "reasons": {}}], ""),                                      # a tree that does not say
     ([{"seen": 1000, "reasons": {"note_hist_overflow": 0}}], ""),               # none overflowed
-    ([{"seen": 1000, "reasons": {"note_hist_overflow": 500}}], "0.50"),
+    ([{"seen": 1000, "reasons": {"note_hist_overflow": 500}}], "0.5 "),
+    ([{"seen": 100000, "reasons": {"note_hist_overflow": 120}}], "0.0012 "),     # few, and still said
     # the median of the runs, each per its own requests
     ([{"seen": 1000, "reasons": {"note_hist_overflow": 100}}, {"seen": 2000, "reasons": {"note_hist_overflow": 3000}},
-      {"seen": 1000, "reasons": {"note_hist_overflow": 1000}}], "1.00"),
+      {"seen": 1000, "reasons": {"note_hist_overflow": 1000}}], "1 "),
 ])
 def test_the_scaling_rows_say_how_many_samples_overflowed_the_cells(runs, said):
     got = bench_cost.overflow(runs)
