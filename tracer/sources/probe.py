@@ -398,12 +398,11 @@ def compile_flags(opts: ProbeOptions, layout: kernel.Layout | None, bio: bool, s
         cflags.append("-DIOTRACE_NO_ANCESTOR_CGROUP")
     if chosen_dirty_event(layout) != DIRTY_EVENTS[0]:
         cflags.append("-DIOTRACE_DIRTY_PAGE")
-    cflags.append(f"-DIOTRACE_CPUS={max(possible) + 1}")
-    c = contract.load()
-    cells = opts.hist_cells or hist_cells_for(max(possible) + 1, c)
+    cpus = max(possible) + 1
+    cflags.append(f"-DIOTRACE_CPUS={cpus}")
     for name, value in (("INFLIGHT_SLOTS", opts.inflight_slots), ("HIST_ENTRIES", opts.hist_entries),
                         ("SERIES_ENTRIES", opts.series_entries),
-                        ("HIST_CELLS", cells if cells != c.const("HIST_CELLS") else None)):
+                        ("HIST_CELLS", opts.hist_cells or hist_cells_for(cpus, contract.load()))):
         if value:
             cflags.append(f"-DIOTRACE_{name}={int(value)}")
     return tuple(cflags)
