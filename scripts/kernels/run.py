@@ -139,10 +139,10 @@ class Guest:
 
     def __init__(self, image: Path, overlay: Path, tree: Path, console: Path, tcg_thread: str = TCG_THREAD):
         self.console = console
-        # TCG: a KVM guest hangs here before the kernel prints anything.  thread=single (TCG_THREAD):
-        # both vCPUs take turns on one host thread.  -cpu max: numpy needs instructions qemu's default
-        # CPU model lacks.  panic=1 + -no-reboot: a crash ends qemu.  loglevel=5: warnings reach the
-        # console, and with them a lockup's or an Oops' registers and stack.
+        # TCG: a KVM guest hangs here before the kernel prints anything (kvm-pvm: docs/kernels.md).
+        # thread=single (TCG_THREAD): both vCPUs take turns on one host thread.  -cpu max: numpy needs
+        # instructions qemu's default CPU model lacks.  panic=1 + -no-reboot: a crash ends qemu.  loglevel=5:
+        # warnings reach the console, and with them a lockup's or an Oops' registers and stack.
         self.cmd = [
             "qemu-system-x86_64", "-accel", f"tcg,thread={tcg_thread}", "-cpu", "max", "-smp", "2", "-m", "3G",
             "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),

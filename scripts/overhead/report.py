@@ -8,9 +8,10 @@ import sys
 
 from overhead.run import STATS_WORKLOAD, Result
 
-# The issue's targets, checked by the verdict block.
+# The targets checked by the verdict block: an absolute BPF time per request (an earlier issue's), and the
+# IOPS ratio to untraced of issue 28 (the ns ratios to the floor and the peer are bench_cost.py's).
 TARGET_NS_PER_REQUEST = 450
-TARGET_IOPS_RATIO = 0.90
+TARGET_IOPS_RATIO = 0.97
 TARGET_MIN_ROUNDS = 5
 TARGET_WORKLOAD = "qd32"
 
@@ -65,6 +66,20 @@ def summarize(res: Result, costs: dict[str, dict]) -> list[dict]:
     return rows
 
 
+def resolution(floor: dict | None) -> str:
+    """Why this run's IOPS ratios cannot judge the target, or "" if they can.  Three programs that return at
+    once cost fio nothing it could measure, so their median ratio strays from 1 only by the run's noise:
+    where it strays further than the target's margin (1 - TARGET_IOPS_RATIO), or was not measured, a
+    tracer's ratio is within that noise of the target too."""
+    margin = 1 - TARGET_IOPS_RATIO
+    if floor is None:
+        return "; not judged: no empty_raw floor measured to show the run's noise"
+    if abs(floor["ratio"] - 1) > margin:
+        return (f"; not judged: the empty programs' own ratio is {floor['ratio']:.3f}, further from 1 than the "
+                f"target's margin ({margin:.2f}): this run's noise")
+    return ""
+
+
 def verdict(res: Result, rows: list[dict], costs: dict[str, dict]) -> list[dict]:
     """The issue's targets, from this run's own numbers."""
     checks = []
@@ -96,15 +111,16 @@ def verdict(res: Result, rows: list[dict], costs: dict[str, dict]) -> list[dict]
         few = f"; only {n} rounds, the target asks for >= {TARGET_MIN_ROUNDS}" if n < TARGET_MIN_ROUNDS else ""
         floor = ratio.get("empty_raw")
         beside = f"; empty_raw floor {floor['ratio']:.3f}" if floor else ""
-        ok = it["ratio"] >= TARGET_IOPS_RATIO if n >= TARGET_MIN_ROUNDS else None
-        if few and it["ratio"] < TARGET_IOPS_RATIO:
+        blind = resolution(floor)
+        ok = it["ratio"] >= TARGET_IOPS_RATIO if n >= TARGET_MIN_ROUNDS and not blind else None
+        if few and not blind and it["ratio"] < TARGET_IOPS_RATIO:
             ok = False
         check(f"iotrace {TARGET_WORKLOAD} IOPS >= {TARGET_IOPS_RATIO:.2f} of untraced", ok,
-              f"{it['ratio']:.3f} (median of {n}, {it['ratio_min']:.3f}..{it['ratio_max']:.3f}){beside}{few}")
+              f"{it['ratio']:.3f} (median of {n}, {it['ratio_min']:.3f}..{it['ratio_max']:.3f}){beside}{few}{blind}")
         bt = ratio.get("bpftrace")
         if bt:
-            check(f"iotrace {TARGET_WORKLOAD} IOPS above bpftrace's", it["ratio"] > bt["ratio"],
-                  f"{it['ratio']:.3f} vs {bt['ratio']:.3f}{beside}")
+            check(f"iotrace {TARGET_WORKLOAD} IOPS above bpftrace's", None if blind else it["ratio"] > bt["ratio"],
+                  f"{it['ratio']:.3f} vs {bt['ratio']:.3f}{beside}{blind}")
         else:
             check(f"iotrace {TARGET_WORKLOAD} IOPS above bpftrace's", None, "bpftrace was not measured")
     return checks
