@@ -43,6 +43,9 @@ class Workload:
 
 WORKLOADS = [Workload("qd1", 1, 1), Workload("qd32", 32, 1), Workload("qd1x2", 1, 2), Workload("qd32x2", 32, 2)]
 STATS_WORKLOAD = Workload("qd32", 32, 1)     # the issue's: fio 4 KiB randread qd32
+# The judging pass's tracers: the baseline, the floor whose own ratio shows the run's noise, and iotrace
+# (report.verdict judges the IOPS target from these, on STATS_WORKLOAD).
+JUDGED = ("none", "empty_raw", "iotrace")
 
 
 @dataclass
@@ -82,6 +85,7 @@ class Result:
     reps: int
     stats_rounds: int = 0
     stats_ios: int = 0
+    judge_reps: int = 0             # repetitions of the judging pass (JUDGED on STATS_WORKLOAD), after `reps`
     runs: list[Run] = field(default_factory=list)
     cost_runs: list[CostRun] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)   # tracer -> why it did not run
@@ -210,8 +214,27 @@ def bench(args) -> Result:
     return res
 
 
+def repetition(res: Result, t: Tracer, workloads: list[Workload], device: str, seconds: float, rep: int,
+               what: str) -> int:
+    """Tracer `t` started once, every workload run under it; returns how many of those runs had bpf_stats on."""
+    stats_on = 0
+    t.start(device)
+    try:
+        for w in workloads:
+            iops, p50, p99 = run_fio(w, device, seconds)
+            res.runs.append(Run(t.name, w.name, rep, iops, p50, p99))
+            stats_on += STATS_SYSCTL.read_text().strip() != "0"
+            print(f"  {what} {w.name:7} {t.name:10} {iops:10.0f} IOPS", file=sys.stderr)
+    finally:
+        t.stop()
+    if isinstance(t, IOTrace):
+        res.attach[t.name] = t.attach
+    return stats_on
+
+
 def passes(res: Result, args, tracers: list[Tracer], device: str) -> None:
-    """The IOPS pass (interleaved repetitions, every workload under every tracer), then the bpf_stats pass."""
+    """The IOPS pass (interleaved repetitions, every workload under every tracer), the judging pass (more of the
+    IOPS target's workload under JUDGED), then the bpf_stats pass."""
     workloads = [w for w in WORKLOADS if w.name in args.workloads]
     for t in tracers:
         if isinstance(t, BlkTrace):
@@ -224,18 +247,18 @@ def passes(res: Result, args, tracers: list[Tracer], device: str) -> None:
     for rep in range(args.reps):
         order = active[rep % len(active):] + active[:rep % len(active)]
         for t in order:
-            t.start(device)
-            try:
-                for w in workloads:
-                    iops, p50, p99 = run_fio(w, device, args.seconds)
-                    res.runs.append(Run(t.name, w.name, rep, iops, p50, p99))
-                    stats_on += STATS_SYSCTL.read_text().strip() != "0"
-                    print(f"  rep {rep + 1}/{args.reps} {w.name:7} {t.name:10} {iops:10.0f} IOPS",
-                          file=sys.stderr)
-            finally:
-                t.stop()
-            if isinstance(t, IOTrace):
-                res.attach[t.name] = t.attach
+            stats_on += repetition(res, t, workloads, device, args.seconds, rep, f"rep {rep + 1}/{args.reps}")
+    # The IOPS target asks for a ratio within 3% of 1, which a handful of repetitions cannot resolve on a
+    # noisy machine (single runs spread by +-5% here): more of the one workload it is judged on, under the
+    # three tracers the verdict compares, interleaved as above.
+    judged = [t for t in active if t.name in JUDGED]
+    if args.judge_reps and STATS_WORKLOAD.name in args.workloads and len(judged) == len(JUDGED):
+        res.judge_reps = args.judge_reps
+        for i in range(args.judge_reps):
+            order = judged[i % len(judged):] + judged[:i % len(judged)]
+            for t in order:
+                stats_on += repetition(res, t, [STATS_WORKLOAD], device, args.seconds, args.reps + i,
+                                       f"judge {i + 1}/{args.judge_reps}")
     if stats_on:
         res.notes.append(f"kernel.bpf_stats_enabled was on (not by this bench) after {stats_on} of the "
                          f"{len(res.runs)} IOPS runs: those paid for the statistics")
