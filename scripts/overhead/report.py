@@ -89,12 +89,14 @@ def verdict(res: Result, rows: list[dict], costs: dict[str, dict]) -> list[dict]
 
     ns = {t: c["ns_per_request"] for t, c in costs.items()}
     me = ns.get("iotrace")
+    # a figure in ns holds only on the host it was set on; issue 28's ratios (floor, peer) are bench_cost.py's
+    absolute = f"iotrace BPF ns/request <= {TARGET_NS_PER_REQUEST} (an earlier issue's absolute figure)"
     if me is None:
-        check(f"iotrace BPF ns/request <= {TARGET_NS_PER_REQUEST}", None, "iotrace's bpf_stats were not measured")
+        check(absolute, None, "iotrace's bpf_stats were not measured")
     else:
         clock = ns.get("clock_raw")
         floor = f"; three raw programs that only read the clock: {clock:.0f} ns" if clock is not None else ""
-        check(f"iotrace BPF ns/request <= {TARGET_NS_PER_REQUEST}", me <= TARGET_NS_PER_REQUEST,
+        check(absolute, me <= TARGET_NS_PER_REQUEST,
               f"{me:.0f} ns (median of {len(costs['iotrace']['rounds'])} rounds){floor}")
         for peer in ("reference", "bpftrace"):
             if peer in ns:
