@@ -142,6 +142,11 @@ def environment() -> dict:
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
+def rotated(tracers: list[Tracer], n: int) -> list[Tracer]:
+    """The order of repetition `n`: each tracer goes first in turn, so none always runs after the same one."""
+    return tracers[n % len(tracers):] + tracers[:n % len(tracers)]
+
+
 def cost_run(t: Tracer, device: str, ios: int, rnd: int) -> CostRun:
     """Start the tracer, run fio for `ios` requests with bpf_stats on, and charge it what its programs gained."""
     before = set(bpf_programs())
@@ -181,8 +186,7 @@ def program_costs(res: Result, tracers: list[Tracer], device: str, rounds: int, 
     """The bpf_stats pass: every BPF tracer, `rounds` interleaved rounds of `ios` requests each."""
     bpf = [t for t in tracers if t.bpf]
     for rnd in range(rounds):
-        order = bpf[rnd % len(bpf):] + bpf[:rnd % len(bpf)]
-        for t in order:
+        for t in rotated(bpf, rnd):
             c = cost_run(t, device, ios, rnd)
             res.cost_runs.append(c)
             print(f"  bpf_stats round {rnd + 1}/{rounds} {t.name:10} {c.ns_per_request:7.0f} ns/request "
@@ -245,8 +249,7 @@ def passes(res: Result, args, tracers: list[Tracer], device: str) -> None:
     active = [t for t in tracers if t.name not in res.unavailable]
     stats_on = 0
     for rep in range(args.reps):
-        order = active[rep % len(active):] + active[:rep % len(active)]
-        for t in order:
+        for t in rotated(active, rep):
             stats_on += repetition(res, t, workloads, device, args.seconds, rep, f"rep {rep + 1}/{args.reps}")
     # The IOPS target asks for a ratio within 3% of 1, which a handful of repetitions cannot resolve on a
     # noisy machine (single runs spread by +-5% here): more of the one workload it is judged on, under the
@@ -255,8 +258,7 @@ def passes(res: Result, args, tracers: list[Tracer], device: str) -> None:
     if args.judge_reps and STATS_WORKLOAD.name in args.workloads and len(judged) == len(JUDGED):
         res.judge_reps = args.judge_reps
         for i in range(args.judge_reps):
-            order = judged[i % len(judged):] + judged[:i % len(judged)]
-            for t in order:
+            for t in rotated(judged, i):
                 stats_on += repetition(res, t, [STATS_WORKLOAD], device, args.seconds, args.reps + i,
                                        f"judge {i + 1}/{args.judge_reps}")
     if stats_on:

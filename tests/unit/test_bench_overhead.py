@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from overhead.report import TARGET_IOPS_RATIO, TARGET_MIN_ROUNDS, verdict  # noqa: E402
+from overhead.report import TARGET_IOPS_RATIO, TARGET_MIN_ROUNDS, TARGET_WORKLOAD, verdict  # noqa: E402
 from overhead.run import Result  # noqa: E402
 
-IOPS = f"iotrace qd32 IOPS >= {TARGET_IOPS_RATIO:.2f} of untraced"
-BPFTRACE = "iotrace qd32 IOPS above bpftrace's"
+IOPS = f"iotrace {TARGET_WORKLOAD} IOPS >= {TARGET_IOPS_RATIO:.2f} of untraced"
+BPFTRACE = f"iotrace {TARGET_WORKLOAD} IOPS above bpftrace's"
 
 
 def row(tracer: str, ratio: float, rounds: int = TARGET_MIN_ROUNDS) -> dict:
-    return {"workload": "qd32", "tracer": tracer, "ratio": ratio, "ratio_min": ratio - 0.01,
+    return {"workload": TARGET_WORKLOAD, "tracer": tracer, "ratio": ratio, "ratio_min": ratio - 0.01,
             "ratio_max": ratio + 0.01, "ratio_rounds": rounds}
 
 
